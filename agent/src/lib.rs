@@ -1,0 +1,2 @@
+//! rivet-agent: lookup, long-poll heartbeat, command executor and inventory (filled by the
+//! agent issue).

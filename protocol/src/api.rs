@@ -1,0 +1,181 @@
+//! Admin API request bodies and common response shapes (Ironic-compatible where they overlap).
+//!
+//! Request bodies reject unknown fields so a typo is a 400 naming the field, not a silent no-op.
+
+use crate::states::{PowerState, Verb};
+use crate::steps::RequestedStep;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Lowest API microversion served.
+pub const MIN_VERSION: (u32, u32) = (1, 1);
+/// Highest API microversion served.
+pub const MAX_VERSION: (u32, u32) = (1, 115);
+/// Header carrying the requested/used microversion.
+pub const VERSION_HEADER: &str = "X-OpenStack-Ironic-API-Version";
+/// Header carrying the minimum version.
+pub const MIN_VERSION_HEADER: &str = "X-OpenStack-Ironic-API-Minimum-Version";
+/// Header carrying the maximum version.
+pub const MAX_VERSION_HEADER: &str = "X-OpenStack-Ironic-API-Maximum-Version";
+
+/// `POST /v1/nodes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCreate {
+    /// Optional UUID (generated when absent).
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// Unique name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Driver: `fake-hardware`, `redfish`, `ipmi`.
+    pub driver: String,
+    /// BMC address and credentials (Ironic's keys).
+    #[serde(default)]
+    pub driver_info: Map<String, Value>,
+    /// Hardware properties.
+    #[serde(default)]
+    pub properties: Map<String, Value>,
+    /// Deployment settings.
+    #[serde(default)]
+    pub instance_info: Map<String, Value>,
+    /// Free-form operator data.
+    #[serde(default)]
+    pub extra: Map<String, Value>,
+    /// Resource class.
+    #[serde(default)]
+    pub resource_class: Option<String>,
+    /// Per-node automated cleaning switch (null = global default).
+    #[serde(default)]
+    pub automated_clean: Option<bool>,
+    /// Accepted for Ironic client compatibility; Rivet has one network model.
+    #[serde(default)]
+    pub network_interface: Option<String>,
+}
+
+/// `PUT /v1/nodes/{id}/states/provision`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionRequest {
+    /// The verb.
+    pub target: Verb,
+    /// Steps for manual cleaning (`clean` only).
+    #[serde(default)]
+    pub clean_steps: Option<Vec<RequestedStep>>,
+    /// Config drive (accepted for deploy verbs; stored in instance_info).
+    #[serde(default)]
+    pub configdrive: Option<Value>,
+    /// Skip booting the ramdisk (only when every step is out-of-band).
+    #[serde(default)]
+    pub disable_ramdisk: Option<bool>,
+}
+
+/// `PUT /v1/nodes/{id}/states/power`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerRequest {
+    /// `power on`, `power off`, `rebooting`, `soft rebooting`, `soft power off`.
+    pub target: PowerState,
+    /// Timeout in seconds for soft actions.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+/// `PUT /v1/nodes/{id}/maintenance`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceRequest {
+    /// Why the node is in maintenance.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/ports`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortCreate {
+    /// Optional UUID.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// MAC address.
+    pub address: String,
+    /// Owning node's UUID (or name).
+    pub node_uuid: String,
+    /// Whether the node PXE-boots from this port.
+    #[serde(default = "default_true")]
+    pub pxe_enabled: bool,
+    /// Free-form operator data.
+    #[serde(default)]
+    pub extra: Map<String, Value>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// One RFC 6902 operation of a PATCH body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchOp {
+    /// `add`, `replace`, `remove` (and `test`).
+    pub op: String,
+    /// JSON pointer, e.g. `/driver_info/ipmi_address`.
+    pub path: String,
+    /// Value for add/replace/test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+}
+
+/// Ironic's error body: `error_message` holds a JSON string with `faultstring`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// JSON-encoded `{"faultstring", "faultcode", "debuginfo"}`.
+    pub error_message: String,
+}
+
+impl ErrorBody {
+    /// Build the body for a message.
+    pub fn new(message: &str, client_fault: bool) -> Self {
+        let inner = serde_json::json!({
+            "faultstring": message,
+            "faultcode": if client_fault { "Client" } else { "Server" },
+            "debuginfo": Value::Null,
+        });
+        ErrorBody {
+            error_message: inner.to_string(),
+        }
+    }
+
+    /// The human message, whether `error_message` is Ironic's JSON string or plain text.
+    pub fn message(&self) -> String {
+        match serde_json::from_str::<Value>(&self.error_message) {
+            Ok(v) => v
+                .get("faultstring")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| self.error_message.clone()),
+            Err(_) => self.error_message.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_body_round_trip() {
+        let b = ErrorBody::new("node n1 is in \"clean wait\"", true);
+        assert_eq!(b.message(), "node n1 is in \"clean wait\"");
+        let plain = ErrorBody {
+            error_message: "plain".into(),
+        };
+        assert_eq!(plain.message(), "plain");
+    }
+
+    #[test]
+    fn unknown_field_named() {
+        let e = serde_json::from_str::<NodeCreate>(r#"{"driver":"x","colour":1}"#).unwrap_err();
+        assert!(e.to_string().contains("colour"), "{e}");
+    }
+}

@@ -1,0 +1,62 @@
+//! Step descriptors: what a hardware manager or a driver offers, and what an operator asks for.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Description of one argument a step takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArgInfo {
+    /// Human description.
+    #[serde(default)]
+    pub description: String,
+    /// Whether the step refuses to run without it.
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// A step as advertised (Ironic's step dict, without runtime args).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepDescriptor {
+    /// Interface the step belongs to: deploy, management, bios, raid, firmware, power, vendor.
+    pub interface: String,
+    /// Step name, e.g. `erase_devices_metadata`.
+    pub step: String,
+    /// 0 = manual only; higher runs earlier in automated cleaning.
+    #[serde(default)]
+    pub priority: i64,
+    /// Whether `abort` may interrupt it.
+    #[serde(default)]
+    pub abortable: bool,
+    /// Arguments it takes.
+    #[serde(default)]
+    pub argsinfo: BTreeMap<String, ArgInfo>,
+    /// The conductor reboots the node after the step succeeds.
+    #[serde(default)]
+    pub reboot_requested: bool,
+    /// Whether the step needs the ramdisk running.
+    #[serde(default = "default_true")]
+    pub requires_ramdisk: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// One step an operator asks for in manual cleaning (`clean_steps` of a provision request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedStep {
+    /// Interface of the step.
+    pub interface: String,
+    /// Step name.
+    pub step: String,
+    /// Arguments.
+    #[serde(default)]
+    pub args: Map<String, Value>,
+    /// Optional explicit order (accepted for Ironic compatibility; list order wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<i64>,
+}
