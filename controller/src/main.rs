@@ -1,1 +1,128 @@
-fn main(){}
+//! rivetd: parse the command line, load the config, run.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use rivet_controller::config::{hash_secret, Config};
+use std::io::Read;
+
+#[derive(Parser)]
+#[command(name = "rivetd", version, about = "Rivet controller: nodes, provision state machine, BMCs, API")]
+struct Cli {
+    /// Address to listen on (ADDR:PORT).
+    #[arg(long, env = "RIVETD_LISTEN")]
+    listen: Option<String>,
+    /// Database URL: sqlite:PATH.
+    #[arg(long, env = "RIVETD_DB")]
+    db: Option<String>,
+    /// Serve admin endpoints without credentials (loopback only).
+    #[arg(long)]
+    no_auth: bool,
+    /// TOML configuration file.
+    #[arg(long, env = "RIVETD_CONFIG")]
+    config: Option<std::path::PathBuf>,
+    /// This controller's id (default: host name).
+    #[arg(long, env = "RIVETD_CONDUCTOR_ID")]
+    conductor_id: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The provision state machine.
+    Fsm {
+        /// Print it as Graphviz DOT.
+        #[arg(long)]
+        dot: bool,
+    },
+    /// Hash a secret (token or password) for the [auth] config; reads stdin when omitted.
+    HashSecret {
+        /// The secret.
+        secret: Option<String>,
+    },
+}
+
+fn load(cli: &Cli) -> anyhow::Result<Config> {
+    let mut config = match &cli.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            Config::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?
+        }
+        None => Config::default(),
+    };
+    if let Some(v) = &cli.listen {
+        config.listen = v.clone();
+    }
+    if let Some(v) = &cli.db {
+        config.db = v.clone();
+    }
+    if cli.no_auth {
+        config.no_auth = true;
+    }
+    if let Some(v) = &cli.conductor_id {
+        config.conductor_id = v.clone();
+    }
+    if cli.log_json {
+        config.log_json = true;
+    }
+    Ok(config)
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RIVET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match &cli.command {
+        Some(Command::Fsm { dot }) => {
+            if *dot {
+                print!("{}", rivet_controller::fsm::to_dot());
+            } else {
+                for t in rivet_controller::fsm::TABLE {
+                    println!("{:>16} --{:<9}--> {} ({:?})", t.from.as_str(), t.event.as_str(), t.to, t.by);
+                }
+            }
+            return Ok(());
+        }
+        Some(Command::HashSecret { secret }) => {
+            let secret = match secret {
+                Some(s) => s.clone(),
+                None => {
+                    let mut s = String::new();
+                    std::io::stdin().read_to_string(&mut s)?;
+                    s.trim_end_matches('\n').to_string()
+                }
+            };
+            println!("{}", hash_secret(&secret));
+            return Ok(());
+        }
+        None => {}
+    }
+    let config = load(&cli)?;
+    if cli.print_config {
+        print!("{}", config.to_toml());
+        return Ok(());
+    }
+    init_logging(config.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(rivet_controller::server::serve(config))
+}

@@ -1,0 +1,127 @@
+//! The HTTP API: Ironic-shaped admin endpoints under `/v1`, agent endpoints under `/agent/v1`.
+//!
+//! Every response carries the microversion headers; every error is Ironic's
+//! `{"error_message": "<json with faultstring>"}` with a message that names the node, its
+//! state and what to do. Request bodies are size-limited and strictly typed.
+
+mod auth;
+mod body;
+mod nodes;
+mod patch;
+mod ports;
+mod render;
+mod version;
+
+pub use body::JsonBody;
+pub use version::ApiVersion;
+
+use crate::conductor::{Conductor, ConductorError};
+use crate::store::StoreError;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{middleware, Json, Router};
+use rivet_protocol::api::ErrorBody;
+use std::sync::Arc;
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    /// The conductor (and through it the store and config).
+    pub conductor: Arc<Conductor>,
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human message.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with a status.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// 400.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let client = self.status.is_client_error();
+        if !client {
+            tracing::error!(status = %self.status, error = %self.message, "request failed");
+        }
+        let mut resp = (self.status, Json(ErrorBody::new(&self.message, client))).into_response();
+        resp.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        let status = match &e {
+            StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
+            StoreError::Duplicate(_) | StoreError::Conflict { .. } => StatusCode::CONFLICT,
+            StoreError::Backend(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl From<ConductorError> for ApiError {
+    fn from(e: ConductorError) -> Self {
+        match e {
+            ConductorError::Store(s) => s.into(),
+            ConductorError::InvalidState { .. } | ConductorError::BadRequest(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            ConductorError::Locked { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            ConductorError::Driver { .. } => ApiError::bad_request(e.to_string()),
+        }
+    }
+}
+
+/// Result of a handler.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Build the whole router.
+pub fn router(state: AppState) -> Router {
+    let max_body = state.conductor.config.api.max_body_bytes;
+    let admin = Router::new()
+        .merge(nodes::routes())
+        .merge(ports::routes())
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_admin,
+        ));
+    Router::new()
+        .route("/", get(version::root))
+        .route("/v1", get(version::v1))
+        .route("/v1/", get(version::v1))
+        .merge(admin)
+        .fallback(not_found)
+        .layer(middleware::from_fn(version::negotiate))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("the resource {} could not be found", uri.path()),
+    )
+}

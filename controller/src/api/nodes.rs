@@ -1,0 +1,480 @@
+//! `/v1/nodes`: create, list, show, patch, delete, states, maintenance.
+
+use super::render::{self, base_url, node_full, parse_fields, select, NODE_LIST_FIELDS};
+use super::{patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
+use crate::drivers::DRIVERS;
+use crate::store::{Node, NodeQuery, PortQuery, SortDir, NODE_SORT_KEYS};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Extension, Json, Router};
+use rivet_protocol::api::{MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/nodes", get(list).post(create))
+        .route("/v1/nodes/", get(list).post(create))
+        .route("/v1/nodes/detail", get(list_detail))
+        .route("/v1/nodes/{ident}", get(show).patch(update).delete(remove))
+        .route("/v1/nodes/{ident}/states", get(states))
+        .route("/v1/nodes/{ident}/states/provision", put(provision))
+        .route("/v1/nodes/{ident}/states/power", put(power))
+        .route("/v1/nodes/{ident}/maintenance", put(maintenance_on).delete(maintenance_off))
+        .route("/v1/nodes/{ident}/ports", get(node_ports))
+}
+
+const LIST_PARAMS: &[&str] = &[
+    "limit",
+    "marker",
+    "sort_key",
+    "sort_dir",
+    "provision_state",
+    "maintenance",
+    "driver",
+    "resource_class",
+    "fields",
+    "detail",
+];
+
+fn parse_bool(name: &str, v: &str) -> Result<bool, ApiError> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(ApiError::bad_request(format!("query parameter {name}={v:?} is not a boolean"))),
+    }
+}
+
+fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<NodeQuery, ApiError> {
+    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown query parameter {bad:?}; supported: {}",
+            LIST_PARAMS.join(", ")
+        )));
+    }
+    let mut q = NodeQuery {
+        limit: max_limit,
+        ..Default::default()
+    };
+    if let Some(l) = params.get("limit") {
+        let l: usize = l
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("limit={l:?} is not a non-negative integer")))?;
+        q.limit = if l == 0 { max_limit } else { l.min(max_limit) };
+    }
+    q.marker = params.get("marker").cloned();
+    if let Some(k) = params.get("sort_key") {
+        if !NODE_SORT_KEYS.contains(&k.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "sort_key {k:?} is not supported; use one of {}",
+                NODE_SORT_KEYS.join(", ")
+            )));
+        }
+        q.sort_key = k.clone();
+    }
+    if let Some(d) = params.get("sort_dir") {
+        q.sort_dir = match d.as_str() {
+            "asc" => SortDir::Asc,
+            "desc" => SortDir::Desc,
+            _ => return Err(ApiError::bad_request(format!("sort_dir {d:?} must be asc or desc"))),
+        };
+    }
+    if let Some(s) = params.get("provision_state") {
+        q.provision_state = Some(
+            s.parse()
+                .map_err(|_| ApiError::bad_request(format!("provision_state {s:?} is not a known state")))?,
+        );
+    }
+    if let Some(m) = params.get("maintenance") {
+        q.maintenance = Some(parse_bool("maintenance", m)?);
+    }
+    q.driver = params.get("driver").cloned();
+    q.resource_class = params.get("resource_class").cloned();
+    Ok(q)
+}
+
+async fn list_inner(
+    state: &AppState,
+    headers: &HeaderMap,
+    params: HashMap<String, String>,
+    mut detail: bool,
+) -> ApiResult<Json<Value>> {
+    let max = state.conductor.config.api.max_limit;
+    let q = node_query(&params, max)?;
+    if let Some(d) = params.get("detail") {
+        detail |= parse_bool("detail", d)?;
+    }
+    let base = base_url(headers);
+    let nodes = state.conductor.store.list_nodes(&q).await.map_err(|e| match e {
+        crate::store::StoreError::NotFound { ident, .. } => {
+            ApiError::bad_request(format!("marker {ident} is not a node UUID"))
+        }
+        e => e.into(),
+    })?;
+    let template = nodes.first().map(|n| node_full(n, &base));
+    let fields = match (&template, params.get("fields")) {
+        (Some(t), f) => parse_fields(f.map(String::as_str), t)?,
+        (None, Some(f)) => {
+            parse_fields(Some(f), &node_full(&Node::new(String::new(), String::new()), &base))?
+        }
+        (None, None) => None,
+    };
+    let docs: Vec<Value> = nodes
+        .iter()
+        .map(|n| {
+            let full = node_full(n, &base);
+            match (&fields, detail) {
+                (Some(f), _) => select(full, f),
+                (None, true) => Value::Object(full),
+                (None, false) => select(full, NODE_LIST_FIELDS),
+            }
+        })
+        .collect();
+    let mut body = json!({ "nodes": docs });
+    if nodes.len() == q.limit {
+        if let Some(last) = nodes.last() {
+            let path = if detail { "/v1/nodes/detail" } else { "/v1/nodes" };
+            let mut next = format!("{base}{path}?limit={}&marker={}", q.limit, last.uuid);
+            for k in ["sort_key", "sort_dir", "provision_state", "maintenance", "driver", "resource_class", "fields"] {
+                if let Some(v) = params.get(k) {
+                    next.push_str(&format!("&{k}={v}"));
+                }
+            }
+            body["next"] = Value::from(next);
+        }
+    }
+    Ok(Json(body))
+}
+
+async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    list_inner(&state, &headers, params, false).await
+}
+
+async fn list_detail(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    list_inner(&state, &headers, params, true).await
+}
+
+/// A node name must be usable in URLs and not look like a UUID.
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let ok_chars = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c));
+    if name.is_empty() || name.len() > 255 || !ok_chars {
+        return Err(ApiError::bad_request(format!(
+            "name {name:?} is not valid: use 1-255 characters from A-Z a-z 0-9 - . _ ~"
+        )));
+    }
+    if uuid::Uuid::parse_str(name).is_ok() || name == "detail" {
+        return Err(ApiError::bad_request(format!(
+            "name {name:?} is not valid: it must not be a UUID or a reserved word"
+        )));
+    }
+    Ok(())
+}
+
+fn check_driver(driver: &str) -> Result<(), ApiError> {
+    if DRIVERS.contains(&driver) || driver == "fake" {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "driver {driver:?} is not supported; available drivers: {}",
+            DRIVERS.join(", ")
+        )))
+    }
+}
+
+fn etag(resp: &mut Response, version: i64) {
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{version}\"")) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+}
+
+fn node_response(status: StatusCode, node: &Node, headers: &HeaderMap) -> Response {
+    let base = base_url(headers);
+    let mut resp = (status, Json(Value::Object(node_full(node, &base)))).into_response();
+    etag(&mut resp, node.version);
+    resp
+}
+
+async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<NodeCreate>,
+) -> ApiResult<Response> {
+    check_driver(&req.driver)?;
+    if let Some(n) = &req.name {
+        check_name(n)?;
+    }
+    let uuid = match &req.uuid {
+        Some(u) => uuid::Uuid::parse_str(u)
+            .map_err(|_| ApiError::bad_request(format!("uuid {u:?} is not a valid UUID")))?
+            .to_string(),
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    let bmc = crate::drivers::for_node(&req.driver, &state.conductor.fake)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    bmc.validate(&req.driver_info)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut node = Node::new(uuid, req.driver);
+    node.name = req.name;
+    node.driver_info = req.driver_info;
+    node.properties = req.properties;
+    node.instance_info = req.instance_info;
+    node.extra = req.extra;
+    node.resource_class = req.resource_class;
+    node.automated_clean = req.automated_clean;
+    node.provision_updated_at = Some(node.created_at);
+    let node = state.conductor.store.create_node(&node).await?;
+    tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
+    let mut resp = node_response(StatusCode::CREATED, &node, &headers);
+    if let Ok(loc) = HeaderValue::from_str(&format!("{}/v1/nodes/{}", base_url(&headers), node.uuid)) {
+        resp.headers_mut().insert(header::LOCATION, loc);
+    }
+    Ok(resp)
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShowParams {
+    fields: Option<String>,
+}
+
+async fn show(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(ident): Path<String>,
+    Query(p): Query<ShowParams>,
+) -> ApiResult<Response> {
+    let node = state.conductor.store.get_node(&ident).await?;
+    let full = node_full(&node, &base_url(&headers));
+    let mut resp = match parse_fields(p.fields.as_deref(), &full)? {
+        Some(f) => Json(select(full, &f)).into_response(),
+        None => Json(Value::Object(full)).into_response(),
+    };
+    etag(&mut resp, node.version);
+    Ok(resp)
+}
+
+const NODE_PATCHABLE: &[&str] = &[
+    "name",
+    "driver",
+    "driver_info",
+    "properties",
+    "instance_info",
+    "instance_uuid",
+    "extra",
+    "resource_class",
+    "automated_clean",
+];
+
+fn check_if_match(headers: &HeaderMap, node: &Node) -> Result<(), ApiError> {
+    if let Some(want) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
+        let want = want.trim().trim_start_matches("W/").trim_matches('"');
+        if want != "*" && want != node.version.to_string() {
+            return Err(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                format!(
+                    "node {} has changed: If-Match \"{want}\" does not match its current ETag \"{}\"; reload it and retry",
+                    node.ident(),
+                    node.version
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn map_field(doc: &mut Map<String, Value>, key: &str) -> Result<Map<String, Value>, ApiError> {
+    match doc.remove(key) {
+        Some(Value::Object(m)) => Ok(m),
+        Some(Value::Null) | None => Ok(Map::new()),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "field {key} must be an object, not {other}"
+        ))),
+    }
+}
+
+fn opt_string(doc: &mut Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    match doc.remove(key) {
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(Value::Null) | None => Ok(None),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "field {key} must be a string or null, not {other}"
+        ))),
+    }
+}
+
+async fn update(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(ident): Path<String>,
+    JsonBody(ops): JsonBody<Vec<PatchOp>>,
+) -> ApiResult<Response> {
+    let node = state.conductor.store.get_node(&ident).await?;
+    check_if_match(&headers, &node)?;
+    if let Some(by) = &node.reservation {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "node {} is locked by conductor {by} while it is in \"{}\"; retry when the operation ends",
+                node.ident(),
+                node.provision_state
+            ),
+        ));
+    }
+    let mut doc = json!({
+        "name": node.name,
+        "driver": node.driver,
+        "driver_info": node.driver_info,
+        "properties": node.properties,
+        "instance_info": node.instance_info,
+        "instance_uuid": node.instance_uuid,
+        "extra": node.extra,
+        "resource_class": node.resource_class,
+        "automated_clean": node.automated_clean,
+    });
+    patch::apply(&mut doc, &ops, NODE_PATCHABLE)?;
+    let Value::Object(mut doc) = doc else {
+        return Err(ApiError::bad_request("patch replaced the whole node"));
+    };
+    let mut new = node.clone();
+    new.name = opt_string(&mut doc, "name")?;
+    if let Some(n) = &new.name {
+        check_name(n)?;
+    }
+    new.driver = opt_string(&mut doc, "driver")?
+        .ok_or_else(|| ApiError::bad_request("field driver cannot be removed"))?;
+    check_driver(&new.driver)?;
+    new.driver_info = map_field(&mut doc, "driver_info")?;
+    new.properties = map_field(&mut doc, "properties")?;
+    new.instance_info = map_field(&mut doc, "instance_info")?;
+    new.extra = map_field(&mut doc, "extra")?;
+    new.instance_uuid = opt_string(&mut doc, "instance_uuid")?;
+    new.resource_class = opt_string(&mut doc, "resource_class")?;
+    new.automated_clean = match doc.remove("automated_clean") {
+        Some(Value::Bool(b)) => Some(b),
+        Some(Value::Null) | None => None,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "field automated_clean must be true, false or null, not {other}"
+            )))
+        }
+    };
+    let bmc = crate::drivers::for_node(&new.driver, &state.conductor.fake)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    bmc.validate(&new.driver_info)
+        .map_err(|e| ApiError::bad_request(format!("node {}: {e}", node.ident())))?;
+    let saved = state.conductor.store.update_node(&new).await?;
+    Ok(node_response(StatusCode::OK, &saved, &headers))
+}
+
+async fn remove(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(ident): Path<String>,
+) -> ApiResult<StatusCode> {
+    let node = state.conductor.store.get_node(&ident).await?;
+    check_if_match(&headers, &node)?;
+    state.conductor.check_deletable(&node)?;
+    state.conductor.store.delete_node(&node.uuid, node.version).await?;
+    tracing::info!(node = %node.uuid, "node deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn states(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<Json<Value>> {
+    let n = state.conductor.store.get_node(&ident).await?;
+    Ok(Json(json!({
+        "console_enabled": false,
+        "last_error": n.last_error,
+        "power_state": n.power_state,
+        "provision_state": n.provision_state,
+        "target_power_state": n.target_power_state,
+        "target_provision_state": n.target_provision_state,
+        "provision_updated_at": n.provision_updated_at.map(|t| t.to_rfc3339()),
+        "raid_config": {},
+        "target_raid_config": {},
+        "boot_mode": Value::Null,
+        "secure_boot": Value::Null,
+    })))
+}
+
+fn accepted(headers: &HeaderMap, node: &Node) -> Response {
+    let mut resp = StatusCode::ACCEPTED.into_response();
+    if let Ok(loc) =
+        HeaderValue::from_str(&format!("{}/v1/nodes/{}/states", base_url(headers), node.uuid))
+    {
+        resp.headers_mut().insert(header::LOCATION, loc);
+    }
+    resp
+}
+
+async fn provision(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    Path(ident): Path<String>,
+    JsonBody(req): JsonBody<ProvisionRequest>,
+) -> ApiResult<Response> {
+    let node = state.conductor.provision(&ident, &req, version).await?;
+    Ok(accepted(&headers, &node))
+}
+
+async fn power(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(ident): Path<String>,
+    JsonBody(req): JsonBody<PowerRequest>,
+) -> ApiResult<Response> {
+    let node = state.conductor.set_power(&ident, req.target).await?;
+    Ok(accepted(&headers, &node))
+}
+
+async fn maintenance_on(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<StatusCode> {
+    // Ironic accepts an empty body here.
+    let req: MaintenanceRequest = if body.is_empty() {
+        MaintenanceRequest::default()
+    } else {
+        super::body::parse(&body)?
+    };
+    state.conductor.set_maintenance(&ident, true, req.reason).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn maintenance_off(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<StatusCode> {
+    state.conductor.set_maintenance(&ident, false, None).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn node_ports(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(ident): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let node = state.conductor.store.get_node(&ident).await?;
+    let ports = state
+        .conductor
+        .store
+        .list_ports(&PortQuery {
+            node_uuid: Some(node.uuid),
+            ..Default::default()
+        })
+        .await?;
+    let base = base_url(&headers);
+    Ok(Json(json!({
+        "ports": ports.iter().map(|p| Value::Object(render::port_full(p, &base))).collect::<Vec<_>>()
+    })))
+}

@@ -1,0 +1,146 @@
+//! Records → Ironic-shaped JSON. Secrets are masked here, the one place nodes leave the
+//! process.
+
+use super::ApiError;
+use crate::drivers::mask_secrets;
+use crate::store::{Node, Port};
+use axum::http::HeaderMap;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{json, Map, Value};
+
+/// Fields a non-detailed node listing shows.
+pub const NODE_LIST_FIELDS: &[&str] = &[
+    "uuid",
+    "name",
+    "instance_uuid",
+    "power_state",
+    "provision_state",
+    "maintenance",
+    "links",
+];
+
+/// Base URL of this server as the client reached it.
+pub fn base_url(headers: &HeaderMap) -> String {
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    format!("http://{host}")
+}
+
+fn time(t: &Option<DateTime<Utc>>) -> Value {
+    t.map(|t| Value::from(t.to_rfc3339_opts(SecondsFormat::Secs, false)))
+        .unwrap_or(Value::Null)
+}
+
+fn links(base: &str, kind: &str, uuid: &str) -> Value {
+    json!([
+        {"href": format!("{base}/v1/{kind}/{uuid}"), "rel": "self"},
+        {"href": format!("{base}/{kind}/{uuid}"), "rel": "bookmark"},
+    ])
+}
+
+/// Keys of driver_internal_info kept to the conductor (token hashes, raw queues).
+const INTERNAL_HIDDEN: &[&str] = &["agent_token_hash"];
+
+/// The full node document.
+pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
+    let mut internal = mask_secrets(&n.driver_internal_info);
+    for k in INTERNAL_HIDDEN {
+        internal.remove(*k);
+    }
+    let v = json!({
+        "uuid": n.uuid,
+        "name": n.name,
+        "driver": n.driver,
+        "driver_info": mask_secrets(&n.driver_info),
+        "driver_internal_info": internal,
+        "properties": n.properties,
+        "instance_info": mask_secrets(&n.instance_info),
+        "instance_uuid": n.instance_uuid,
+        "extra": n.extra,
+        "provision_state": n.provision_state,
+        "target_provision_state": n.target_provision_state,
+        "provision_updated_at": time(&n.provision_updated_at),
+        "power_state": n.power_state,
+        "target_power_state": n.target_power_state,
+        "maintenance": n.maintenance,
+        "maintenance_reason": n.maintenance_reason,
+        "fault": n.fault,
+        "last_error": n.last_error,
+        "clean_step": n.clean_step.clone().unwrap_or_else(|| json!({})),
+        "deploy_step": n.deploy_step.clone().unwrap_or_else(|| json!({})),
+        "reservation": n.reservation,
+        "conductor": n.conductor,
+        "automated_clean": n.automated_clean,
+        "resource_class": n.resource_class,
+        "console_enabled": false,
+        "protected": false,
+        "retired": false,
+        "traits": [],
+        "network_interface": "noop",
+        "created_at": time(&Some(n.created_at)),
+        "updated_at": time(&n.updated_at),
+        "version": n.version,
+        "links": links(base, "nodes", &n.uuid),
+        "ports": [{"href": format!("{base}/v1/nodes/{}/ports", n.uuid), "rel": "self"}],
+        "states": [{"href": format!("{base}/v1/nodes/{}/states", n.uuid), "rel": "self"}],
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// Parse `fields=a,b,c` and check each name.
+pub fn parse_fields(fields: Option<&str>, valid: &Map<String, Value>) -> Result<Option<Vec<String>>, ApiError> {
+    let Some(f) = fields else { return Ok(None) };
+    let names: Vec<String> = f
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let bad: Vec<&str> = names
+        .iter()
+        .filter(|n| !valid.contains_key(n.as_str()))
+        .map(String::as_str)
+        .collect();
+    if !bad.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "field(s) {} are not valid; valid fields: {}",
+            bad.join(", "),
+            valid.keys().cloned().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(Some(names))
+}
+
+/// Keep only `keep` of a document.
+pub fn select(mut doc: Map<String, Value>, keep: &[impl AsRef<str>]) -> Value {
+    let mut out = Map::new();
+    for k in keep {
+        if let Some(v) = doc.remove(k.as_ref()) {
+            out.insert(k.as_ref().to_string(), v);
+        }
+    }
+    Value::Object(out)
+}
+
+/// The port document.
+pub fn port_full(p: &Port, base: &str) -> Map<String, Value> {
+    let v = json!({
+        "uuid": p.uuid,
+        "address": p.address,
+        "node_uuid": p.node_uuid,
+        "pxe_enabled": p.pxe_enabled,
+        "extra": p.extra,
+        "local_link_connection": {},
+        "created_at": time(&Some(p.created_at)),
+        "updated_at": time(&p.updated_at),
+        "links": links(base, "ports", &p.uuid),
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}

@@ -1,0 +1,146 @@
+//! Microversion negotiation (`X-OpenStack-Ironic-API-Version`) and the version documents.
+
+use super::ApiError;
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use rivet_protocol::api::{
+    MAX_VERSION, MAX_VERSION_HEADER, MIN_VERSION, MIN_VERSION_HEADER, VERSION_HEADER,
+};
+use serde_json::json;
+
+/// The microversion a request is served at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiVersion(pub (u32, u32));
+
+fn fmt(v: (u32, u32)) -> String {
+    format!("{}.{}", v.0, v.1)
+}
+
+/// The version a request asks for; no header means the minimum, as in Ironic.
+fn requested(headers: &HeaderMap) -> Result<(u32, u32), String> {
+    // The standard header wins when present: `OpenStack-API-Version: baremetal 1.N`.
+    let raw = headers
+        .get("OpenStack-API-Version")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("baremetal").map(|s| s.trim().to_string()))
+        .or_else(|| {
+            headers
+                .get(VERSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| s.trim().to_string())
+        });
+    let Some(raw) = raw else {
+        return Ok(MIN_VERSION);
+    };
+    if raw.eq_ignore_ascii_case("latest") {
+        return Ok(MAX_VERSION);
+    }
+    let parsed = raw
+        .split_once('.')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)));
+    let v = parsed.ok_or_else(|| format!("invalid API version {raw:?}: expected MAJOR.MINOR or latest"))?;
+    if v < MIN_VERSION || v > MAX_VERSION {
+        return Err(format!(
+            "version {} is not supported; this server serves {} to {}",
+            fmt(v),
+            fmt(MIN_VERSION),
+            fmt(MAX_VERSION)
+        ));
+    }
+    Ok(v)
+}
+
+fn add_range_headers(headers: &mut HeaderMap) {
+    headers.insert(MIN_VERSION_HEADER, HeaderValue::from_str(&fmt(MIN_VERSION)).unwrap_or(HeaderValue::from_static("1.1")));
+    headers.insert(MAX_VERSION_HEADER, HeaderValue::from_str(&fmt(MAX_VERSION)).unwrap_or(HeaderValue::from_static("1.1")));
+}
+
+/// Middleware: negotiate, 406 outside the range, echo the version used.
+pub async fn negotiate(mut req: Request, next: Next) -> Response {
+    match requested(req.headers()) {
+        Ok(v) => {
+            req.extensions_mut().insert(ApiVersion(v));
+            let mut resp = next.run(req).await;
+            add_range_headers(resp.headers_mut());
+            if let Ok(h) = HeaderValue::from_str(&fmt(v)) {
+                resp.headers_mut().insert(VERSION_HEADER, h);
+            }
+            resp
+        }
+        Err(msg) => {
+            let mut resp = ApiError::new(StatusCode::NOT_ACCEPTABLE, msg).into_response();
+            add_range_headers(resp.headers_mut());
+            resp
+        }
+    }
+}
+
+fn version_doc(host: &str) -> serde_json::Value {
+    json!({
+        "id": "v1",
+        "status": "CURRENT",
+        "min_version": fmt(MIN_VERSION),
+        "version": fmt(MAX_VERSION),
+        "links": [{"href": format!("http://{host}/v1/"), "rel": "self"}],
+    })
+}
+
+fn host(headers: &HeaderMap) -> String {
+    headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost")
+        .to_string()
+}
+
+/// `GET /`.
+pub async fn root(headers: HeaderMap) -> impl IntoResponse {
+    let host = host(&headers);
+    Json(json!({
+        "name": "Rivet Bare Metal API (Ironic-compatible)",
+        "description": "Rivet provisions and cleans bare-metal servers.",
+        "default_version": version_doc(&host),
+        "versions": [version_doc(&host)],
+    }))
+}
+
+/// `GET /v1`.
+pub async fn v1(headers: HeaderMap) -> impl IntoResponse {
+    let host = host(&headers);
+    let link = |p: &str| json!([{"href": format!("http://{host}/v1/{p}/"), "rel": "self"}]);
+    Json(json!({
+        "id": "v1",
+        "version": version_doc(&host),
+        "media_types": [{"base": "application/json", "type": "application/vnd.openstack.ironic.v1+json"}],
+        "links": [{"href": format!("http://{host}/v1/"), "rel": "self"}],
+        "nodes": link("nodes"),
+        "ports": link("ports"),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(v: &str) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        m.insert(VERSION_HEADER, HeaderValue::from_str(v).expect("header"));
+        m
+    }
+
+    #[test]
+    fn negotiation() {
+        assert_eq!(requested(&HeaderMap::new()), Ok(MIN_VERSION));
+        assert_eq!(requested(&h("latest")), Ok(MAX_VERSION));
+        assert_eq!(requested(&h("1.15")), Ok((1, 15)));
+        assert!(requested(&h("2.0")).is_err());
+        assert!(requested(&h("1.999")).is_err());
+        assert!(requested(&h("banana")).is_err());
+        let mut m = h("1.15");
+        m.insert("OpenStack-API-Version", HeaderValue::from_static("baremetal 1.20"));
+        assert_eq!(requested(&m), Ok((1, 20)));
+    }
+}

@@ -1,0 +1,53 @@
+//! Conductor errors: each says what happened, to which node, and what to do.
+
+use crate::store::StoreError;
+use rivet_protocol::states::{ProvisionState, Verb};
+
+/// Why a request to the conductor was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConductorError {
+    /// The store failed or the record is missing/changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The verb is not allowed in the node's state.
+    #[error("node {node} is in \"{state}\"; \"{action}\" is not allowed there (allowed: {})", verbs(.allowed))]
+    InvalidState {
+        /// Node name or UUID.
+        node: String,
+        /// Its state.
+        state: ProvisionState,
+        /// What was asked.
+        action: String,
+        /// Verbs allowed in that state.
+        allowed: Vec<Verb>,
+    },
+    /// Another operation holds the node.
+    #[error("node {node} is locked by conductor {by} while it is in \"{state}\"; retry when the operation ends")]
+    Locked {
+        /// Node name or UUID.
+        node: String,
+        /// Holder.
+        by: String,
+        /// Its state.
+        state: ProvisionState,
+    },
+    /// The request is malformed or not allowed as asked.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The driver failed.
+    #[error("node {node}: {message}")]
+    Driver {
+        /// Node name or UUID.
+        node: String,
+        /// Driver message.
+        message: String,
+    },
+}
+
+fn verbs(v: &[Verb]) -> String {
+    if v.is_empty() {
+        "none: wait for the current operation to finish".into()
+    } else {
+        v.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ")
+    }
+}

@@ -1,0 +1,244 @@
+//! The conductor: runs each node's current operation to its next stable point.
+//!
+//! It is level-triggered: [`Conductor::kick`] loads the node, decides the next action from its
+//! provision state, does it, and writes the result with an optimistic version check. A lost
+//! task, a restart or a duplicate kick all converge, because the decision is made again from
+//! what the store says. Work for one node runs in at most one task at a time; while it runs
+//! the node carries this conductor's id in `reservation`.
+
+mod errors;
+mod periodic;
+mod verbs;
+
+pub use errors::ConductorError;
+
+use crate::config::Config;
+use crate::drivers::{self, fake::FakeBmc, BootDevice, Bmc};
+use crate::fsm::{self, Event};
+use crate::store::{Node, Store, StoreError};
+use chrono::Utc;
+use rivet_protocol::states::{PowerState, ProvisionState};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+/// The conductor and everything it needs.
+pub struct Conductor {
+    /// Node and port records.
+    pub store: Arc<dyn Store>,
+    /// Configuration.
+    pub config: Config,
+    /// The in-memory BMCs of `fake-hardware` nodes.
+    pub fake: Arc<FakeBmc>,
+    /// Nodes with a task running in this process.
+    running: Mutex<HashSet<String>>,
+}
+
+/// What one step of a node's operation decided.
+enum Next {
+    /// Written a new state; decide again.
+    Continue(Node),
+    /// Nothing more to do until something external happens.
+    Idle,
+}
+
+impl Conductor {
+    /// A conductor over `store`.
+    pub fn new(store: Arc<dyn Store>, config: Config) -> Arc<Conductor> {
+        Arc::new(Conductor {
+            store,
+            config,
+            fake: Arc::new(FakeBmc::default()),
+            running: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// This conductor's id.
+    pub fn id(&self) -> &str {
+        &self.config.conductor_id
+    }
+
+    /// The BMC driver of a node.
+    pub fn bmc(&self, node: &Node) -> Result<Arc<dyn Bmc>, ConductorError> {
+        drivers::for_node(&node.driver, &self.fake).map_err(|e| ConductorError::Driver {
+            node: node.ident().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Whether a task for `uuid` runs in this process.
+    pub fn is_running(&self, uuid: &str) -> bool {
+        self.running.lock().map(|r| r.contains(uuid)).unwrap_or(false)
+    }
+
+    /// Make sure a task drives `uuid` forward; a no-op when one already runs.
+    pub fn kick(self: &Arc<Self>, uuid: &str) {
+        {
+            let Ok(mut running) = self.running.lock() else {
+                return;
+            };
+            if !running.insert(uuid.to_string()) {
+                return;
+            }
+        }
+        let this = self.clone();
+        let uuid = uuid.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = this.drive(&uuid).await {
+                tracing::error!(node = %uuid, error = %e, "conductor task failed");
+            }
+            if let Ok(mut running) = this.running.lock() {
+                running.remove(&uuid);
+            }
+        });
+    }
+
+    /// Drive a node until it rests (stable, waiting, failed, or in maintenance).
+    async fn drive(&self, uuid: &str) -> Result<(), ConductorError> {
+        let mut node = self.store.get_node(uuid).await?;
+        loop {
+            if node.maintenance {
+                tracing::info!(node = %uuid, state = %node.provision_state, "node in maintenance; conductor paused");
+                return Ok(());
+            }
+            if !node.provision_state.is_conductor_busy() {
+                return Ok(());
+            }
+            match self.step(node.clone()).await {
+                Ok(Next::Continue(n)) => node = n,
+                Ok(Next::Idle) => return Ok(()),
+                // Someone else wrote (an API call, the periodic scan): decide again from the
+                // stored node, which is what level-triggered means.
+                Err(ConductorError::Store(StoreError::Conflict { .. })) => {
+                    node = self.store.get_node(uuid).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One decision for a node in a conductor-busy state.
+    async fn step(&self, mut node: Node) -> Result<Next, ConductorError> {
+        use ProvisionState::*;
+        if node.reservation.as_deref() != Some(self.id()) {
+            node.reservation = Some(self.id().to_string());
+            node.conductor = Some(self.id().to_string());
+            node = self.store.update_node(&node).await?;
+        }
+        let bmc = match self.bmc(&node) {
+            Ok(b) => b,
+            Err(e) => return self.fail(node, &e.to_string()).await.map(Next::Continue),
+        };
+        match node.provision_state {
+            Verifying => {
+                let checked = match bmc.validate(&node.driver_info) {
+                    Ok(()) => bmc.get_power(&node.uuid, &node.driver_info).await,
+                    Err(e) => Err(e),
+                };
+                match checked {
+                    Ok(power) => {
+                        node.power_state = Some(power);
+                        self.event(node, Event::Done, None).await.map(Next::Continue)
+                    }
+                    Err(e) => {
+                        let msg = format!(
+                            "failed to verify the BMC of node {}: {e}; fix driver_info and run `manage` again",
+                            node.ident()
+                        );
+                        self.fail(node, &msg).await.map(Next::Continue)
+                    }
+                }
+            }
+            Cleaning => self.step_cleaning(node, bmc.as_ref()).await,
+            Deleting => {
+                if let Err(e) = bmc.set_power(&node.uuid, &node.driver_info, PowerState::Off).await {
+                    let msg = format!("failed to power off node {} during tear-down: {e}", node.ident());
+                    return self.fail(node, &msg).await.map(Next::Continue);
+                }
+                node.power_state = Some(PowerState::Off);
+                node.instance_uuid = None;
+                self.event(node, Event::Clean, None).await.map(Next::Continue)
+            }
+            // fake-hardware has no deploy, inspect, adopt or rescue work: they succeed at once.
+            Deploying | Inspecting | Adopting | Rescuing | Unrescuing => {
+                self.event(node, Event::Done, None).await.map(Next::Continue)
+            }
+            _ => Ok(Next::Idle),
+        }
+    }
+
+    /// Cleaning: skip when automated cleaning is off, else boot the ramdisk and wait for it.
+    async fn step_cleaning(&self, mut node: Node, bmc: &dyn Bmc) -> Result<Next, ConductorError> {
+        let manual = node.target_provision_state == Some(ProvisionState::Manageable);
+        if !manual && !self.automated_clean_enabled(&node) {
+            tracing::info!(node = %node.uuid, "automated cleaning disabled; node becomes available");
+            return self.event(node, Event::Done, None).await.map(Next::Continue);
+        }
+        let booted = async {
+            bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
+                .await?;
+            bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
+                .await
+        }
+        .await;
+        if let Err(e) = booted {
+            let msg = format!("failed to boot the cleaning ramdisk on node {}: {e}", node.ident());
+            return self.fail(node, &msg).await.map(Next::Continue);
+        }
+        node.power_state = Some(PowerState::On);
+        // The ramdisk may look up once for this boot: forget any token of an earlier boot.
+        node.driver_internal_info.remove("agent_token_hash");
+        node.driver_internal_info
+            .insert("agent_token_required".into(), true.into());
+        self.event(node, Event::Wait, None).await.map(Next::Continue)
+    }
+
+    /// Whether automated cleaning applies to this node.
+    pub fn automated_clean_enabled(&self, node: &Node) -> bool {
+        node.automated_clean
+            .unwrap_or(self.config.conductor.automated_clean)
+    }
+
+    /// Fire a conductor event and persist. Leaving a busy state for a resting one releases
+    /// the reservation in the same write.
+    async fn event(
+        &self,
+        mut node: Node,
+        event: Event,
+        last_error: Option<String>,
+    ) -> Result<Node, ConductorError> {
+        let from = node.provision_state;
+        let to = fsm::next(from, event).ok_or_else(|| ConductorError::InvalidState {
+            node: node.ident().to_string(),
+            state: from,
+            action: event.as_str().to_string(),
+            allowed: fsm::allowed_verbs(from),
+        })?;
+        node.provision_state = to;
+        node.target_provision_state = match fsm::target_of(from, event, to) {
+            // Staying inside one operation keeps its target (manual vs automated cleaning).
+            Some(_) if node.target_provision_state.is_some() && !to.is_stable() => {
+                node.target_provision_state
+            }
+            t => t,
+        };
+        node.provision_updated_at = Some(Utc::now());
+        if let Some(err) = last_error {
+            node.last_error = Some(err);
+        }
+        if !to.is_conductor_busy() {
+            node.reservation = None;
+        }
+        if to.is_stable() {
+            node.clean_step = None;
+            node.deploy_step = None;
+        }
+        tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
+        Ok(self.store.update_node(&node).await?)
+    }
+
+    /// Fire `fail` with a message.
+    async fn fail(&self, node: Node, message: &str) -> Result<Node, ConductorError> {
+        tracing::warn!(node = %node.uuid, state = %node.provision_state, error = message, "operation failed");
+        self.event(node, Event::Fail, Some(message.to_string())).await
+    }
+}

@@ -1,0 +1,106 @@
+//! Periodic work: wait-state timeouts, resuming nodes nobody drives, and start-up recovery.
+
+use super::{Conductor, ConductorError};
+use crate::fsm::Event;
+use chrono::Utc;
+use rivet_protocol::states::ProvisionState;
+use std::sync::Arc;
+use std::time::Duration;
+
+const BUSY: &[ProvisionState] = &[
+    ProvisionState::Verifying,
+    ProvisionState::Inspecting,
+    ProvisionState::Cleaning,
+    ProvisionState::Deploying,
+    ProvisionState::Deleting,
+    ProvisionState::Adopting,
+    ProvisionState::Rescuing,
+    ProvisionState::Unrescuing,
+];
+
+const WAITS: &[ProvisionState] = &[
+    ProvisionState::CleanWait,
+    ProvisionState::InspectWait,
+    ProvisionState::WaitCallBack,
+    ProvisionState::RescueWait,
+];
+
+impl Conductor {
+    /// Start-up: drop this conductor's stale reservations (it died holding them) and resume
+    /// every node caught in a conductor-busy state. The conductor's work per state is
+    /// idempotent (it re-reads the BMC and the node), so resuming is safe; a node whose work
+    /// fails again ends in its failure state with a last_error, never stuck.
+    pub async fn recover(self: &Arc<Self>) -> Result<usize, ConductorError> {
+        let released = self.store.release_reservations(self.id()).await?;
+        if released > 0 {
+            tracing::warn!(count = released, "released reservations left by an earlier run of this conductor");
+        }
+        let nodes = self.store.nodes_in_states(BUSY).await?;
+        for n in &nodes {
+            tracing::warn!(node = %n.uuid, state = %n.provision_state, "resuming node found in a transient state at start-up");
+            self.kick(&n.uuid);
+        }
+        Ok(nodes.len())
+    }
+
+    fn wait_timeout(&self, state: ProvisionState) -> u64 {
+        let c = &self.config.conductor;
+        match state {
+            ProvisionState::CleanWait => c.clean_wait_timeout_s,
+            ProvisionState::InspectWait => c.inspect_wait_timeout_s,
+            ProvisionState::WaitCallBack => c.deploy_wait_timeout_s,
+            _ => c.rescue_wait_timeout_s,
+        }
+    }
+
+    /// One pass of the periodic scan.
+    pub async fn scan_once(self: &Arc<Self>) -> Result<(), ConductorError> {
+        let now = Utc::now();
+        for node in self.store.nodes_in_states(WAITS).await? {
+            if node.maintenance {
+                continue;
+            }
+            let timeout = self.wait_timeout(node.provision_state);
+            let since = node.provision_updated_at.unwrap_or(node.created_at);
+            if (now - since).num_seconds() < timeout as i64 {
+                continue;
+            }
+            let state = node.provision_state;
+            let msg = format!(
+                "timeout reached in \"{state}\": no word from the ramdisk of node {} for {timeout} s; \
+                 check its console and network, then `manage` and retry",
+                node.ident()
+            );
+            match self.event(node, Event::Fail, Some(msg)).await {
+                Ok(n) => tracing::warn!(node = %n.uuid, state = %state, "wait timed out"),
+                // Changed under us (a heartbeat arrived): the next scan decides again.
+                Err(ConductorError::Store(crate::store::StoreError::Conflict { .. })) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for node in self.store.nodes_in_states(BUSY).await? {
+            let ours_or_free = node
+                .reservation
+                .as_deref()
+                .map(|r| r == self.id())
+                .unwrap_or(true);
+            if ours_or_free && !node.maintenance && !self.is_running(&node.uuid) {
+                self.kick(&node.uuid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Run the scan forever.
+    pub async fn run_periodic(self: Arc<Self>) {
+        let every = Duration::from_secs(self.config.conductor.check_interval_s.max(1));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = self.scan_once().await {
+                tracing::error!(error = %e, "periodic scan failed");
+            }
+        }
+    }
+}

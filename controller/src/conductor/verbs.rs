@@ -1,0 +1,229 @@
+//! Admin requests: provision verbs, power, maintenance. Each validates first and writes
+//! nothing when it refuses.
+
+use super::{Conductor, ConductorError};
+use crate::fsm::{self, Event};
+use crate::store::Node;
+use chrono::Utc;
+use rivet_protocol::api::ProvisionRequest;
+use rivet_protocol::states::{PowerState, ProvisionState, Verb};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Microversion a verb needs (Ironic's milestones).
+fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
+    match verb {
+        Verb::Abort if state == ProvisionState::InspectWait => (1, 41),
+        Verb::Abort if state == ProvisionState::WaitCallBack => (1, 110),
+        Verb::Abort => (1, 13),
+        Verb::Clean => (1, 15),
+        Verb::Unhold => (1, 85),
+        Verb::Adopt => (1, 17),
+        Verb::Rescue | Verb::Unrescue => (1, 38),
+        _ => (1, 1),
+    }
+}
+
+impl Conductor {
+    /// `PUT /v1/nodes/{id}/states/provision`: check, move the node, start the work.
+    pub async fn provision(
+        self: &Arc<Self>,
+        ident: &str,
+        req: &ProvisionRequest,
+        version: (u32, u32),
+    ) -> Result<Node, ConductorError> {
+        let mut node = self.store.get_node(ident).await?;
+        let verb = req.target;
+        let state = node.provision_state;
+        let need = min_version(verb, state);
+        if version < need {
+            return Err(ConductorError::BadRequest(format!(
+                "\"{verb}\" in \"{state}\" needs API version {}.{} or later; send X-OpenStack-Ironic-API-Version: {}.{}",
+                need.0, need.1, need.0, need.1
+            )));
+        }
+        if req.clean_steps.is_some() && verb != Verb::Clean {
+            return Err(ConductorError::BadRequest(format!(
+                "clean_steps is only valid with target \"clean\", not \"{verb}\""
+            )));
+        }
+        if verb == Verb::Clean && req.clean_steps.is_none() {
+            return Err(ConductorError::BadRequest(
+                "target \"clean\" needs clean_steps (a list, possibly empty)".into(),
+            ));
+        }
+        let to = fsm::next_for_verb(state, verb).ok_or_else(|| ConductorError::InvalidState {
+            node: node.ident().to_string(),
+            state,
+            action: verb.to_string(),
+            allowed: fsm::allowed_verbs(state),
+        })?;
+        if let Some(by) = &node.reservation {
+            if verb != Verb::Abort {
+                return Err(ConductorError::Locked {
+                    node: node.ident().to_string(),
+                    by: by.clone(),
+                    state,
+                });
+            }
+        }
+        if node.maintenance && matches!(verb, Verb::Active | Verb::Deploy | Verb::Rebuild) {
+            return Err(ConductorError::BadRequest(format!(
+                "node {} is in maintenance; \"{verb}\" is refused until `rivet node maintenance unset {}`",
+                node.ident(),
+                node.ident()
+            )));
+        }
+        let event = Event::from_verb(verb);
+        node.target_provision_state = fsm::target_of(state, event, to);
+        node.provision_state = to;
+        node.provision_updated_at = Some(Utc::now());
+        if verb == Verb::Abort {
+            let during = node
+                .clean_step
+                .as_ref()
+                .and_then(|s| s.get("step"))
+                .and_then(Value::as_str)
+                .map(|s| format!("during step {s:?}"))
+                .unwrap_or_else(|| "before any step ran".into());
+            node.last_error = Some(format!(
+                "{} operation was aborted by an operator in \"{state}\" {during}",
+                match state {
+                    ProvisionState::InspectWait => "inspection",
+                    ProvisionState::WaitCallBack | ProvisionState::DeployHold => "deploy",
+                    ProvisionState::RescueWait => "rescue",
+                    _ => "clean",
+                }
+            ));
+            node.reservation = None;
+            node.clean_step = None;
+        } else {
+            node.last_error = None;
+        }
+        if verb == Verb::Clean {
+            let steps = serde_json::to_value(req.clean_steps.as_deref().unwrap_or_default())
+                .map_err(|e| ConductorError::BadRequest(e.to_string()))?;
+            node.driver_internal_info
+                .insert("requested_clean_steps".into(), steps);
+        }
+        if to.is_stable() || to.is_failed() {
+            node.target_provision_state = None;
+        }
+        let node = self.store.update_node(&node).await?;
+        tracing::info!(node = %node.uuid, from = %state, to = %to, verb = %verb, "provision verb accepted");
+        if to.is_conductor_busy() {
+            self.kick(&node.uuid);
+        }
+        Ok(node)
+    }
+
+    /// `PUT /v1/nodes/{id}/states/power`.
+    pub async fn set_power(
+        self: &Arc<Self>,
+        ident: &str,
+        target: PowerState,
+    ) -> Result<Node, ConductorError> {
+        use ProvisionState::*;
+        let mut node = self.store.get_node(ident).await?;
+        let state = node.provision_state;
+        if matches!(state, Cleaning | CleanWait | CleanHold) {
+            return Err(ConductorError::BadRequest(format!(
+                "node {} is in \"{state}\"; power actions are refused while cleaning — abort the cleaning first (`rivet node abort {}`)",
+                node.ident(),
+                node.ident()
+            )));
+        }
+        if target == PowerState::Error {
+            return Err(ConductorError::BadRequest(
+                "target must be one of: power on, power off, rebooting, soft rebooting, soft power off"
+                    .into(),
+            ));
+        }
+        if let Some(by) = &node.reservation {
+            return Err(ConductorError::Locked {
+                node: node.ident().to_string(),
+                by: by.clone(),
+                state,
+            });
+        }
+        if let Some(t) = node.target_power_state {
+            return Err(ConductorError::BadRequest(format!(
+                "node {} already has a power action in progress (target \"{t}\"); retry when it ends",
+                node.ident()
+            )));
+        }
+        let bmc = self.bmc(&node)?;
+        node.target_power_state = Some(target);
+        node.last_error = None;
+        let node = self.store.update_node(&node).await?;
+        let this = self.clone();
+        let uuid = node.uuid.clone();
+        tokio::spawn(async move {
+            let result = async {
+                let mut n = this.store.get_node(&uuid).await?;
+                let outcome = match bmc.set_power(&n.uuid, &n.driver_info, target).await {
+                    Ok(()) => bmc.get_power(&n.uuid, &n.driver_info).await,
+                    Err(e) => Err(e),
+                };
+                // The record may have changed while the BMC worked: apply our fields to a
+                // fresh copy.
+                n = this.store.get_node(&uuid).await?;
+                n.target_power_state = None;
+                match outcome {
+                    Ok(p) => n.power_state = Some(p),
+                    Err(e) => {
+                        n.last_error =
+                            Some(format!("failed to set power state of node {} to \"{target}\": {e}", n.ident()))
+                    }
+                }
+                this.store.update_node(&n).await?;
+                Ok::<_, ConductorError>(())
+            }
+            .await;
+            if let Err(e) = result {
+                tracing::error!(node = %uuid, error = %e, "power action failed");
+            }
+        });
+        Ok(node)
+    }
+
+    /// `PUT`/`DELETE /v1/nodes/{id}/maintenance`.
+    pub async fn set_maintenance(
+        self: &Arc<Self>,
+        ident: &str,
+        on: bool,
+        reason: Option<String>,
+    ) -> Result<Node, ConductorError> {
+        let mut node = self.store.get_node(ident).await?;
+        node.maintenance = on;
+        node.maintenance_reason = if on { reason } else { None };
+        if !on {
+            node.fault = None;
+        }
+        let node = self.store.update_node(&node).await?;
+        if !on && node.provision_state.is_conductor_busy() {
+            self.kick(&node.uuid);
+        }
+        Ok(node)
+    }
+
+    /// Whether a node may be deleted now.
+    pub fn check_deletable(&self, node: &Node) -> Result<(), ConductorError> {
+        use ProvisionState::*;
+        if let Some(by) = &node.reservation {
+            return Err(ConductorError::Locked {
+                node: node.ident().to_string(),
+                by: by.clone(),
+                state: node.provision_state,
+            });
+        }
+        if !node.maintenance && !matches!(node.provision_state, Manageable | Enroll | AdoptFailed) {
+            return Err(ConductorError::BadRequest(format!(
+                "node {} is in \"{}\"; it can be deleted only in enroll, manageable or adopt failed (or in maintenance) — run `manage` first",
+                node.ident(),
+                node.provision_state
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,228 @@
+//! rivetd configuration: one TOML file; every key has a default, and the command line and
+//! environment override the file (`rivetd --print-config` shows the result).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the API listens on.
+    pub listen: String,
+    /// Database URL (`sqlite:PATH`).
+    pub db: String,
+    /// Serve admin endpoints without credentials (loopback listen addresses only).
+    pub no_auth: bool,
+    /// This controller's id, shown as `reservation`/`conductor` (default: host name).
+    pub conductor_id: String,
+    /// Log as JSON lines instead of human text.
+    pub log_json: bool,
+    /// Admin credentials.
+    pub auth: AuthConfig,
+    /// Conductor timing.
+    pub conductor: ConductorConfig,
+    /// API limits.
+    pub api: ApiConfig,
+    /// What agents are told.
+    pub agent: AgentSettings,
+}
+
+/// Admin credentials, stored hashed (`rivetd hash-secret` prints a hash).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Bearer tokens (also accepted as `X-Auth-Token`).
+    pub tokens: Vec<TokenEntry>,
+    /// HTTP basic users.
+    pub users: Vec<UserEntry>,
+}
+
+/// A bearer token.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    /// Who holds it (for logs).
+    pub name: String,
+    /// `sha256$SALT$HEX`.
+    pub hash: String,
+}
+
+/// An HTTP basic user.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserEntry {
+    /// User name.
+    pub name: String,
+    /// `sha256$SALT$HEX` of the password.
+    pub hash: String,
+}
+
+/// Conductor timing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConductorConfig {
+    /// How often the periodic scan runs.
+    pub check_interval_s: u64,
+    /// Timeout of `clean wait`, from `provision_updated_at`.
+    pub clean_wait_timeout_s: u64,
+    /// Timeout of `inspect wait`.
+    pub inspect_wait_timeout_s: u64,
+    /// Timeout of `wait call-back`.
+    pub deploy_wait_timeout_s: u64,
+    /// Timeout of `rescue wait`.
+    pub rescue_wait_timeout_s: u64,
+    /// Run automated cleaning on provide / after tear-down (a node's `automated_clean` wins).
+    pub automated_clean: bool,
+}
+
+/// API limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Largest page of a listing.
+    pub max_limit: usize,
+}
+
+/// What agents are told at lookup.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSettings {
+    /// How long a heartbeat is held open when there is nothing to send.
+    pub long_poll_s: u64,
+    /// No heartbeat for this long fails the node's wait state.
+    pub heartbeat_timeout_s: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:6385".into(),
+            db: "sqlite:rivet.db".into(),
+            no_auth: false,
+            conductor_id: hostname(),
+            log_json: false,
+            auth: AuthConfig::default(),
+            conductor: ConductorConfig::default(),
+            api: ApiConfig::default(),
+            agent: AgentSettings::default(),
+        }
+    }
+}
+
+impl Default for ConductorConfig {
+    fn default() -> Self {
+        ConductorConfig {
+            check_interval_s: 10,
+            clean_wait_timeout_s: 1800,
+            inspect_wait_timeout_s: 1800,
+            deploy_wait_timeout_s: 1800,
+            rescue_wait_timeout_s: 1800,
+            automated_clean: true,
+        }
+    }
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            max_body_bytes: 1 << 20,
+            max_limit: 1000,
+        }
+    }
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        AgentSettings {
+            long_poll_s: 30,
+            heartbeat_timeout_s: 300,
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "rivetd".into())
+}
+
+impl Config {
+    /// Parse a TOML file's text.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The effective configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// Hash a secret as `sha256$SALT$HEX` (random salt).
+pub fn hash_secret(secret: &str) -> String {
+    use rand::Rng;
+    let salt: String = rand::thread_rng()
+        .sample_iter(&rand::distributions::Alphanumeric)
+        .take(16)
+        .map(char::from)
+        .collect();
+    format!("sha256${salt}${}", salted_hex(&salt, secret))
+}
+
+fn salted_hex(salt: &str, secret: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(salt.as_bytes());
+    h.update(b"$");
+    h.update(secret.as_bytes());
+    hex(&h.finalize())
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Check a secret against a `sha256$SALT$HEX` hash in constant time.
+pub fn verify_secret(secret: &str, hash: &str) -> bool {
+    let mut parts = hash.splitn(3, '$');
+    let (Some("sha256"), Some(salt), Some(want)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    constant_time_eq(salted_hex(salt, secret).as_bytes(), want.as_bytes())
+}
+
+/// Compare without an early exit, so timing does not reveal the common prefix.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_hash_verifies() {
+        let h = hash_secret("s3cret");
+        assert!(verify_secret("s3cret", &h));
+        assert!(!verify_secret("s3cre", &h));
+        assert!(!verify_secret("s3cret", "md5$x$y"));
+    }
+
+    #[test]
+    fn config_round_trip_and_unknown_key() {
+        let c = Config::default();
+        let back = Config::from_toml(&c.to_toml()).expect("round trip");
+        assert_eq!(back.listen, c.listen);
+        let err = Config::from_toml("listne = \"x\"").expect_err("typo");
+        assert!(err.contains("listne"), "{err}");
+    }
+}

@@ -1,0 +1,95 @@
+//! The `fake-hardware` driver: power kept in memory, for tests and the demo.
+//!
+//! `driver_info.fake_delay_ms` slows every call down (tests use it to catch a node mid-task);
+//! `driver_info.fake_fail` makes every call fail with that message (to exercise error paths).
+
+use super::{BootDevice, Bmc, DriverError};
+use async_trait::async_trait;
+use rivet_protocol::states::PowerState;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// In-memory BMCs keyed by node UUID.
+#[derive(Default)]
+pub struct FakeBmc {
+    power: Mutex<HashMap<String, PowerState>>,
+    boot: Mutex<HashMap<String, BootDevice>>,
+}
+
+impl FakeBmc {
+    async fn behave(&self, info: &Map<String, Value>) -> Result<(), DriverError> {
+        if let Some(ms) = info.get("fake_delay_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+        }
+        if let Some(msg) = info.get("fake_fail").and_then(Value::as_str) {
+            return Err(DriverError::Bmc(msg.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Last boot device set for a node (tests).
+    pub fn boot_device(&self, node: &str) -> Option<BootDevice> {
+        self.boot.lock().ok().and_then(|b| b.get(node).copied())
+    }
+}
+
+#[async_trait]
+impl Bmc for FakeBmc {
+    fn validate(&self, info: &Map<String, Value>) -> Result<(), DriverError> {
+        if let Some(v) = info.get("fake_delay_ms") {
+            if v.as_u64().is_none() {
+                return Err(DriverError::BadDriverInfo {
+                    field: "fake_delay_ms".into(),
+                    reason: "must be a non-negative integer".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_power(&self, node: &str, info: &Map<String, Value>) -> Result<PowerState, DriverError> {
+        self.behave(info).await?;
+        let p = self
+            .power
+            .lock()
+            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?;
+        Ok(p.get(node).copied().unwrap_or(PowerState::Off))
+    }
+
+    async fn set_power(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        target: PowerState,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        let state = match target {
+            PowerState::On | PowerState::Rebooting | PowerState::SoftRebooting => PowerState::On,
+            PowerState::Off | PowerState::SoftOff => PowerState::Off,
+            PowerState::Error => {
+                return Err(DriverError::Bmc("cannot set power state \"error\"".into()))
+            }
+        };
+        self.power
+            .lock()
+            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
+            .insert(node.to_string(), state);
+        Ok(())
+    }
+
+    async fn set_boot_device(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        device: BootDevice,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        self.boot
+            .lock()
+            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
+            .insert(node.to_string(), device);
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! The store: node and port records behind one trait, so a PostgreSQL backend can follow the
+//! SQLite one without changing callers.
+//!
+//! Every write is optimistic: an update names the `version` it read and fails with
+//! [`StoreError::Conflict`] when someone wrote in between. The version is the node's ETag.
+
+pub mod sqlite;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rivet_protocol::states::{PowerState, ProvisionState};
+use serde_json::{Map, Value};
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No record with that identifier.
+    #[error("{kind} {ident} could not be found")]
+    NotFound {
+        /// "node" or "port".
+        kind: &'static str,
+        /// What was looked up.
+        ident: String,
+    },
+    /// A unique field (name, MAC, UUID) is taken.
+    #[error("{0}")]
+    Duplicate(String),
+    /// The record changed since it was read.
+    #[error("{kind} {ident} was changed by another request (version {expected} is stale); reload it and retry")]
+    Conflict {
+        /// "node" or "port".
+        kind: &'static str,
+        /// Its UUID.
+        ident: String,
+        /// The version the caller had.
+        expected: i64,
+    },
+    /// The database failed.
+    #[error("database error: {0}")]
+    Backend(String),
+}
+
+/// A node record. Field names are Ironic's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// UUID.
+    pub uuid: String,
+    /// Unique name.
+    pub name: Option<String>,
+    /// Driver name.
+    pub driver: String,
+    /// BMC address and credentials (masked on output).
+    pub driver_info: Map<String, Value>,
+    /// Conductor bookkeeping (agent token hash, cached steps…).
+    pub driver_internal_info: Map<String, Value>,
+    /// Hardware properties.
+    pub properties: Map<String, Value>,
+    /// Deployment settings.
+    pub instance_info: Map<String, Value>,
+    /// Instance bound to the node.
+    pub instance_uuid: Option<String>,
+    /// Operator data.
+    pub extra: Map<String, Value>,
+    /// Provision state.
+    pub provision_state: ProvisionState,
+    /// Where the current operation leads.
+    pub target_provision_state: Option<ProvisionState>,
+    /// Last provision state change.
+    pub provision_updated_at: Option<DateTime<Utc>>,
+    /// Power state (None until read).
+    pub power_state: Option<PowerState>,
+    /// Power state being set.
+    pub target_power_state: Option<PowerState>,
+    /// Maintenance flag.
+    pub maintenance: bool,
+    /// Why.
+    pub maintenance_reason: Option<String>,
+    /// Fault that put the node in maintenance (e.g. "clean failure").
+    pub fault: Option<String>,
+    /// Last error.
+    pub last_error: Option<String>,
+    /// Running clean step.
+    pub clean_step: Option<Value>,
+    /// Running deploy step.
+    pub deploy_step: Option<Value>,
+    /// Conductor holding the node.
+    pub reservation: Option<String>,
+    /// Conductor that owns the node.
+    pub conductor: Option<String>,
+    /// Per-node automated cleaning switch.
+    pub automated_clean: Option<bool>,
+    /// Resource class.
+    pub resource_class: Option<String>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last write.
+    pub updated_at: Option<DateTime<Utc>>,
+    /// Version (ETag); bumped by every write.
+    pub version: i64,
+}
+
+impl Node {
+    /// A new node in `enroll`.
+    pub fn new(uuid: String, driver: String) -> Node {
+        Node {
+            uuid,
+            name: None,
+            driver,
+            driver_info: Map::new(),
+            driver_internal_info: Map::new(),
+            properties: Map::new(),
+            instance_info: Map::new(),
+            instance_uuid: None,
+            extra: Map::new(),
+            provision_state: ProvisionState::Enroll,
+            target_provision_state: None,
+            provision_updated_at: None,
+            power_state: None,
+            target_power_state: None,
+            maintenance: false,
+            maintenance_reason: None,
+            fault: None,
+            last_error: None,
+            clean_step: None,
+            deploy_step: None,
+            reservation: None,
+            conductor: None,
+            automated_clean: None,
+            resource_class: None,
+            created_at: Utc::now(),
+            updated_at: None,
+            version: 0,
+        }
+    }
+
+    /// Name if set, else UUID: what messages call the node.
+    pub fn ident(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.uuid)
+    }
+}
+
+/// A port (a NIC of a node).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Port {
+    /// UUID.
+    pub uuid: String,
+    /// Owning node UUID.
+    pub node_uuid: String,
+    /// MAC address, lower case.
+    pub address: String,
+    /// Whether the node PXE-boots from it.
+    pub pxe_enabled: bool,
+    /// Operator data.
+    pub extra: Map<String, Value>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last write.
+    pub updated_at: Option<DateTime<Utc>>,
+    /// Version.
+    pub version: i64,
+}
+
+/// Sort order of a listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortDir {
+    /// Ascending.
+    Asc,
+    /// Descending.
+    Desc,
+}
+
+/// Columns a node listing may sort by.
+pub const NODE_SORT_KEYS: &[&str] = &[
+    "uuid",
+    "name",
+    "created_at",
+    "updated_at",
+    "provision_state",
+    "provision_updated_at",
+    "driver",
+    "resource_class",
+    "power_state",
+    "maintenance",
+];
+
+/// A node listing request.
+#[derive(Debug, Clone)]
+pub struct NodeQuery {
+    /// Page size.
+    pub limit: usize,
+    /// UUID of the last node of the previous page.
+    pub marker: Option<String>,
+    /// One of [`NODE_SORT_KEYS`].
+    pub sort_key: String,
+    /// Direction.
+    pub sort_dir: SortDir,
+    /// Filter.
+    pub provision_state: Option<ProvisionState>,
+    /// Filter.
+    pub maintenance: Option<bool>,
+    /// Filter.
+    pub driver: Option<String>,
+    /// Filter.
+    pub resource_class: Option<String>,
+}
+
+impl Default for NodeQuery {
+    fn default() -> Self {
+        NodeQuery {
+            limit: 1000,
+            marker: None,
+            sort_key: "id".into(),
+            sort_dir: SortDir::Asc,
+            provision_state: None,
+            maintenance: None,
+            driver: None,
+            resource_class: None,
+        }
+    }
+}
+
+/// A port listing request.
+#[derive(Debug, Clone, Default)]
+pub struct PortQuery {
+    /// Only this node's ports.
+    pub node_uuid: Option<String>,
+    /// Only this MAC.
+    pub address: Option<String>,
+    /// Page size.
+    pub limit: usize,
+    /// UUID of the last port of the previous page.
+    pub marker: Option<String>,
+}
+
+/// The store interface.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Insert a node (version starts at 1).
+    async fn create_node(&self, node: &Node) -> Result<Node, StoreError>;
+    /// A node by UUID or name.
+    async fn get_node(&self, ident: &str) -> Result<Node, StoreError>;
+    /// A page of nodes.
+    async fn list_nodes(&self, query: &NodeQuery) -> Result<Vec<Node>, StoreError>;
+    /// Nodes in any of `states` (for the conductor's scans).
+    async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError>;
+    /// Write `node` if its version is still `node.version`; returns the stored node with the
+    /// new version and `updated_at`.
+    async fn update_node(&self, node: &Node) -> Result<Node, StoreError>;
+    /// Delete a node (and its ports) if its version is still `version`.
+    async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError>;
+    /// Clear reservations held by `conductor` (a restart drops its old claims).
+    async fn release_reservations(&self, conductor: &str) -> Result<u64, StoreError>;
+
+    /// Insert a port.
+    async fn create_port(&self, port: &Port) -> Result<Port, StoreError>;
+    /// A port by UUID.
+    async fn get_port(&self, uuid: &str) -> Result<Port, StoreError>;
+    /// A page of ports.
+    async fn list_ports(&self, query: &PortQuery) -> Result<Vec<Port>, StoreError>;
+    /// Write a port if its version is unchanged.
+    async fn update_port(&self, port: &Port) -> Result<Port, StoreError>;
+    /// Delete a port.
+    async fn delete_port(&self, uuid: &str) -> Result<(), StoreError>;
+    /// Node UUID owning any of these MACs (lookup).
+    async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError>;
+}
+
+/// Open the store named by a `--db` URL (`sqlite:PATH`).
+pub fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        let path = path.strip_prefix("//").unwrap_or(path);
+        Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path)?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Err(StoreError::Backend(
+            "the PostgreSQL backend is not built yet; use --db sqlite:PATH".into(),
+        ))
+    } else {
+        Err(StoreError::Backend(format!(
+            "unsupported database URL {url:?}: expected sqlite:PATH"
+        )))
+    }
+}
+
+/// Lower-case a MAC and check its shape (`aa:bb:cc:dd:ee:ff`).
+pub fn normalize_mac(mac: &str) -> Option<String> {
+    let m = mac.trim().to_ascii_lowercase().replace('-', ":");
+    let parts: Vec<&str> = m.split(':').collect();
+    if parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+    {
+        Some(m)
+    } else {
+        None
+    }
+}

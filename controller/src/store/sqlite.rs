@@ -1,0 +1,779 @@
+//! SQLite backend: one file in WAL mode, migrations embedded and run at open.
+//!
+//! Calls run inline under a mutex: each is a short local operation (tens of microseconds), so
+//! handing it to a thread pool would cost more than it saves. JSON fields are stored as text.
+
+use super::{
+    Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, NODE_SORT_KEYS,
+};
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+use rivet_protocol::states::ProvisionState;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde_json::{Map, Value};
+use std::sync::Mutex;
+
+/// Schema migrations, applied in order; index + 1 is the schema version.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE nodes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    uuid TEXT NOT NULL UNIQUE,
+    name TEXT UNIQUE,
+    driver TEXT NOT NULL,
+    driver_info TEXT NOT NULL,
+    driver_internal_info TEXT NOT NULL,
+    properties TEXT NOT NULL,
+    instance_info TEXT NOT NULL,
+    instance_uuid TEXT,
+    extra TEXT NOT NULL,
+    provision_state TEXT NOT NULL,
+    target_provision_state TEXT,
+    provision_updated_at TEXT,
+    power_state TEXT,
+    target_power_state TEXT,
+    maintenance INTEGER NOT NULL DEFAULT 0,
+    maintenance_reason TEXT,
+    fault TEXT,
+    last_error TEXT,
+    clean_step TEXT,
+    deploy_step TEXT,
+    reservation TEXT,
+    conductor TEXT,
+    automated_clean INTEGER,
+    resource_class TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT,
+    version INTEGER NOT NULL
+);
+CREATE INDEX nodes_provision_state ON nodes(provision_state);
+CREATE INDEX nodes_reservation ON nodes(reservation);
+CREATE TABLE ports (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    uuid TEXT NOT NULL UNIQUE,
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    address TEXT NOT NULL UNIQUE,
+    pxe_enabled INTEGER NOT NULL,
+    extra TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT,
+    version INTEGER NOT NULL
+);
+CREATE INDEX ports_node ON ports(node_uuid);
+"#];
+
+/// The schema version this build knows.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// A SQLite-backed store.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn ts(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, false)
+}
+
+fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
+    s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+        .map(|t| t.with_timezone(&Utc))
+}
+
+fn map_to_text(m: &Map<String, Value>) -> String {
+    Value::Object(m.clone()).to_string()
+}
+
+fn text_to_map(s: &str) -> Map<String, Value> {
+    match serde_json::from_str(s) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+const NODE_COLUMNS: &str = "uuid, name, driver, driver_info, driver_internal_info, properties, \
+    instance_info, instance_uuid, extra, provision_state, target_provision_state, \
+    provision_updated_at, power_state, target_power_state, maintenance, maintenance_reason, \
+    fault, last_error, clean_step, deploy_step, reservation, conductor, automated_clean, \
+    resource_class, created_at, updated_at, version";
+
+fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
+    let state: String = r.get(9)?;
+    let opt_state = |s: Option<String>| s.and_then(|s| s.parse().ok());
+    Ok(Node {
+        uuid: r.get(0)?,
+        name: r.get(1)?,
+        driver: r.get(2)?,
+        driver_info: text_to_map(&r.get::<_, String>(3)?),
+        driver_internal_info: text_to_map(&r.get::<_, String>(4)?),
+        properties: text_to_map(&r.get::<_, String>(5)?),
+        instance_info: text_to_map(&r.get::<_, String>(6)?),
+        instance_uuid: r.get(7)?,
+        extra: text_to_map(&r.get::<_, String>(8)?),
+        // An unreadable state would be a corrupt row; show it as error rather than panic.
+        provision_state: state.parse().unwrap_or(ProvisionState::Error),
+        target_provision_state: opt_state(r.get(10)?),
+        provision_updated_at: parse_ts(r.get(11)?),
+        power_state: r.get::<_, Option<String>>(12)?.and_then(|s| s.parse().ok()),
+        target_power_state: r.get::<_, Option<String>>(13)?.and_then(|s| s.parse().ok()),
+        maintenance: r.get(14)?,
+        maintenance_reason: r.get(15)?,
+        fault: r.get(16)?,
+        last_error: r.get(17)?,
+        clean_step: r
+            .get::<_, Option<String>>(18)?
+            .and_then(|s| serde_json::from_str(&s).ok()),
+        deploy_step: r
+            .get::<_, Option<String>>(19)?
+            .and_then(|s| serde_json::from_str(&s).ok()),
+        reservation: r.get(20)?,
+        conductor: r.get(21)?,
+        automated_clean: r.get(22)?,
+        resource_class: r.get(23)?,
+        created_at: parse_ts(r.get(24)?).unwrap_or_else(Utc::now),
+        updated_at: parse_ts(r.get(25)?),
+        version: r.get(26)?,
+    })
+}
+
+const PORT_COLUMNS: &str =
+    "uuid, node_uuid, address, pxe_enabled, extra, created_at, updated_at, version";
+
+fn port_from_row(r: &Row<'_>) -> rusqlite::Result<Port> {
+    Ok(Port {
+        uuid: r.get(0)?,
+        node_uuid: r.get(1)?,
+        address: r.get(2)?,
+        pxe_enabled: r.get(3)?,
+        extra: text_to_map(&r.get::<_, String>(4)?),
+        created_at: parse_ts(r.get(5)?).unwrap_or_else(Utc::now),
+        updated_at: parse_ts(r.get(6)?),
+        version: r.get(7)?,
+    })
+}
+
+fn unique_violation(e: &rusqlite::Error) -> Option<String> {
+    match e {
+        rusqlite::Error::SqliteFailure(f, Some(msg))
+            if f.code == rusqlite::ErrorCode::ConstraintViolation && msg.contains("UNIQUE") =>
+        {
+            Some(msg.clone())
+        }
+        _ => None,
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the database file and bring its schema up to date.
+    pub fn open(path: &str) -> Result<SqliteStore, StoreError> {
+        let conn = Connection::open(path)
+            .map_err(|e| StoreError::Backend(format!("cannot open SQLite file {path}: {e}")))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(backend)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
+        )
+        .map_err(backend)?;
+        migrate(&conn)?;
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+        f(&mut conn)
+    }
+}
+
+/// Apply pending migrations; refuse a schema newer than this build.
+fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        .map_err(backend)?;
+    let current: i64 = conn
+        .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| {
+            r.get(0)
+        })
+        .map_err(backend)?;
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::Backend(format!(
+            "database schema version {current} is newer than this rivetd knows ({SCHEMA_VERSION}); \
+             run a newer rivetd"
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = i as i64 + 1;
+        let tx = conn.unchecked_transaction().map_err(backend)?;
+        tx.execute_batch(sql).map_err(backend)?;
+        tx.execute("INSERT INTO schema_version (version) VALUES (?1)", [version])
+            .map_err(backend)?;
+        tx.commit().map_err(backend)?;
+        tracing::info!(version, "applied database migration");
+    }
+    Ok(())
+}
+
+fn sort_column(key: &str) -> Result<&'static str, StoreError> {
+    if key == "id" {
+        return Ok("id");
+    }
+    NODE_SORT_KEYS
+        .iter()
+        .find(|k| **k == key)
+        .copied()
+        .ok_or_else(|| StoreError::Backend(format!("invalid sort key {key}")))
+}
+
+fn opt_json(v: &Option<Value>) -> Option<String> {
+    v.as_ref().map(|v| v.to_string())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_node(&self, node: &Node) -> Result<Node, StoreError> {
+        let mut n = node.clone();
+        n.version = 1;
+        n.updated_at = None;
+        self.with(|c| {
+            let r = c.execute(
+                &format!(
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
+                     ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, \
+                     ?24, ?25, ?26, ?27)"
+                ),
+                params![
+                    n.uuid,
+                    n.name,
+                    n.driver,
+                    map_to_text(&n.driver_info),
+                    map_to_text(&n.driver_internal_info),
+                    map_to_text(&n.properties),
+                    map_to_text(&n.instance_info),
+                    n.instance_uuid,
+                    map_to_text(&n.extra),
+                    n.provision_state.as_str(),
+                    n.target_provision_state.map(|s| s.as_str()),
+                    n.provision_updated_at.as_ref().map(ts),
+                    n.power_state.map(|s| s.as_str()),
+                    n.target_power_state.map(|s| s.as_str()),
+                    n.maintenance,
+                    n.maintenance_reason,
+                    n.fault,
+                    n.last_error,
+                    opt_json(&n.clean_step),
+                    opt_json(&n.deploy_step),
+                    n.reservation,
+                    n.conductor,
+                    n.automated_clean,
+                    n.resource_class,
+                    ts(&n.created_at),
+                    Option::<String>::None,
+                    n.version,
+                ],
+            );
+            match r {
+                Ok(_) => Ok(n),
+                Err(e) => match unique_violation(&e) {
+                    Some(msg) if msg.contains("nodes.name") => Err(StoreError::Duplicate(format!(
+                        "a node named {:?} already exists",
+                        n.name.as_deref().unwrap_or_default()
+                    ))),
+                    Some(_) => Err(StoreError::Duplicate(format!(
+                        "a node with UUID {} already exists",
+                        n.uuid
+                    ))),
+                    None => Err(backend(e)),
+                },
+            }
+        })
+    }
+
+    async fn get_node(&self, ident: &str) -> Result<Node, StoreError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {NODE_COLUMNS} FROM nodes WHERE uuid = ?1 OR name = ?1 LIMIT 1"),
+                [ident],
+                node_from_row,
+            )
+            .optional()
+            .map_err(backend)?
+            .ok_or_else(|| StoreError::NotFound {
+                kind: "node",
+                ident: ident.to_string(),
+            })
+        })
+    }
+
+    async fn list_nodes(&self, q: &NodeQuery) -> Result<Vec<Node>, StoreError> {
+        let col = sort_column(&q.sort_key)?;
+        self.with(|c| {
+            let mut wheres: Vec<String> = Vec::new();
+            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            let sort_expr = if col == "id" {
+                "id".to_string()
+            } else {
+                format!("COALESCE({col}, '')")
+            };
+            if let Some(marker) = &q.marker {
+                let found: Option<(rusqlite::types::Value, i64)> = c
+                    .query_row(
+                        &format!("SELECT {sort_expr}, id FROM nodes WHERE uuid = ?1"),
+                        [marker],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                    .map_err(backend)?;
+                let (value, id) = found.ok_or_else(|| StoreError::NotFound {
+                    kind: "marker node",
+                    ident: marker.clone(),
+                })?;
+                let op = if q.sort_dir == SortDir::Asc { ">" } else { "<" };
+                wheres.push(format!(
+                    "({sort_expr} {op} ? OR ({sort_expr} = ? AND id {op} ?))"
+                ));
+                args.push(value.clone());
+                args.push(value);
+                args.push(id.into());
+            }
+            if let Some(s) = q.provision_state {
+                wheres.push("provision_state = ?".into());
+                args.push(s.as_str().to_string().into());
+            }
+            if let Some(m) = q.maintenance {
+                wheres.push("maintenance = ?".into());
+                args.push(i64::from(m).into());
+            }
+            if let Some(d) = &q.driver {
+                wheres.push("driver = ?".into());
+                args.push(d.clone().into());
+            }
+            if let Some(rc) = &q.resource_class {
+                wheres.push("resource_class = ?".into());
+                args.push(rc.clone().into());
+            }
+            let where_sql = if wheres.is_empty() {
+                String::new()
+            } else {
+                format!("WHERE {}", wheres.join(" AND "))
+            };
+            let dir = if q.sort_dir == SortDir::Asc { "ASC" } else { "DESC" };
+            let sql = format!(
+                "SELECT {NODE_COLUMNS} FROM nodes {where_sql} ORDER BY {sort_expr} {dir}, id {dir} LIMIT ?"
+            );
+            args.push((q.limit as i64).into());
+            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), node_from_row)
+                .map_err(backend)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        })
+    }
+
+    async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError> {
+        if states.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.with(|c| {
+            let marks = vec!["?"; states.len()].join(", ");
+            let sql =
+                format!("SELECT {NODE_COLUMNS} FROM nodes WHERE provision_state IN ({marks}) ORDER BY id");
+            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
+            let rows = stmt
+                .query_map(
+                    rusqlite::params_from_iter(states.iter().map(|s| s.as_str())),
+                    node_from_row,
+                )
+                .map_err(backend)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        })
+    }
+
+    async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
+        let mut n = node.clone();
+        let expected = n.version;
+        n.version += 1;
+        n.updated_at = Some(Utc::now());
+        self.with(|c| {
+            let r = c.execute(
+                "UPDATE nodes SET name = ?2, driver = ?3, driver_info = ?4, \
+                 driver_internal_info = ?5, properties = ?6, instance_info = ?7, \
+                 instance_uuid = ?8, extra = ?9, provision_state = ?10, \
+                 target_provision_state = ?11, provision_updated_at = ?12, power_state = ?13, \
+                 target_power_state = ?14, maintenance = ?15, maintenance_reason = ?16, \
+                 fault = ?17, last_error = ?18, clean_step = ?19, deploy_step = ?20, \
+                 reservation = ?21, conductor = ?22, automated_clean = ?23, \
+                 resource_class = ?24, updated_at = ?25, version = ?26 \
+                 WHERE uuid = ?1 AND version = ?27",
+                params![
+                    n.uuid,
+                    n.name,
+                    n.driver,
+                    map_to_text(&n.driver_info),
+                    map_to_text(&n.driver_internal_info),
+                    map_to_text(&n.properties),
+                    map_to_text(&n.instance_info),
+                    n.instance_uuid,
+                    map_to_text(&n.extra),
+                    n.provision_state.as_str(),
+                    n.target_provision_state.map(|s| s.as_str()),
+                    n.provision_updated_at.as_ref().map(ts),
+                    n.power_state.map(|s| s.as_str()),
+                    n.target_power_state.map(|s| s.as_str()),
+                    n.maintenance,
+                    n.maintenance_reason,
+                    n.fault,
+                    n.last_error,
+                    opt_json(&n.clean_step),
+                    opt_json(&n.deploy_step),
+                    n.reservation,
+                    n.conductor,
+                    n.automated_clean,
+                    n.resource_class,
+                    n.updated_at.as_ref().map(ts),
+                    n.version,
+                    expected,
+                ],
+            );
+            match r {
+                Ok(1) => Ok(n),
+                Ok(_) => {
+                    let exists: bool = c
+                        .query_row("SELECT 1 FROM nodes WHERE uuid = ?1", [&n.uuid], |_| Ok(()))
+                        .optional()
+                        .map_err(backend)?
+                        .is_some();
+                    if exists {
+                        Err(StoreError::Conflict {
+                            kind: "node",
+                            ident: n.uuid.clone(),
+                            expected,
+                        })
+                    } else {
+                        Err(StoreError::NotFound {
+                            kind: "node",
+                            ident: n.uuid.clone(),
+                        })
+                    }
+                }
+                Err(e) => match unique_violation(&e) {
+                    Some(_) => Err(StoreError::Duplicate(format!(
+                        "a node named {:?} already exists",
+                        n.name.as_deref().unwrap_or_default()
+                    ))),
+                    None => Err(backend(e)),
+                },
+            }
+        })
+    }
+
+    async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction().map_err(backend)?;
+            tx.execute("DELETE FROM ports WHERE node_uuid = ?1", [uuid])
+                .map_err(backend)?;
+            let n = tx
+                .execute(
+                    "DELETE FROM nodes WHERE uuid = ?1 AND version = ?2",
+                    params![uuid, version],
+                )
+                .map_err(backend)?;
+            if n != 1 {
+                return Err(StoreError::Conflict {
+                    kind: "node",
+                    ident: uuid.to_string(),
+                    expected: version,
+                });
+            }
+            tx.commit().map_err(backend)
+        })
+    }
+
+    async fn release_reservations(&self, conductor: &str) -> Result<u64, StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE nodes SET reservation = NULL, version = version + 1 WHERE reservation = ?1",
+                [conductor],
+            )
+            .map(|n| n as u64)
+            .map_err(backend)
+        })
+    }
+
+    async fn create_port(&self, port: &Port) -> Result<Port, StoreError> {
+        let mut p = port.clone();
+        p.version = 1;
+        self.with(|c| {
+            let r = c.execute(
+                &format!("INSERT INTO ports ({PORT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                params![
+                    p.uuid,
+                    p.node_uuid,
+                    p.address,
+                    p.pxe_enabled,
+                    map_to_text(&p.extra),
+                    ts(&p.created_at),
+                    p.updated_at.as_ref().map(ts),
+                    p.version
+                ],
+            );
+            match r {
+                Ok(_) => Ok(p),
+                Err(e) => match unique_violation(&e) {
+                    Some(msg) if msg.contains("address") => Err(StoreError::Duplicate(format!(
+                        "a port with MAC address {} already exists",
+                        p.address
+                    ))),
+                    Some(_) => Err(StoreError::Duplicate(format!(
+                        "a port with UUID {} already exists",
+                        p.uuid
+                    ))),
+                    None => Err(backend(e)),
+                },
+            }
+        })
+    }
+
+    async fn get_port(&self, uuid: &str) -> Result<Port, StoreError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {PORT_COLUMNS} FROM ports WHERE uuid = ?1"),
+                [uuid],
+                port_from_row,
+            )
+            .optional()
+            .map_err(backend)?
+            .ok_or_else(|| StoreError::NotFound {
+                kind: "port",
+                ident: uuid.to_string(),
+            })
+        })
+    }
+
+    async fn list_ports(&self, q: &PortQuery) -> Result<Vec<Port>, StoreError> {
+        self.with(|c| {
+            let mut wheres: Vec<&str> = Vec::new();
+            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            if let Some(n) = &q.node_uuid {
+                wheres.push("node_uuid = ?");
+                args.push(n.clone().into());
+            }
+            if let Some(a) = &q.address {
+                wheres.push("address = ?");
+                args.push(a.clone().into());
+            }
+            if let Some(m) = &q.marker {
+                wheres.push("id > (SELECT id FROM ports WHERE uuid = ?)");
+                args.push(m.clone().into());
+            }
+            let where_sql = if wheres.is_empty() {
+                String::new()
+            } else {
+                format!("WHERE {}", wheres.join(" AND "))
+            };
+            let limit = if q.limit == 0 { 1000 } else { q.limit };
+            args.push((limit as i64).into());
+            let sql = format!("SELECT {PORT_COLUMNS} FROM ports {where_sql} ORDER BY id LIMIT ?");
+            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), port_from_row)
+                .map_err(backend)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        })
+    }
+
+    async fn update_port(&self, port: &Port) -> Result<Port, StoreError> {
+        let mut p = port.clone();
+        let expected = p.version;
+        p.version += 1;
+        p.updated_at = Some(Utc::now());
+        self.with(|c| {
+            let r = c.execute(
+                "UPDATE ports SET node_uuid = ?2, address = ?3, pxe_enabled = ?4, extra = ?5, \
+                 updated_at = ?6, version = ?7 WHERE uuid = ?1 AND version = ?8",
+                params![
+                    p.uuid,
+                    p.node_uuid,
+                    p.address,
+                    p.pxe_enabled,
+                    map_to_text(&p.extra),
+                    p.updated_at.as_ref().map(ts),
+                    p.version,
+                    expected
+                ],
+            );
+            match r {
+                Ok(1) => Ok(p),
+                Ok(_) => Err(StoreError::Conflict {
+                    kind: "port",
+                    ident: p.uuid.clone(),
+                    expected,
+                }),
+                Err(e) => match unique_violation(&e) {
+                    Some(_) => Err(StoreError::Duplicate(format!(
+                        "a port with MAC address {} already exists",
+                        p.address
+                    ))),
+                    None => Err(backend(e)),
+                },
+            }
+        })
+    }
+
+    async fn delete_port(&self, uuid: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            let n = c
+                .execute("DELETE FROM ports WHERE uuid = ?1", [uuid])
+                .map_err(backend)?;
+            if n == 0 {
+                Err(StoreError::NotFound {
+                    kind: "port",
+                    ident: uuid.to_string(),
+                })
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError> {
+        if macs.is_empty() {
+            return Ok(None);
+        }
+        self.with(|c| {
+            let marks = vec!["?"; macs.len()].join(", ");
+            c.query_row(
+                &format!("SELECT node_uuid FROM ports WHERE address IN ({marks}) LIMIT 1"),
+                rusqlite::params_from_iter(macs.iter()),
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(backend)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.db");
+        let s = SqliteStore::open(path.to_str().expect("utf8")).expect("open");
+        (dir, s)
+    }
+
+    #[tokio::test]
+    async fn node_round_trip_and_optimistic_update() {
+        let (_d, s) = store();
+        let mut n = Node::new("u1".into(), "fake-hardware".into());
+        n.name = Some("n1".into());
+        n.driver_info.insert("k".into(), Value::from(1));
+        let created = s.create_node(&n).await.expect("create");
+        assert_eq!(created.version, 1);
+        let got = s.get_node("n1").await.expect("by name");
+        assert_eq!(got.uuid, "u1");
+        assert_eq!(got.driver_info["k"], 1);
+        let mut a = got.clone();
+        a.last_error = Some("x".into());
+        let a = s.update_node(&a).await.expect("update");
+        assert_eq!(a.version, 2);
+        // Writing from the stale copy fails.
+        let err = s.update_node(&got).await.expect_err("stale");
+        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+        let dup = s.create_node(&n).await.expect_err("dup");
+        assert!(matches!(dup, StoreError::Duplicate(_)));
+    }
+
+    #[tokio::test]
+    async fn paging_and_filters() {
+        let (_d, s) = store();
+        for i in 0..25 {
+            let mut n = Node::new(format!("u{i:02}"), "fake-hardware".into());
+            n.name = Some(format!("n{i:02}"));
+            if i % 5 == 0 {
+                n.provision_state = ProvisionState::Manageable;
+            }
+            s.create_node(&n).await.expect("create");
+        }
+        let mut seen = Vec::new();
+        let mut q = NodeQuery {
+            limit: 10,
+            sort_key: "name".into(),
+            sort_dir: SortDir::Desc,
+            ..Default::default()
+        };
+        loop {
+            let page = s.list_nodes(&q).await.expect("list");
+            if page.is_empty() {
+                break;
+            }
+            q.marker = page.last().map(|n| n.uuid.clone());
+            seen.extend(page.into_iter().map(|n| n.name.unwrap_or_default()));
+        }
+        assert_eq!(seen.len(), 25);
+        assert_eq!(seen[0], "n24");
+        assert_eq!(seen[24], "n00");
+        let q = NodeQuery {
+            provision_state: Some(ProvisionState::Manageable),
+            ..Default::default()
+        };
+        assert_eq!(s.list_nodes(&q).await.expect("filter").len(), 5);
+    }
+
+    #[tokio::test]
+    async fn ports_unique_mac_and_cascade() {
+        let (_d, s) = store();
+        let n = s
+            .create_node(&Node::new("u1".into(), "fake-hardware".into()))
+            .await
+            .expect("node");
+        let p = Port {
+            uuid: "p1".into(),
+            node_uuid: n.uuid.clone(),
+            address: "52:54:00:00:00:01".into(),
+            pxe_enabled: true,
+            extra: Map::new(),
+            created_at: Utc::now(),
+            updated_at: None,
+            version: 0,
+        };
+        s.create_port(&p).await.expect("port");
+        let mut p2 = p.clone();
+        p2.uuid = "p2".into();
+        assert!(matches!(
+            s.create_port(&p2).await,
+            Err(StoreError::Duplicate(_))
+        ));
+        assert_eq!(
+            s.node_by_macs(&["52:54:00:00:00:01".into()])
+                .await
+                .expect("lookup"),
+            Some("u1".into())
+        );
+        s.delete_node("u1", n.version).await.expect("delete");
+        assert!(s.get_port("p1").await.is_err());
+    }
+
+    #[test]
+    fn refuses_newer_schema() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.db");
+        let p = path.to_str().expect("utf8");
+        drop(SqliteStore::open(p).expect("open"));
+        let c = Connection::open(p).expect("raw");
+        c.execute("INSERT INTO schema_version (version) VALUES (999)", [])
+            .expect("bump");
+        drop(c);
+        let err = SqliteStore::open(p).err().expect("must refuse");
+        assert!(err.to_string().contains("newer"), "{err}");
+    }
+}
