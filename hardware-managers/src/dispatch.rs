@@ -21,7 +21,7 @@ impl Dispatcher {
             .filter(|(level, _)| *level > SupportLevel::None)
             .collect();
         // Stable sort: equal levels keep registration order, so the first registered wins.
-        managers.sort_by(|a, b| b.0.cmp(&a.0));
+        managers.sort_by_key(|m| std::cmp::Reverse(m.0));
         Dispatcher { managers }
     }
 

@@ -127,27 +127,73 @@ pub trait HardwareManager: Send + Sync {
 mod dispatch;
 pub use dispatch::Dispatcher;
 
+pub mod erase;
+pub mod example_vendor;
+pub mod generic;
+pub mod plugin;
+
+pub use example_vendor::ExampleVendorManager;
+pub use generic::GenericManager;
+pub use plugin::ExecPlugin;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
 /// What the agent tells the managers about the machine and the operator's wishes.
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
     /// Explicit device list (`--devices`): replaces disk discovery for erase and inventory.
     /// Block devices or regular files. Tests, benchmarks and the demo always set it.
-    pub devices: Option<Vec<std::path::PathBuf>>,
+    pub devices: Option<Vec<PathBuf>>,
     /// Directory of exec plugins.
-    pub plugin_dir: std::path::PathBuf,
+    pub plugin_dir: PathBuf,
+    /// Devices never erased: kernel names (`sda`), paths, serials or WWNs. The `skip` step
+    /// argument adds to this list.
+    pub skip: Vec<String>,
+    /// Devices erased in parallel (IPA's `disk_erasure_concurrency`, Ironic default 4).
+    pub erase_concurrency: usize,
+    /// Pseudo-random overwrite passes before the zeroing pass of `erase_devices`.
+    pub random_passes: u32,
+    /// Random 1 MiB ranges read back after a full erase, besides the first and last MiB.
+    pub verify_samples: u32,
+    /// Try NVMe format/sanitize and ATA security erase before zeroing.
+    pub secure_erase: bool,
+    /// Zero the device when its secure erase fails instead of failing the step
+    /// (Ironic's `continue_if_disk_secure_erase_fails`, default false).
+    pub continue_if_secure_erase_failed: bool,
+    /// Time limit for a plugin's `describe` and `steps` calls.
+    pub plugin_describe_timeout: Duration,
+    /// Time limit for a plugin's `execute` call (a `timeout_s` step arg overrides it).
+    pub plugin_execute_timeout: Duration,
+    /// Time between SIGTERM and SIGKILL when a plugin is aborted or times out.
+    pub plugin_kill_grace: Duration,
 }
 
 impl Default for ManagerConfig {
     fn default() -> Self {
         ManagerConfig {
             devices: None,
-            plugin_dir: std::path::PathBuf::from("/usr/lib/rivet/managers.d"),
+            plugin_dir: PathBuf::from("/usr/lib/rivet/managers.d"),
+            skip: Vec::new(),
+            erase_concurrency: 4,
+            random_passes: 0,
+            verify_samples: 16,
+            secure_erase: true,
+            continue_if_secure_erase_failed: false,
+            plugin_describe_timeout: Duration::from_secs(10),
+            plugin_execute_timeout: Duration::from_secs(3600),
+            plugin_kill_grace: Duration::from_secs(5),
         }
     }
 }
 
 /// The managers a stock agent runs: the generic manager plus every exec plugin found in
-/// `cfg.plugin_dir`. Vendor agents append their own before building a [`Dispatcher`].
-pub fn default_managers(_cfg: &ManagerConfig) -> Vec<Arc<dyn HardwareManager>> {
-    Vec::new()
+/// `cfg.plugin_dir` (a plugin that fails to load is skipped with a warning). Vendor agents
+/// append their own before building a [`Dispatcher`].
+pub fn default_managers(cfg: &ManagerConfig) -> Vec<Arc<dyn HardwareManager>> {
+    let mut managers: Vec<Arc<dyn HardwareManager>> = vec![Arc::new(GenericManager::new(cfg))];
+    for p in plugin::load_dir(&cfg.plugin_dir, cfg) {
+        managers.push(Arc::new(p));
+    }
+    managers
 }
