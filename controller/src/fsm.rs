@@ -335,7 +335,10 @@ mod tests {
             (S::Available, &[Active, Deploy, Manage]),
             (S::Deploying, &[]),
             (S::WaitCallBack, &[Abort, Deleted, Undeploy]),
-            (S::DeployFailed, &[Active, Deploy, Rebuild, Deleted, Undeploy]),
+            (
+                S::DeployFailed,
+                &[Active, Deploy, Rebuild, Deleted, Undeploy],
+            ),
             (S::DeployHold, &[Unhold, Abort]),
             (S::Active, &[Rebuild, Deleted, Undeploy, Rescue]),
             (S::Deleting, &[]),
@@ -357,7 +360,11 @@ mod tests {
     #[test]
     fn every_state_verb_pair() {
         let expected = expected_admin();
-        assert_eq!(expected.len(), ProvisionState::ALL.len(), "a state is missing");
+        assert_eq!(
+            expected.len(),
+            ProvisionState::ALL.len(),
+            "a state is missing"
+        );
         let mut checked = 0;
         for &state in ProvisionState::ALL {
             for &verb in Verb::ALL {
@@ -437,7 +444,10 @@ mod tests {
             target_of(S::Manageable, Event::Provide, S::Cleaning),
             Some(S::Available)
         );
-        assert_eq!(target_of(S::Enroll, Event::Manage, S::Verifying), Some(S::Manageable));
+        assert_eq!(
+            target_of(S::Enroll, Event::Manage, S::Verifying),
+            Some(S::Manageable)
+        );
         assert_eq!(target_of(S::Verifying, Event::Done, S::Manageable), None);
     }
 

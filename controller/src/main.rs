@@ -6,7 +6,11 @@ use rivet_controller::config::{hash_secret, Config};
 use std::io::Read;
 
 #[derive(Parser)]
-#[command(name = "rivetd", version, about = "Rivet controller: nodes, provision state machine, BMCs, API")]
+#[command(
+    name = "rivetd",
+    version,
+    about = "Rivet controller: nodes, provision state machine, BMCs, API"
+)]
 struct Cli {
     /// Address to listen on (ADDR:PORT).
     #[arg(long, env = "RIVETD_LISTEN")]
@@ -79,7 +83,9 @@ fn load(cli: &Cli) -> anyhow::Result<Config> {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RIVET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -95,7 +101,13 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", rivet_controller::fsm::to_dot());
             } else {
                 for t in rivet_controller::fsm::TABLE {
-                    println!("{:>16} --{:<9}--> {} ({:?})", t.from.as_str(), t.event.as_str(), t.to, t.by);
+                    println!(
+                        "{:>16} --{:<9}--> {} ({:?})",
+                        t.from.as_str(),
+                        t.event.as_str(),
+                        t.to,
+                        t.by
+                    );
                 }
             }
             return Ok(());

@@ -28,7 +28,8 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
 
 /// Build the conductor and the router for `config` (used by main and by tests).
 pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Router)> {
-    let store = crate::store::open(&config.db).with_context(|| format!("opening database {}", config.db))?;
+    let store = crate::store::open(&config.db)
+        .with_context(|| format!("opening database {}", config.db))?;
     let conductor = Conductor::new(store, config);
     let resumed = conductor.recover().await?;
     if resumed > 0 {

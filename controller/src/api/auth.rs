@@ -39,7 +39,11 @@ fn check(state: &AppState, headers: &HeaderMap) -> Option<String> {
 }
 
 /// Middleware on admin routes.
-pub async fn require_admin(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+pub async fn require_admin(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     if state.conductor.config.no_auth {
         req.extensions_mut().insert(Caller("anonymous".into()));
         return next.run(req).await;
@@ -57,7 +61,9 @@ pub async fn require_admin(State(state): State<AppState>, mut req: Request, next
             .into_response();
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer realm=\"rivet\", Basic realm=\"rivet\""),
+                axum::http::HeaderValue::from_static(
+                    "Bearer realm=\"rivet\", Basic realm=\"rivet\"",
+                ),
             );
             resp
         }

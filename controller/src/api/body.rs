@@ -31,7 +31,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
 /// Parse bytes as `T` with field-naming errors.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.is_empty() {
-        return Err(ApiError::bad_request("request body is empty; expected JSON"));
+        return Err(ApiError::bad_request(
+            "request body is empty; expected JSON",
+        ));
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {

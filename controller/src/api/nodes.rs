@@ -9,7 +9,9 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
-use rivet_protocol::api::{MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest};
+use rivet_protocol::api::{
+    MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
+};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -22,7 +24,10 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/nodes/{ident}/states", get(states))
         .route("/v1/nodes/{ident}/states/provision", put(provision))
         .route("/v1/nodes/{ident}/states/power", put(power))
-        .route("/v1/nodes/{ident}/maintenance", put(maintenance_on).delete(maintenance_off))
+        .route(
+            "/v1/nodes/{ident}/maintenance",
+            put(maintenance_on).delete(maintenance_off),
+        )
         .route("/v1/nodes/{ident}/ports", get(node_ports))
 }
 
@@ -43,7 +48,9 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, ApiError> {
     match v.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(ApiError::bad_request(format!("query parameter {name}={v:?} is not a boolean"))),
+        _ => Err(ApiError::bad_request(format!(
+            "query parameter {name}={v:?} is not a boolean"
+        ))),
     }
 }
 
@@ -59,9 +66,9 @@ fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<Node
         ..Default::default()
     };
     if let Some(l) = params.get("limit") {
-        let l: usize = l
-            .parse()
-            .map_err(|_| ApiError::bad_request(format!("limit={l:?} is not a non-negative integer")))?;
+        let l: usize = l.parse().map_err(|_| {
+            ApiError::bad_request(format!("limit={l:?} is not a non-negative integer"))
+        })?;
         q.limit = if l == 0 { max_limit } else { l.min(max_limit) };
     }
     q.marker = params.get("marker").cloned();
@@ -78,14 +85,17 @@ fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<Node
         q.sort_dir = match d.as_str() {
             "asc" => SortDir::Asc,
             "desc" => SortDir::Desc,
-            _ => return Err(ApiError::bad_request(format!("sort_dir {d:?} must be asc or desc"))),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "sort_dir {d:?} must be asc or desc"
+                )))
+            }
         };
     }
     if let Some(s) = params.get("provision_state") {
-        q.provision_state = Some(
-            s.parse()
-                .map_err(|_| ApiError::bad_request(format!("provision_state {s:?} is not a known state")))?,
-        );
+        q.provision_state = Some(s.parse().map_err(|_| {
+            ApiError::bad_request(format!("provision_state {s:?} is not a known state"))
+        })?);
     }
     if let Some(m) = params.get("maintenance") {
         q.maintenance = Some(parse_bool("maintenance", m)?);
@@ -107,18 +117,24 @@ async fn list_inner(
         detail |= parse_bool("detail", d)?;
     }
     let base = base_url(headers);
-    let nodes = state.conductor.store.list_nodes(&q).await.map_err(|e| match e {
-        crate::store::StoreError::NotFound { ident, .. } => {
-            ApiError::bad_request(format!("marker {ident} is not a node UUID"))
-        }
-        e => e.into(),
-    })?;
+    let nodes = state
+        .conductor
+        .store
+        .list_nodes(&q)
+        .await
+        .map_err(|e| match e {
+            crate::store::StoreError::NotFound { ident, .. } => {
+                ApiError::bad_request(format!("marker {ident} is not a node UUID"))
+            }
+            e => e.into(),
+        })?;
     let template = nodes.first().map(|n| node_full(n, &base));
     let fields = match (&template, params.get("fields")) {
         (Some(t), f) => parse_fields(f.map(String::as_str), t)?,
-        (None, Some(f)) => {
-            parse_fields(Some(f), &node_full(&Node::new(String::new(), String::new()), &base))?
-        }
+        (None, Some(f)) => parse_fields(
+            Some(f),
+            &node_full(&Node::new(String::new(), String::new()), &base),
+        )?,
         (None, None) => None,
     };
     let docs: Vec<Value> = nodes
@@ -135,9 +151,21 @@ async fn list_inner(
     let mut body = json!({ "nodes": docs });
     if nodes.len() == q.limit {
         if let Some(last) = nodes.last() {
-            let path = if detail { "/v1/nodes/detail" } else { "/v1/nodes" };
+            let path = if detail {
+                "/v1/nodes/detail"
+            } else {
+                "/v1/nodes"
+            };
             let mut next = format!("{base}{path}?limit={}&marker={}", q.limit, last.uuid);
-            for k in ["sort_key", "sort_dir", "provision_state", "maintenance", "driver", "resource_class", "fields"] {
+            for k in [
+                "sort_key",
+                "sort_dir",
+                "provision_state",
+                "maintenance",
+                "driver",
+                "resource_class",
+                "fields",
+            ] {
                 if let Some(v) = params.get(k) {
                     next.push_str(&format!("&{k}={v}"));
                 }
@@ -237,7 +265,9 @@ async fn create(
     let node = state.conductor.store.create_node(&node).await?;
     tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
     let mut resp = node_response(StatusCode::CREATED, &node, &headers);
-    if let Ok(loc) = HeaderValue::from_str(&format!("{}/v1/nodes/{}", base_url(&headers), node.uuid)) {
+    if let Ok(loc) =
+        HeaderValue::from_str(&format!("{}/v1/nodes/{}", base_url(&headers), node.uuid))
+    {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
     Ok(resp)
@@ -386,12 +416,19 @@ async fn remove(
     let node = state.conductor.store.get_node(&ident).await?;
     check_if_match(&headers, &node)?;
     state.conductor.check_deletable(&node)?;
-    state.conductor.store.delete_node(&node.uuid, node.version).await?;
+    state
+        .conductor
+        .store
+        .delete_node(&node.uuid, node.version)
+        .await?;
     tracing::info!(node = %node.uuid, "node deleted");
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn states(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<Json<Value>> {
+async fn states(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+) -> ApiResult<Json<Value>> {
     let n = state.conductor.store.get_node(&ident).await?;
     Ok(Json(json!({
         "console_enabled": false,
@@ -410,9 +447,11 @@ async fn states(State(state): State<AppState>, Path(ident): Path<String>) -> Api
 
 fn accepted(headers: &HeaderMap, node: &Node) -> Response {
     let mut resp = StatusCode::ACCEPTED.into_response();
-    if let Ok(loc) =
-        HeaderValue::from_str(&format!("{}/v1/nodes/{}/states", base_url(headers), node.uuid))
-    {
+    if let Ok(loc) = HeaderValue::from_str(&format!(
+        "{}/v1/nodes/{}/states",
+        base_url(headers),
+        node.uuid
+    )) {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
     resp
@@ -450,11 +489,17 @@ async fn maintenance_on(
     } else {
         super::body::parse(&body)?
     };
-    state.conductor.set_maintenance(&ident, true, req.reason).await?;
+    state
+        .conductor
+        .set_maintenance(&ident, true, req.reason)
+        .await?;
     Ok(StatusCode::ACCEPTED)
 }
 
-async fn maintenance_off(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<StatusCode> {
+async fn maintenance_off(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+) -> ApiResult<StatusCode> {
     state.conductor.set_maintenance(&ident, false, None).await?;
     Ok(StatusCode::ACCEPTED)
 }

@@ -19,7 +19,9 @@ fn split(path: &str) -> Result<Vec<String>, ApiError> {
 /// Apply `ops` to `doc`, allowing only top-level keys in `patchable`.
 pub fn apply(doc: &mut Value, ops: &[PatchOp], patchable: &[&str]) -> Result<(), ApiError> {
     if ops.is_empty() {
-        return Err(ApiError::bad_request("patch is empty: send a list of operations"));
+        return Err(ApiError::bad_request(
+            "patch is empty: send a list of operations",
+        ));
     }
     for op in ops {
         let parts = split(&op.path)?;
@@ -35,9 +37,9 @@ pub fn apply(doc: &mut Value, ops: &[PatchOp], patchable: &[&str]) -> Result<(),
         let last = &last[0];
         let mut parent = &mut *doc;
         for p in parent_path {
-            parent = parent
-                .get_mut(p.as_str())
-                .ok_or_else(|| ApiError::bad_request(format!("patch path {} does not exist", op.path)))?;
+            parent = parent.get_mut(p.as_str()).ok_or_else(|| {
+                ApiError::bad_request(format!("patch path {} does not exist", op.path))
+            })?;
         }
         let obj = parent.as_object_mut().ok_or_else(|| {
             ApiError::bad_request(format!("patch path {}: parent is not an object", op.path))
@@ -120,11 +122,20 @@ mod tests {
     #[test]
     fn refuses_read_only_and_missing() {
         let mut doc = json!({"name": "a", "extra": {}});
-        let e = apply(&mut doc, &[op("replace", "/provision_state", Some(json!("x")))], &["name", "extra"])
-            .expect_err("read-only");
+        let e = apply(
+            &mut doc,
+            &[op("replace", "/provision_state", Some(json!("x")))],
+            &["name", "extra"],
+        )
+        .expect_err("read-only");
         assert!(e.message.contains("/provision_state"));
         assert!(apply(&mut doc, &[op("remove", "/extra/nope", None)], &["extra"]).is_err());
         assert!(apply(&mut doc, &[op("move", "/name", None)], &["name"]).is_err());
-        assert!(apply(&mut doc, &[op("replace", "/extra/x", Some(json!(1)))], &["extra"]).is_err());
+        assert!(apply(
+            &mut doc,
+            &[op("replace", "/extra/x", Some(json!(1)))],
+            &["extra"]
+        )
+        .is_err());
     }
 }

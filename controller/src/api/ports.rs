@@ -58,7 +58,11 @@ async fn create(
     };
     let port = state.conductor.store.create_port(&port).await?;
     let base = base_url(&headers);
-    let mut resp = (StatusCode::CREATED, Json(Value::Object(port_full(&port, &base)))).into_response();
+    let mut resp = (
+        StatusCode::CREATED,
+        Json(Value::Object(port_full(&port, &base))),
+    )
+        .into_response();
     if let Ok(loc) = HeaderValue::from_str(&format!("{base}/v1/ports/{}", port.uuid)) {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
@@ -77,7 +81,12 @@ struct ListParams {
     detail: Option<bool>,
 }
 
-async fn list_inner(state: &AppState, headers: &HeaderMap, p: ListParams, detail: bool) -> ApiResult<Json<Value>> {
+async fn list_inner(
+    state: &AppState,
+    headers: &HeaderMap,
+    p: ListParams,
+    detail: bool,
+) -> ApiResult<Json<Value>> {
     let node_uuid = match p.node.or(p.node_uuid) {
         Some(n) => Some(state.conductor.store.get_node(&n).await?.uuid),
         None => None,
@@ -126,7 +135,11 @@ async fn list_detail(
     list_inner(&state, &headers, p, true).await
 }
 
-async fn show(State(state): State<AppState>, headers: HeaderMap, Path(uuid): Path<String>) -> ApiResult<Json<Value>> {
+async fn show(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(uuid): Path<String>,
+) -> ApiResult<Json<Value>> {
     let port = state.conductor.store.get_port(&uuid).await?;
     Ok(Json(Value::Object(port_full(&port, &base_url(&headers)))))
 }
@@ -144,9 +157,15 @@ async fn update(
         "pxe_enabled": port.pxe_enabled,
         "extra": port.extra,
     });
-    patch::apply(&mut doc, &ops, &["address", "node_uuid", "pxe_enabled", "extra"])?;
+    patch::apply(
+        &mut doc,
+        &ops,
+        &["address", "node_uuid", "pxe_enabled", "extra"],
+    )?;
     let mut new = port.clone();
-    new.address = mac(doc["address"].as_str().ok_or_else(|| ApiError::bad_request("address must be a string"))?)?;
+    new.address = mac(doc["address"]
+        .as_str()
+        .ok_or_else(|| ApiError::bad_request("address must be a string"))?)?;
     let node_ref = doc["node_uuid"]
         .as_str()
         .ok_or_else(|| ApiError::bad_request("node_uuid must be a string"))?;

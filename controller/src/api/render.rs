@@ -93,7 +93,10 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
 }
 
 /// Parse `fields=a,b,c` and check each name.
-pub fn parse_fields(fields: Option<&str>, valid: &Map<String, Value>) -> Result<Option<Vec<String>>, ApiError> {
+pub fn parse_fields(
+    fields: Option<&str>,
+    valid: &Map<String, Value>,
+) -> Result<Option<Vec<String>>, ApiError> {
     let Some(f) = fields else { return Ok(None) };
     let names: Vec<String> = f
         .split(',')

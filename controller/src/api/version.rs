@@ -25,7 +25,11 @@ fn requested(headers: &HeaderMap) -> Result<(u32, u32), String> {
     let raw = headers
         .get("OpenStack-API-Version")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().strip_prefix("baremetal").map(|s| s.trim().to_string()))
+        .and_then(|v| {
+            v.trim()
+                .strip_prefix("baremetal")
+                .map(|s| s.trim().to_string())
+        })
         .or_else(|| {
             headers
                 .get(VERSION_HEADER)
@@ -41,7 +45,8 @@ fn requested(headers: &HeaderMap) -> Result<(u32, u32), String> {
     let parsed = raw
         .split_once('.')
         .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)));
-    let v = parsed.ok_or_else(|| format!("invalid API version {raw:?}: expected MAJOR.MINOR or latest"))?;
+    let v = parsed
+        .ok_or_else(|| format!("invalid API version {raw:?}: expected MAJOR.MINOR or latest"))?;
     if v < MIN_VERSION || v > MAX_VERSION {
         return Err(format!(
             "version {} is not supported; this server serves {} to {}",
@@ -54,8 +59,14 @@ fn requested(headers: &HeaderMap) -> Result<(u32, u32), String> {
 }
 
 fn add_range_headers(headers: &mut HeaderMap) {
-    headers.insert(MIN_VERSION_HEADER, HeaderValue::from_str(&fmt(MIN_VERSION)).unwrap_or(HeaderValue::from_static("1.1")));
-    headers.insert(MAX_VERSION_HEADER, HeaderValue::from_str(&fmt(MAX_VERSION)).unwrap_or(HeaderValue::from_static("1.1")));
+    headers.insert(
+        MIN_VERSION_HEADER,
+        HeaderValue::from_str(&fmt(MIN_VERSION)).unwrap_or(HeaderValue::from_static("1.1")),
+    );
+    headers.insert(
+        MAX_VERSION_HEADER,
+        HeaderValue::from_str(&fmt(MAX_VERSION)).unwrap_or(HeaderValue::from_static("1.1")),
+    );
 }
 
 /// Middleware: negotiate, 406 outside the range, echo the version used.
@@ -140,7 +151,10 @@ mod tests {
         assert!(requested(&h("1.999")).is_err());
         assert!(requested(&h("banana")).is_err());
         let mut m = h("1.15");
-        m.insert("OpenStack-API-Version", HeaderValue::from_static("baremetal 1.20"));
+        m.insert(
+            "OpenStack-API-Version",
+            HeaderValue::from_static("baremetal 1.20"),
+        );
         assert_eq!(requested(&m), Ok((1, 20)));
     }
 }

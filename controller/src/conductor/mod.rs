@@ -13,7 +13,7 @@ mod verbs;
 pub use errors::ConductorError;
 
 use crate::config::Config;
-use crate::drivers::{self, fake::FakeBmc, BootDevice, Bmc};
+use crate::drivers::{self, fake::FakeBmc, Bmc, BootDevice};
 use crate::fsm::{self, Event};
 use crate::store::{Node, Store, StoreError};
 use chrono::Utc;
@@ -67,7 +67,10 @@ impl Conductor {
 
     /// Whether a task for `uuid` runs in this process.
     pub fn is_running(&self, uuid: &str) -> bool {
-        self.running.lock().map(|r| r.contains(uuid)).unwrap_or(false)
+        self.running
+            .lock()
+            .map(|r| r.contains(uuid))
+            .unwrap_or(false)
     }
 
     /// Make sure a task drives `uuid` forward; a no-op when one already runs.
@@ -137,7 +140,9 @@ impl Conductor {
                 match checked {
                     Ok(power) => {
                         node.power_state = Some(power);
-                        self.event(node, Event::Done, None).await.map(Next::Continue)
+                        self.event(node, Event::Done, None)
+                            .await
+                            .map(Next::Continue)
                     }
                     Err(e) => {
                         let msg = format!(
@@ -150,18 +155,27 @@ impl Conductor {
             }
             Cleaning => self.step_cleaning(node, bmc.as_ref()).await,
             Deleting => {
-                if let Err(e) = bmc.set_power(&node.uuid, &node.driver_info, PowerState::Off).await {
-                    let msg = format!("failed to power off node {} during tear-down: {e}", node.ident());
+                if let Err(e) = bmc
+                    .set_power(&node.uuid, &node.driver_info, PowerState::Off)
+                    .await
+                {
+                    let msg = format!(
+                        "failed to power off node {} during tear-down: {e}",
+                        node.ident()
+                    );
                     return self.fail(node, &msg).await.map(Next::Continue);
                 }
                 node.power_state = Some(PowerState::Off);
                 node.instance_uuid = None;
-                self.event(node, Event::Clean, None).await.map(Next::Continue)
+                self.event(node, Event::Clean, None)
+                    .await
+                    .map(Next::Continue)
             }
             // fake-hardware has no deploy, inspect, adopt or rescue work: they succeed at once.
-            Deploying | Inspecting | Adopting | Rescuing | Unrescuing => {
-                self.event(node, Event::Done, None).await.map(Next::Continue)
-            }
+            Deploying | Inspecting | Adopting | Rescuing | Unrescuing => self
+                .event(node, Event::Done, None)
+                .await
+                .map(Next::Continue),
             _ => Ok(Next::Idle),
         }
     }
@@ -171,7 +185,10 @@ impl Conductor {
         let manual = node.target_provision_state == Some(ProvisionState::Manageable);
         if !manual && !self.automated_clean_enabled(&node) {
             tracing::info!(node = %node.uuid, "automated cleaning disabled; node becomes available");
-            return self.event(node, Event::Done, None).await.map(Next::Continue);
+            return self
+                .event(node, Event::Done, None)
+                .await
+                .map(Next::Continue);
         }
         let booted = async {
             bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
@@ -181,7 +198,10 @@ impl Conductor {
         }
         .await;
         if let Err(e) = booted {
-            let msg = format!("failed to boot the cleaning ramdisk on node {}: {e}", node.ident());
+            let msg = format!(
+                "failed to boot the cleaning ramdisk on node {}: {e}",
+                node.ident()
+            );
             return self.fail(node, &msg).await.map(Next::Continue);
         }
         node.power_state = Some(PowerState::On);
@@ -189,7 +209,9 @@ impl Conductor {
         node.driver_internal_info.remove("agent_token_hash");
         node.driver_internal_info
             .insert("agent_token_required".into(), true.into());
-        self.event(node, Event::Wait, None).await.map(Next::Continue)
+        self.event(node, Event::Wait, None)
+            .await
+            .map(Next::Continue)
     }
 
     /// Whether automated cleaning applies to this node.
@@ -239,6 +261,7 @@ impl Conductor {
     /// Fire `fail` with a message.
     async fn fail(&self, node: Node, message: &str) -> Result<Node, ConductorError> {
         tracing::warn!(node = %node.uuid, state = %node.provision_state, error = message, "operation failed");
-        self.event(node, Event::Fail, Some(message.to_string())).await
+        self.event(node, Event::Fail, Some(message.to_string()))
+            .await
     }
 }

@@ -33,7 +33,10 @@ impl Conductor {
     pub async fn recover(self: &Arc<Self>) -> Result<usize, ConductorError> {
         let released = self.store.release_reservations(self.id()).await?;
         if released > 0 {
-            tracing::warn!(count = released, "released reservations left by an earlier run of this conductor");
+            tracing::warn!(
+                count = released,
+                "released reservations left by an earlier run of this conductor"
+            );
         }
         let nodes = self.store.nodes_in_states(BUSY).await?;
         for n in &nodes {

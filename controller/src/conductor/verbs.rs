@@ -172,8 +172,10 @@ impl Conductor {
                 match outcome {
                     Ok(p) => n.power_state = Some(p),
                     Err(e) => {
-                        n.last_error =
-                            Some(format!("failed to set power state of node {} to \"{target}\": {e}", n.ident()))
+                        n.last_error = Some(format!(
+                            "failed to set power state of node {} to \"{target}\": {e}",
+                            n.ident()
+                        ))
                     }
                 }
                 this.store.update_node(&n).await?;

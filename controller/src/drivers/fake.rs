@@ -3,7 +3,7 @@
 //! `driver_info.fake_delay_ms` slows every call down (tests use it to catch a node mid-task);
 //! `driver_info.fake_fail` makes every call fail with that message (to exercise error paths).
 
-use super::{BootDevice, Bmc, DriverError};
+use super::{Bmc, BootDevice, DriverError};
 use async_trait::async_trait;
 use rivet_protocol::states::PowerState;
 use serde_json::{Map, Value};
@@ -49,7 +49,11 @@ impl Bmc for FakeBmc {
         Ok(())
     }
 
-    async fn get_power(&self, node: &str, info: &Map<String, Value>) -> Result<PowerState, DriverError> {
+    async fn get_power(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+    ) -> Result<PowerState, DriverError> {
         self.behave(info).await?;
         let p = self
             .power

@@ -50,8 +50,11 @@ pub trait Bmc: Send + Sync {
     /// Check `driver_info` has what the driver needs (no I/O).
     fn validate(&self, driver_info: &Map<String, Value>) -> Result<(), DriverError>;
     /// Read the power state.
-    async fn get_power(&self, node: &str, driver_info: &Map<String, Value>)
-        -> Result<PowerState, DriverError>;
+    async fn get_power(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<PowerState, DriverError>;
     /// Set the power state (`power on`, `power off`, `rebooting`, soft variants).
     async fn set_power(
         &self,
@@ -72,7 +75,10 @@ pub trait Bmc: Send + Sync {
 pub const DRIVERS: &[&str] = &["fake-hardware"];
 
 /// The driver for a node's `driver` field.
-pub fn for_node(driver: &str, fake: &std::sync::Arc<fake::FakeBmc>) -> Result<std::sync::Arc<dyn Bmc>, DriverError> {
+pub fn for_node(
+    driver: &str,
+    fake: &std::sync::Arc<fake::FakeBmc>,
+) -> Result<std::sync::Arc<dyn Bmc>, DriverError> {
     match driver {
         "fake-hardware" | "fake" => Ok(fake.clone()),
         other => Err(DriverError::Unsupported {
@@ -85,9 +91,16 @@ pub fn for_node(driver: &str, fake: &std::sync::Arc<fake::FakeBmc>) -> Result<st
 /// Keys of `driver_info` whose values are secrets: masked in every output and log line.
 pub fn is_secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    ["password", "passwd", "secret", "token", "private_key", "credential"]
-        .iter()
-        .any(|s| k.contains(s))
+    [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "private_key",
+        "credential",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 /// A copy of `info` with secret values replaced by `******` (nested maps too).

@@ -3,9 +3,7 @@
 //! Calls run inline under a mutex: each is a short local operation (tens of microseconds), so
 //! handing it to a thread pool would cost more than it saves. JSON fields are stored as text.
 
-use super::{
-    Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, NODE_SORT_KEYS,
-};
+use super::{Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, NODE_SORT_KEYS};
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rivet_protocol::states::ProvisionState;
@@ -199,9 +197,11 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         .map_err(backend)?;
     let current: i64 = conn
-        .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| {
-            r.get(0)
-        })
+        .query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+            [],
+            |r| r.get(0),
+        )
         .map_err(backend)?;
     if current > SCHEMA_VERSION {
         return Err(StoreError::Backend(format!(
@@ -213,8 +213,11 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
         let version = i as i64 + 1;
         let tx = conn.unchecked_transaction().map_err(backend)?;
         tx.execute_batch(sql).map_err(backend)?;
-        tx.execute("INSERT INTO schema_version (version) VALUES (?1)", [version])
-            .map_err(backend)?;
+        tx.execute(
+            "INSERT INTO schema_version (version) VALUES (?1)",
+            [version],
+        )
+        .map_err(backend)?;
         tx.commit().map_err(backend)?;
         tracing::info!(version, "applied database migration");
     }
@@ -383,8 +386,9 @@ impl Store for SqliteStore {
         }
         self.with(|c| {
             let marks = vec!["?"; states.len()].join(", ");
-            let sql =
-                format!("SELECT {NODE_COLUMNS} FROM nodes WHERE provision_state IN ({marks}) ORDER BY id");
+            let sql = format!(
+                "SELECT {NODE_COLUMNS} FROM nodes WHERE provision_state IN ({marks}) ORDER BY id"
+            );
             let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
             let rows = stmt
                 .query_map(
@@ -512,7 +516,9 @@ impl Store for SqliteStore {
         p.version = 1;
         self.with(|c| {
             let r = c.execute(
-                &format!("INSERT INTO ports ({PORT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                &format!(
+                    "INSERT INTO ports ({PORT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                ),
                 params![
                     p.uuid,
                     p.node_uuid,

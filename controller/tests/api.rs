@@ -1,0 +1,769 @@
+//! API tests against a real rivetd router on a loopback port and a SQLite file: every
+//! endpoint, and every kind of bad input answered with a 4xx that changes nothing.
+
+use reqwest::StatusCode;
+use rivet_controller::config::{hash_secret, Config, TokenEntry};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+struct App {
+    base: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(mutate: impl FnOnce(&mut Config)) -> App {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config {
+        db: format!("sqlite:{}", dir.path().join("rivet.db").display()),
+        no_auth: true,
+        ..Config::default()
+    };
+    config.api.max_body_bytes = 64 * 1024;
+    mutate(&mut config);
+    let (_conductor, app) = rivet_controller::server::build(config)
+        .await
+        .expect("build");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    App {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+impl App {
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.base))
+            .header("X-OpenStack-Ironic-API-Version", "latest")
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .req(reqwest::Method::GET, path)
+            .send()
+            .await
+            .expect("send");
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: Value) -> (StatusCode, Value) {
+        let r = self
+            .req(method, path)
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        let s = r.status();
+        let text = r.text().await.unwrap_or_default();
+        (s, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &'static str,
+    ) -> (StatusCode, Value) {
+        let r = self
+            .req(method, path)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn create(&self, name: &str) -> Value {
+        let (s, v) = self
+            .send(
+                reqwest::Method::POST,
+                "/v1/nodes",
+                json!({"driver": "fake-hardware", "name": name}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        v
+    }
+
+    async fn provision(&self, node: &str, target: &str) -> (StatusCode, Value) {
+        self.send(
+            reqwest::Method::PUT,
+            &format!("/v1/nodes/{node}/states/provision"),
+            json!({"target": target}),
+        )
+        .await
+    }
+
+    async fn wait_state(&self, node: &str, state: &str) -> Value {
+        for _ in 0..200 {
+            let (_, v) = self.get(&format!("/v1/nodes/{node}")).await;
+            if v["provision_state"] == state {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("node {node} never reached {state}");
+    }
+}
+
+/// The error's human message (Ironic nests it as a JSON string).
+fn message(v: &Value) -> String {
+    let raw = v["error_message"].as_str().unwrap_or_default();
+    serde_json::from_str::<Value>(raw)
+        .ok()
+        .and_then(|i| i["faultstring"].as_str().map(str::to_string))
+        .unwrap_or_else(|| raw.to_string())
+}
+
+#[tokio::test]
+async fn version_documents_and_negotiation() {
+    let app = start(|_| {}).await;
+    let r = app
+        .http
+        .get(format!("{}/v1", app.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["X-OpenStack-Ironic-API-Minimum-Version"], "1.1");
+    assert_eq!(
+        r.headers()["X-OpenStack-Ironic-API-Maximum-Version"],
+        "1.115"
+    );
+    assert_eq!(r.headers()["X-OpenStack-Ironic-API-Version"], "1.1");
+    let (s, root) = app.get("/").await;
+    assert_eq!(s, 200);
+    assert_eq!(root["default_version"]["version"], "1.115");
+
+    let r = app
+        .http
+        .get(format!("{}/v1/nodes", app.base))
+        .header("X-OpenStack-Ironic-API-Version", "1.999")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::NOT_ACCEPTABLE);
+    assert_eq!(
+        r.headers()["X-OpenStack-Ironic-API-Maximum-Version"],
+        "1.115"
+    );
+    let body: Value = r.json().await.expect("json");
+    assert!(message(&body).contains("1.999"), "{body}");
+
+    let r = app
+        .http
+        .get(format!("{}/v1/nodes", app.base))
+        .header("X-OpenStack-Ironic-API-Version", "1.20")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.headers()["X-OpenStack-Ironic-API-Version"], "1.20");
+}
+
+#[tokio::test]
+async fn node_lifecycle() {
+    let app = start(|_| {}).await;
+    let n = app.create("n1").await;
+    assert_eq!(n["provision_state"], "enroll");
+    let uuid = n["uuid"].as_str().expect("uuid").to_string();
+
+    let (s, by_uuid) = app.get(&format!("/v1/nodes/{uuid}")).await;
+    assert_eq!(s, 200);
+    assert_eq!(by_uuid["name"], "n1");
+
+    let (s, list) = app.get("/v1/nodes").await;
+    assert_eq!(s, 200);
+    assert_eq!(list["nodes"][0]["name"], "n1");
+    assert!(
+        list["nodes"][0].get("driver_info").is_none(),
+        "list is not detailed"
+    );
+    let (_, detail) = app.get("/v1/nodes/detail").await;
+    assert_eq!(detail["nodes"][0]["driver"], "fake-hardware");
+    let (_, fields) = app.get("/v1/nodes?fields=uuid,provision_state").await;
+    assert_eq!(fields["nodes"][0].as_object().expect("obj").len(), 2);
+
+    // manage: enroll -> verifying -> manageable, power state read.
+    let (s, _) = app.provision("n1", "manage").await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let n = app.wait_state("n1", "manageable").await;
+    assert_eq!(n["power_state"], "power off");
+    let (_, st) = app.get("/v1/nodes/n1/states").await;
+    assert_eq!(st["provision_state"], "manageable");
+
+    // provide with automated cleaning off for this node -> available.
+    let (s, _) = app
+        .send(
+            reqwest::Method::PATCH,
+            "/v1/nodes/n1",
+            json!([{"op": "add", "path": "/automated_clean", "value": false}]),
+        )
+        .await;
+    assert_eq!(s, 200);
+    app.provision("n1", "provide").await;
+    app.wait_state("n1", "available").await;
+    app.provision("n1", "active").await;
+    app.wait_state("n1", "active").await;
+    app.provision("n1", "deleted").await;
+    app.wait_state("n1", "available").await;
+    app.provision("n1", "manage").await;
+    app.wait_state("n1", "manageable").await;
+
+    // power
+    let (s, _) = app
+        .send(
+            reqwest::Method::PUT,
+            "/v1/nodes/n1/states/power",
+            json!({"target": "power on"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    for _ in 0..100 {
+        let (_, v) = app.get("/v1/nodes/n1").await;
+        if v["power_state"] == "power on" && v["target_power_state"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, v) = app.get("/v1/nodes/n1").await;
+    assert_eq!(v["power_state"], "power on");
+
+    // maintenance
+    let (s, _) = app
+        .send(
+            reqwest::Method::PUT,
+            "/v1/nodes/n1/maintenance",
+            json!({"reason": "disk swap"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (_, v) = app.get("/v1/nodes/n1").await;
+    assert_eq!(v["maintenance"], true);
+    assert_eq!(v["maintenance_reason"], "disk swap");
+    let r = app
+        .req(reqwest::Method::DELETE, "/v1/nodes/n1/maintenance")
+        .send()
+        .await
+        .expect("del");
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let (_, v) = app.get("/v1/nodes/n1").await;
+    assert_eq!(v["maintenance"], false);
+
+    // delete
+    let r = app
+        .req(reqwest::Method::DELETE, "/v1/nodes/n1")
+        .send()
+        .await
+        .expect("del");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (s, v) = app.get("/v1/nodes/n1").await;
+    assert_eq!(s, 404);
+    assert!(message(&v).contains("n1"), "{v}");
+}
+
+#[tokio::test]
+async fn listing_pages_sorts_and_filters() {
+    let app = start(|c| c.api.max_limit = 1000).await;
+    for i in 0..7 {
+        app.create(&format!("node-{i}")).await;
+    }
+    let (_, page) = app
+        .get("/v1/nodes?limit=3&sort_key=name&sort_dir=desc")
+        .await;
+    let names: Vec<&str> = page["nodes"]
+        .as_array()
+        .expect("arr")
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert_eq!(names, ["node-6", "node-5", "node-4"]);
+    let next = page["next"].as_str().expect("next link");
+    assert!(next.contains("marker="), "{next}");
+    let path = next
+        .split_once("/v1/")
+        .map(|(_, p)| format!("/v1/{p}"))
+        .expect("path");
+    let (_, page2) = app.get(&path).await;
+    assert_eq!(page2["nodes"][0]["name"], "node-3");
+    let (_, f) = app
+        .get("/v1/nodes?provision_state=enroll&driver=fake-hardware")
+        .await;
+    assert_eq!(f["nodes"].as_array().expect("arr").len(), 7);
+    let (_, f) = app.get("/v1/nodes?provision_state=manageable").await;
+    assert_eq!(f["nodes"].as_array().expect("arr").len(), 0);
+    let (s, v) = app.get("/v1/nodes?sort_key=colour").await;
+    assert_eq!(s, 400);
+    assert!(message(&v).contains("colour"));
+    let (s, v) = app.get("/v1/nodes?provision_state=sleepy").await;
+    assert_eq!(s, 400);
+    assert!(message(&v).contains("sleepy"));
+    let (s, v) = app.get("/v1/nodes?fields=uuid,shoe_size").await;
+    assert_eq!(s, 400);
+    assert!(message(&v).contains("shoe_size"));
+    let (s, _) = app.get("/v1/nodes?frobnicate=1").await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let app = start(|_| {}).await;
+    app.create("n1").await;
+    let (_, before) = app.get("/v1/nodes/n1").await;
+
+    use reqwest::Method as M;
+    let cases: Vec<(StatusCode, Value, &str)> = vec![
+        {
+            let (s, v) = app.raw(M::POST, "/v1/nodes", "{\"driver\": ").await;
+            (s, v, "malformed JSON")
+        },
+        {
+            let (s, v) = app.raw(M::PATCH, "/v1/nodes/n1", "[{\"op\":").await;
+            (s, v, "malformed JSON")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::POST,
+                    "/v1/nodes",
+                    json!({"driver": "fake-hardware", "colour": "red"}),
+                )
+                .await;
+            (s, v, "colour")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::POST,
+                    "/v1/nodes",
+                    json!({"driver": "fake-hardware", "automated_clean": "yes"}),
+                )
+                .await;
+            (s, v, "automated_clean")
+        },
+        {
+            let (s, v) = app
+                .send(M::POST, "/v1/nodes", json!({"driver": "warp-drive"}))
+                .await;
+            (s, v, "warp-drive")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::POST,
+                    "/v1/nodes",
+                    json!({"driver": "fake-hardware", "name": "n1"}),
+                )
+                .await;
+            (s, v, "n1")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::POST,
+                    "/v1/nodes",
+                    json!({"driver": "fake-hardware", "name": "bad name!"}),
+                )
+                .await;
+            (s, v, "bad name!")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PUT,
+                    "/v1/nodes/n1/states/provision",
+                    json!({"target": "provide"}),
+                )
+                .await;
+            (s, v, "enroll")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PUT,
+                    "/v1/nodes/n1/states/provision",
+                    json!({"target": "fly"}),
+                )
+                .await;
+            (s, v, "target")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PUT,
+                    "/v1/nodes/n1/states/provision",
+                    json!({"target": "manage", "clean_steps": []}),
+                )
+                .await;
+            (s, v, "clean_steps")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PUT,
+                    "/v1/nodes/n1/states/power",
+                    json!({"target": "power sideways"}),
+                )
+                .await;
+            (s, v, "target")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PATCH,
+                    "/v1/nodes/n1",
+                    json!([{"op": "replace", "path": "/provision_state", "value": "active"}]),
+                )
+                .await;
+            (s, v, "/provision_state")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PATCH,
+                    "/v1/nodes/n1",
+                    json!([{"op": "replace", "path": "/extra", "value": 5}]),
+                )
+                .await;
+            (s, v, "extra")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PATCH,
+                    "/v1/nodes/n1",
+                    json!([{"op": "add", "path": "/name", "value": 42}]),
+                )
+                .await;
+            (s, v, "name")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::PUT,
+                    "/v1/nodes/nope/states/provision",
+                    json!({"target": "manage"}),
+                )
+                .await;
+            (s, v, "nope")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::POST,
+                    "/v1/ports",
+                    json!({"address": "not-a-mac", "node_uuid": "n1"}),
+                )
+                .await;
+            (s, v, "not-a-mac")
+        },
+        {
+            let (s, v) = app
+                .send(
+                    M::POST,
+                    "/v1/ports",
+                    json!({"address": "52:54:00:aa:bb:cc", "node_uuid": "ghost"}),
+                )
+                .await;
+            (s, v, "ghost")
+        },
+    ];
+    for (status, body, needle) in &cases {
+        assert!(
+            status.is_client_error(),
+            "expected 4xx for {needle}, got {status}: {body}"
+        );
+        let m = message(body);
+        assert!(
+            m.contains(needle),
+            "error for {needle:?} should name it: {m}"
+        );
+    }
+    // Specific codes.
+    assert_eq!(cases[0].0, 400);
+    assert_eq!(cases[5].0, 409, "duplicate name");
+    assert_eq!(cases[14].0, 404, "unknown node");
+
+    // Oversize body: 413.
+    let big = "x".repeat(100 * 1024);
+    let r = app
+        .req(M::POST, "/v1/nodes")
+        .header("Content-Type", "application/json")
+        .body(format!(
+            "{{\"driver\":\"fake-hardware\",\"extra\":{{\"b\":\"{big}\"}}}}"
+        ))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let v: Value = r.json().await.expect("json");
+    assert!(message(&v).contains("larger"), "{v}");
+
+    // Stale If-Match: 412.
+    let r = app
+        .req(M::PATCH, "/v1/nodes/n1")
+        .header("If-Match", "\"999\"")
+        .json(&json!([{"op": "add", "path": "/extra/a", "value": 1}]))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+
+    // Nothing changed.
+    let (_, after) = app.get("/v1/nodes/n1").await;
+    assert_eq!(before, after, "a refused request changed the node");
+    let (_, list) = app.get("/v1/nodes").await;
+    assert_eq!(list["nodes"].as_array().expect("arr").len(), 1);
+    let (_, ports) = app.get("/v1/ports").await;
+    assert_eq!(ports["ports"].as_array().expect("arr").len(), 0);
+}
+
+#[tokio::test]
+async fn patch_with_etag_and_masking() {
+    let app = start(|_| {}).await;
+    let r = app
+        .req(reqwest::Method::POST, "/v1/nodes")
+        .json(&json!({"driver": "fake-hardware", "name": "n1",
+            "driver_info": {"redfish_password": "hunter2", "redfish_username": "root"}}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 201);
+    let text = r.text().await.expect("text");
+    assert!(!text.contains("hunter2"), "password leaked: {text}");
+    let r = app
+        .req(reqwest::Method::GET, "/v1/nodes/n1")
+        .send()
+        .await
+        .expect("get");
+    let etag = r.headers()["etag"].to_str().expect("etag").to_string();
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["driver_info"]["redfish_password"], "******");
+    let r = app
+        .req(reqwest::Method::PATCH, "/v1/nodes/n1")
+        .header("If-Match", etag.clone())
+        .json(&json!([
+            {"op": "replace", "path": "/name", "value": "n2"},
+            {"op": "add", "path": "/properties/cpus", "value": 8},
+            {"op": "remove", "path": "/driver_info/redfish_username"}
+        ]))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), 200);
+    assert_ne!(r.headers()["etag"].to_str().expect("etag"), etag);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["name"], "n2");
+    assert_eq!(v["properties"]["cpus"], 8);
+    assert!(v["driver_info"].get("redfish_username").is_none());
+    assert_eq!(v["driver_info"]["redfish_password"], "******");
+    // The old ETag is stale now.
+    let r = app
+        .req(reqwest::Method::PATCH, "/v1/nodes/n2")
+        .header("If-Match", etag)
+        .json(&json!([{"op": "add", "path": "/extra/x", "value": 1}]))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+}
+
+#[tokio::test]
+async fn ports_crud() {
+    let app = start(|_| {}).await;
+    let n = app.create("n1").await;
+    let (s, p) = app
+        .send(
+            reqwest::Method::POST,
+            "/v1/ports",
+            json!({"address": "52:54:00:AA:BB:CC", "node_uuid": "n1"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{p}");
+    assert_eq!(p["address"], "52:54:00:aa:bb:cc");
+    assert_eq!(p["node_uuid"], n["uuid"]);
+    let uuid = p["uuid"].as_str().expect("uuid");
+    let (s, dup) = app
+        .send(
+            reqwest::Method::POST,
+            "/v1/ports",
+            json!({"address": "52:54:00:aa:bb:cc", "node_uuid": "n1"}),
+        )
+        .await;
+    assert_eq!(s, 409);
+    assert!(message(&dup).contains("52:54:00:aa:bb:cc"));
+    let (_, l) = app.get("/v1/ports?node=n1").await;
+    assert_eq!(l["ports"][0]["uuid"], uuid);
+    let (_, l) = app.get("/v1/nodes/n1/ports").await;
+    assert_eq!(l["ports"][0]["uuid"], uuid);
+    let (s, p2) = app
+        .send(
+            reqwest::Method::PATCH,
+            &format!("/v1/ports/{uuid}"),
+            json!([{"op": "replace", "path": "/pxe_enabled", "value": false}]),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(p2["pxe_enabled"], false);
+    let (s, _) = app.get(&format!("/v1/ports/{uuid}")).await;
+    assert_eq!(s, 200);
+    let r = app
+        .req(reqwest::Method::DELETE, &format!("/v1/ports/{uuid}"))
+        .send()
+        .await
+        .expect("del");
+    assert_eq!(r.status(), 204);
+    let (s, _) = app.get(&format!("/v1/ports/{uuid}")).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn delete_only_in_allowed_states_and_locks() {
+    let app = start(|_| {}).await;
+    app.create("n1").await;
+    let (s, _) = app
+        .send(
+            reqwest::Method::PATCH,
+            "/v1/nodes/n1",
+            json!([{"op": "add", "path": "/automated_clean", "value": false}]),
+        )
+        .await;
+    assert_eq!(s, 200);
+    app.provision("n1", "manage").await;
+    app.wait_state("n1", "manageable").await;
+    app.provision("n1", "provide").await;
+    app.wait_state("n1", "available").await;
+    let r = app
+        .req(reqwest::Method::DELETE, "/v1/nodes/n1")
+        .send()
+        .await
+        .expect("del");
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.expect("json");
+    assert!(message(&v).contains("available"), "{v}");
+
+    // A slow BMC keeps the node reserved in "verifying": other verbs get 409.
+    let (s, v) = app
+        .send(
+            reqwest::Method::POST,
+            "/v1/nodes",
+            json!({"driver": "fake-hardware", "name": "slow", "driver_info": {"fake_delay_ms": 1500}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    app.provision("slow", "manage").await;
+    let v = app.wait_state("slow", "verifying").await;
+    for _ in 0..50 {
+        let (_, v) = app.get("/v1/nodes/slow").await;
+        if v["reservation"].is_string() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = v;
+    let (s, v) = app
+        .send(
+            reqwest::Method::PUT,
+            "/v1/nodes/slow/states/power",
+            json!({"target": "power on"}),
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert!(message(&v).contains("locked"), "{v}");
+    app.wait_state("slow", "manageable").await;
+}
+
+#[tokio::test]
+async fn verify_failure_returns_to_enroll_with_last_error() {
+    let app = start(|_| {}).await;
+    let (s, _) = app
+        .send(
+            reqwest::Method::POST,
+            "/v1/nodes",
+            json!({"driver": "fake-hardware", "name": "bad", "driver_info": {"fake_fail": "connection refused"}}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    app.provision("bad", "manage").await;
+    let mut v = Value::Null;
+    for _ in 0..100 {
+        let (_, n) = app.get("/v1/nodes/bad").await;
+        if n["provision_state"] == "enroll" && n["last_error"].is_string() {
+            v = n;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let err = v["last_error"].as_str().expect("last_error set");
+    assert!(
+        err.contains("connection refused") && err.contains("bad"),
+        "{err}"
+    );
+    assert!(v["reservation"].is_null());
+}
+
+#[tokio::test]
+async fn auth_required_unless_no_auth() {
+    let app = start(|c| {
+        c.no_auth = false;
+        c.auth.tokens.push(TokenEntry {
+            name: "ops".into(),
+            hash: hash_secret("tok-123"),
+        });
+    })
+    .await;
+    let (s, v) = app.get("/v1/nodes").await;
+    assert_eq!(s, 401);
+    assert!(message(&v).contains("authentication"));
+    // Version documents stay open.
+    let (s, _) = app.get("/v1").await;
+    assert_eq!(s, 200);
+    let r = app
+        .req(reqwest::Method::GET, "/v1/nodes")
+        .bearer_auth("tok-123")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 200);
+    let r = app
+        .req(reqwest::Method::GET, "/v1/nodes")
+        .header("X-Auth-Token", "tok-123")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 200);
+    let r = app
+        .req(reqwest::Method::GET, "/v1/nodes")
+        .bearer_auth("tok-12")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 401);
+}
+
+#[test]
+fn no_auth_refused_off_loopback() {
+    let config = Config {
+        listen: "0.0.0.0:6385".into(),
+        no_auth: true,
+        ..Config::default()
+    };
+    let err = rivet_controller::server::check_listen(&config).expect_err("must refuse");
+    assert!(err.to_string().contains("loopback"), "{err}");
+    let config = Config {
+        listen: "127.0.0.1:6385".into(),
+        no_auth: true,
+        ..Config::default()
+    };
+    assert!(rivet_controller::server::check_listen(&config).is_ok());
+}

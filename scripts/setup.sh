@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything the build, the demo and the tests need, idempotently.
+# Debian 12, run as root. Safe to run again: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages: musl for the static agent, block-device tools for erase tests, python venv
+# for the Ironic client compatibility test, file(1) to check static linking.
+APT_PACKAGES=(musl-tools python3-venv gdisk parted e2fsprogs xfsprogs lvm2 util-linux file iproute2 socat sqlite3)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Rust components the checks use.
+if command -v rustup >/dev/null 2>&1; then
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup target list --installed 2>/dev/null | grep -q x86_64-unknown-linux-musl \
+    || rustup target add x86_64-unknown-linux-musl \
+    || echo "setup: musl target unavailable; the agent build falls back to static glibc"
+fi
+
+# python-ironicclient in a venv inside the repo (.venv is git-ignored).
+VENV=.venv
+IRONICCLIENT_VERSION=6.3.0
+if [ ! -x "$VENV/bin/baremetal" ]; then
+  echo "setup: creating $VENV with python-ironicclient $IRONICCLIENT_VERSION"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "python-ironicclient==$IRONICCLIENT_VERSION"
+fi
+echo "setup: ok"

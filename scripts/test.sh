@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, then runs every check CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+export CARGO_TERM_COLOR=never
+# Peers are installed by setup.sh: a test that finds one missing fails instead of skipping.
+export RIVET_REQUIRE_PEERS=1
+export RIVET_VENV="$PWD/.venv"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo build (binaries the cross-crate tests run)"
+cargo build --workspace --bins
+echo "== cargo test"
+cargo test --workspace -- --test-threads=2
