@@ -1,0 +1,311 @@
+//! Block devices: the whole disks `lsblk -d` shows, with attributes from sysfs, the udev
+//! database and /dev/disk/by-path.
+
+use super::{link_name, read_trimmed, read_u64, Root};
+use rivet_protocol::inventory::Disk;
+use std::collections::HashMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// Every whole disk under /sys/block, as `lsblk -d` lists them: RAM disks and loop devices
+/// without a backing file are left out.
+pub fn collect_disks(root: &Root) -> Vec<Disk> {
+    let Ok(entries) = std::fs::read_dir(root.path("/sys/block")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let by_path = by_path_links(root);
+    names
+        .into_iter()
+        .filter(|name| {
+            let dir = root.path("/sys/block").join(name);
+            let major = read_trimmed(&dir.join("dev"))
+                .and_then(|d| d.split(':').next().and_then(|m| m.parse::<u32>().ok()));
+            let is_ram = major == Some(1) || name.starts_with("ram");
+            let unbacked_loop = name.starts_with("loop") && !dir.join("loop/backing_file").exists();
+            !is_ram && !unbacked_loop
+        })
+        .map(|name| {
+            let dir = root.path("/sys/block").join(&name);
+            from_sysfs(root, &dir, &name, format!("/dev/{name}"), &by_path)
+        })
+        .collect()
+}
+
+/// The disks for an explicit `--devices` list, in the given order. Block devices get their
+/// real attributes; regular files (sparse test images) get their length and `rotational:
+/// false`; anything unreadable is still listed, with size 0, so the list stays exact.
+pub fn disks_for_paths(root: &Root, paths: &[PathBuf]) -> Vec<Disk> {
+    let by_path = by_path_links(root);
+    paths
+        .iter()
+        .map(|path| {
+            let name = path.to_string_lossy().into_owned();
+            let meta = match std::fs::metadata(path) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(device = %name, error = %e, "cannot stat device");
+                    return Disk {
+                        name,
+                        ..Default::default()
+                    };
+                }
+            };
+            if meta.file_type().is_block_device() {
+                let (major, minor) = dev_major_minor(meta.rdev());
+                let dir = root.path(format!("/sys/dev/block/{major}:{minor}"));
+                let kname = std::fs::canonicalize(&dir)
+                    .ok()
+                    .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .unwrap_or_default();
+                from_sysfs(root, &dir, &kname, name, &by_path)
+            } else {
+                Disk {
+                    name,
+                    size: meta.len(),
+                    rotational: false,
+                    ..Default::default()
+                }
+            }
+        })
+        .collect()
+}
+
+/// Linux `dev_t` → (major, minor), as glibc's `gnu_dev_major/minor`.
+fn dev_major_minor(dev: u64) -> (u64, u64) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & 0xffff_f000);
+    let minor = (dev & 0xff) | ((dev >> 12) & 0xffff_ff00);
+    (major, minor)
+}
+
+/// Kernel name → `/dev/disk/by-path/…` link. When several links point at one device the
+/// first in name order wins, so the answer is stable across runs.
+fn by_path_links(root: &Root) -> HashMap<String, String> {
+    let mut map = HashMap::new();
+    let Ok(entries) = std::fs::read_dir(root.path("/dev/disk/by-path")) else {
+        return map;
+    };
+    let mut links: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    links.sort();
+    for link in links {
+        if let (Some(target), Some(file)) = (link_name(&link), link.file_name()) {
+            map.entry(target)
+                .or_insert_with(|| format!("/dev/disk/by-path/{}", file.to_string_lossy()));
+        }
+    }
+    map
+}
+
+/// A disk from its sysfs directory (`/sys/block/X`, or a partition's directory).
+fn from_sysfs(
+    root: &Root,
+    dir: &Path,
+    kname: &str,
+    name: String,
+    by_path: &HashMap<String, String>,
+) -> Disk {
+    // A partition keeps queue/ and device/ in its parent disk's directory.
+    let disk_dir = if dir.join("partition").exists() {
+        std::fs::canonicalize(dir)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| dir.to_path_buf())
+    } else {
+        dir.to_path_buf()
+    };
+    let device = disk_dir.join("device");
+    let udev = read_trimmed(&dir.join("dev"))
+        .and_then(|dev| std::fs::read_to_string(root.path(format!("/run/udev/data/b{dev}"))).ok())
+        .map(|text| parse_udev(&text))
+        .unwrap_or_default();
+    let attr = |p: PathBuf| read_trimmed(&p);
+    let real = std::fs::canonicalize(&disk_dir)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+
+    Disk {
+        name,
+        model: attr(device.join("model"))
+            .or_else(|| udev.get("ID_MODEL").cloned())
+            .unwrap_or_default(),
+        size: read_u64(&dir.join("size"))
+            .and_then(|s| s.checked_mul(512))
+            .unwrap_or(0),
+        rotational: read_trimmed(&disk_dir.join("queue/rotational")).as_deref() == Some("1"),
+        wwn: attr(disk_dir.join("wwid"))
+            .or_else(|| attr(device.join("wwid")))
+            .or_else(|| udev.get("ID_WWN_WITH_EXTENSION").cloned())
+            .or_else(|| udev.get("ID_WWN").cloned()),
+        serial: attr(device.join("serial"))
+            .or_else(|| udev.get("ID_SERIAL_SHORT").cloned())
+            .or_else(|| udev.get("ID_SCSI_SERIAL").cloned()),
+        vendor: attr(device.join("vendor")).or_else(|| udev.get("ID_VENDOR").cloned()),
+        hctl: link_hctl(&device),
+        by_path: by_path.get(kname).cloned(),
+        logical_sectors: read_u64(&disk_dir.join("queue/logical_block_size")),
+        physical_sectors: read_u64(&disk_dir.join("queue/physical_block_size")),
+        tran: transport(kname, &real),
+    }
+}
+
+/// SCSI address from the `device` link (`…/0:0:1:0`), if it is one.
+fn link_hctl(device: &Path) -> Option<String> {
+    let name = std::fs::canonicalize(device).ok()?;
+    let name = name.file_name()?.to_string_lossy().into_owned();
+    let parts: Vec<&str> = name.split(':').collect();
+    (parts.len() == 4 && parts.iter().all(|p| p.parse::<u32>().is_ok())).then_some(name)
+}
+
+/// Transport guessed from the kernel name and the sysfs device path, as lsblk does.
+fn transport(kname: &str, sys_path: &str) -> Option<String> {
+    let t = if kname.starts_with("nvme") {
+        "nvme"
+    } else if sys_path.contains("/usb") {
+        "usb"
+    } else if sys_path.contains("/virtio") {
+        "virtio"
+    } else if sys_path.contains("/ata") {
+        "sata"
+    } else if sys_path.contains("/sas_") || sys_path.contains("/end_device") {
+        "sas"
+    } else if sys_path.contains("/session") {
+        "iscsi"
+    } else if sys_path.contains("/host") {
+        "scsi"
+    } else {
+        return None;
+    };
+    Some(t.to_string())
+}
+
+/// `E:KEY=value` properties of a udev database entry.
+fn parse_udev(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("E:"))
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(_, v)| !v.trim().is_empty())
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::TempTree;
+    use super::*;
+
+    fn fake_disk(t: &TempTree, name: &str, sysdev: &str, dev: &str, sectors: &str) {
+        let d = format!("/sys/devices/{sysdev}/block/{name}");
+        t.file(&format!("{d}/size"), sectors)
+            .file(&format!("{d}/dev"), dev)
+            .file(&format!("{d}/queue/rotational"), "1\n")
+            .file(&format!("{d}/queue/logical_block_size"), "512\n")
+            .file(&format!("{d}/queue/physical_block_size"), "4096\n")
+            .link(
+                &format!("/sys/block/{name}"),
+                &t.path().join(d.trim_start_matches('/')).to_string_lossy(),
+            );
+    }
+
+    #[test]
+    fn sata_disk_with_udev_and_by_path() {
+        let t = TempTree::new("disks");
+        let host = "pci0000:00/0000:00:1f.2/ata1/host0/target0:0:0/0:0:0:0";
+        fake_disk(&t, "sda", host, "8:0\n", "1953525168\n");
+        t.file(&format!("/sys/devices/{host}/model"), "ST1000DM003  \n")
+            .file(&format!("/sys/devices/{host}/vendor"), "ATA\n")
+            .link(
+                &format!("/sys/devices/{host}/block/sda/device"),
+                &t.path()
+                    .join(format!("sys/devices/{host}"))
+                    .to_string_lossy(),
+            )
+            .file(
+                "/run/udev/data/b8:0",
+                "S:disk/by-id/x\nE:ID_SERIAL_SHORT=Z1D5\nE:ID_WWN=0x5000c500\nE:ID_MODEL=\n",
+            )
+            .link("/dev/disk/by-path/pci-0000:00:1f.2-ata-1", "../../sda")
+            .link(
+                "/dev/disk/by-path/pci-0000:00:1f.2-ata-1-part1",
+                "../../sda1",
+            );
+        // Excluded: RAM disk, unbacked loop. Included: backed loop.
+        fake_disk(&t, "ram0", "virtual", "1:0\n", "8192\n");
+        fake_disk(&t, "loop0", "virtual", "7:0\n", "0\n");
+        fake_disk(&t, "loop1", "virtual", "7:1\n", "2048\n");
+        t.file(
+            "/sys/devices/virtual/block/loop1/loop/backing_file",
+            "/tmp/x\n",
+        );
+
+        let disks = collect_disks(&Root::new(t.path()));
+        let names: Vec<&str> = disks.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, vec!["/dev/loop1", "/dev/sda"]);
+        let sda = &disks[1];
+        assert_eq!(sda.size, 1953525168 * 512);
+        assert!(sda.rotational);
+        assert_eq!(sda.model, "ST1000DM003");
+        assert_eq!(sda.vendor.as_deref(), Some("ATA"));
+        assert_eq!(sda.serial.as_deref(), Some("Z1D5"));
+        assert_eq!(sda.wwn.as_deref(), Some("0x5000c500"));
+        assert_eq!(sda.hctl.as_deref(), Some("0:0:0:0"));
+        assert_eq!(
+            sda.by_path.as_deref(),
+            Some("/dev/disk/by-path/pci-0000:00:1f.2-ata-1")
+        );
+        assert_eq!(sda.tran.as_deref(), Some("sata"));
+        assert_eq!(sda.logical_sectors, Some(512));
+        assert_eq!(sda.physical_sectors, Some(4096));
+        assert_eq!(disks[0].tran, None);
+    }
+
+    #[test]
+    fn odd_sysfs_content_does_not_panic() {
+        let t = TempTree::new("disks-odd");
+        fake_disk(&t, "vdz", "virtual", "garbage", "-5\n");
+        t.file("/sys/block/notadir", "x");
+        let disks = collect_disks(&Root::new(t.path()));
+        let vdz = disks.iter().find(|d| d.name == "/dev/vdz").unwrap();
+        assert_eq!(vdz.size, 0);
+    }
+
+    #[test]
+    fn explicit_paths_regular_files_and_missing() {
+        let t = TempTree::new("disks-paths");
+        t.file("/img/a.img", vec![0u8; 4096]);
+        let a = t.path().join("img/a.img");
+        let missing = t.path().join("img/missing");
+        let disks = disks_for_paths(&Root::new(t.path()), &[a.clone(), missing.clone()]);
+        assert_eq!(disks.len(), 2);
+        assert_eq!(disks[0].name, a.to_string_lossy());
+        assert_eq!(disks[0].size, 4096);
+        assert!(!disks[0].rotational);
+        assert_eq!(disks[1].size, 0);
+    }
+
+    #[test]
+    fn dev_t_split() {
+        // makedev(259, 3) and makedev(8, 17) as glibc encodes them.
+        assert_eq!(dev_major_minor((259 << 8) | 3), (259, 3));
+        assert_eq!(dev_major_minor((8 << 8) | 17), (8, 17));
+        let big = ((0x1234u64 & !0xfff) << 32) | ((0x1234 & 0xfff) << 8) | 0x56;
+        assert_eq!(dev_major_minor(big), (0x1234, 0x56));
+    }
+
+    #[test]
+    fn transports() {
+        assert_eq!(transport("nvme0n1", "").as_deref(), Some("nvme"));
+        assert_eq!(
+            transport(
+                "vda",
+                "/sys/devices/pci0000:00/0000:00:02.0/virtio1/block/vda"
+            )
+            .as_deref(),
+            Some("virtio")
+        );
+        assert_eq!(transport("dm-0", "/sys/devices/virtual/block/dm-0"), None);
+    }
+}

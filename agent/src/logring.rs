@@ -1,0 +1,139 @@
+//! The agent's log: stderr plus an in-memory ring of the last lines.
+//!
+//! A failed command carries the tail of the agent's own log (`log_tail`) so the operator sees
+//! why without a console on the machine. [`LogRing`] is a `tracing_subscriber` `MakeWriter`
+//! that tees every formatted line to stderr and into a bounded ring.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use tracing_subscriber::fmt::MakeWriter;
+
+/// Default number of lines kept.
+pub const DEFAULT_LINES: usize = 50;
+
+/// Bounded ring of recent log lines; cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct LogRing {
+    inner: Arc<Mutex<Ring>>,
+    to_stderr: bool,
+}
+
+#[derive(Debug)]
+struct Ring {
+    lines: VecDeque<String>,
+    capacity: usize,
+    /// Bytes of a line not yet terminated by `\n`.
+    partial: Vec<u8>,
+}
+
+impl LogRing {
+    /// A ring of `capacity` lines that also writes to stderr when `to_stderr`.
+    pub fn new(capacity: usize, to_stderr: bool) -> Self {
+        LogRing {
+            inner: Arc::new(Mutex::new(Ring {
+                lines: VecDeque::with_capacity(capacity),
+                capacity: capacity.max(1),
+                partial: Vec::new(),
+            })),
+            to_stderr,
+        }
+    }
+
+    /// The last lines, oldest first, joined with `\n`.
+    pub fn tail(&self) -> String {
+        match self.inner.lock() {
+            Ok(r) => r.lines.iter().cloned().collect::<Vec<_>>().join("\n"),
+            Err(_) => String::new(),
+        }
+    }
+
+    fn push_bytes(&self, buf: &[u8]) {
+        let Ok(mut r) = self.inner.lock() else {
+            return;
+        };
+        for &b in buf {
+            if b == b'\n' {
+                let line = String::from_utf8_lossy(&r.partial).into_owned();
+                r.partial.clear();
+                if r.lines.len() == r.capacity {
+                    r.lines.pop_front();
+                }
+                r.lines.push_back(line);
+            } else if r.partial.len() < 8192 {
+                // Cap a runaway line rather than grow without bound.
+                r.partial.push(b);
+            }
+        }
+    }
+}
+
+/// Writer handed out per log event.
+#[derive(Debug)]
+pub struct RingWriter {
+    ring: LogRing,
+}
+
+impl Write for RingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.ring.to_stderr {
+            // A log line that cannot reach stderr (closed console) must still reach the ring.
+            let _ = std::io::stderr().write_all(buf);
+        }
+        self.ring.push_bytes(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.ring.to_stderr {
+            let _ = std::io::stderr().flush();
+        }
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for LogRing {
+    type Writer = RingWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RingWriter { ring: self.clone() }
+    }
+}
+
+/// Install the global subscriber: human format, `filter` as an `EnvFilter` directive, output
+/// to stderr and `ring`. Safe to call twice (the second call is a no-op).
+pub fn init(filter: &str, ring: &LogRing) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(ring.clone())
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_only_the_last_lines() {
+        let ring = LogRing::new(3, false);
+        let mut w = ring.make_writer();
+        for i in 0..5 {
+            writeln!(w, "line {i}").unwrap();
+        }
+        assert_eq!(ring.tail(), "line 2\nline 3\nline 4");
+    }
+
+    #[test]
+    fn joins_partial_writes() {
+        let ring = LogRing::new(10, false);
+        let mut w = ring.make_writer();
+        w.write_all(b"hel").unwrap();
+        w.write_all(b"lo\nwor").unwrap();
+        assert_eq!(ring.tail(), "hello");
+        w.write_all(b"ld\n\xff\n").unwrap();
+        assert_eq!(ring.tail(), "hello\nworld\n\u{fffd}");
+    }
+}
