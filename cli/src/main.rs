@@ -1,1 +1,89 @@
-fn main() {}
+//! `rivet`: the admin command line for rivetd (Ironic's API, Ironic's vocabulary).
+//!
+//! Thin: parse the command line, build the client, dispatch to `node`/`port`. Errors print as
+//! `error: <message>` on stderr with exit status 1.
+
+mod client;
+mod node;
+mod output;
+mod port;
+mod wait;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rivet",
+    version,
+    about = "Rivet admin CLI: enrol, clean and provision bare-metal nodes"
+)]
+struct Cli {
+    /// rivetd base URL.
+    #[arg(long, global = true, env = "RIVET_URL", default_value = client::DEFAULT_URL)]
+    url: String,
+    /// Print raw JSON responses instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Nodes: enrolment, state machine, power, maintenance.
+    #[command(subcommand)]
+    Node(node::NodeCmd),
+    /// Ports: a node's NICs.
+    #[command(subcommand)]
+    Port(port::PortCmd),
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let token = std::env::var("RIVET_TOKEN").ok();
+    let client = client::Client::new(&cli.url, token)?;
+    let out = output::Output { json: cli.json };
+    match cli.command {
+        Command::Node(cmd) => node::run(cmd, &client, out).await,
+        Command::Port(cmd) => port::run(cmd, &client, out).await,
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn maintenance_takes_node_then_action() {
+        let cli = Cli::try_parse_from([
+            "rivet",
+            "node",
+            "maintenance",
+            "n1",
+            "set",
+            "--reason",
+            "disk",
+        ]);
+        assert!(cli.is_ok(), "{cli:?}");
+        let cli = Cli::try_parse_from(["rivet", "node", "power", "n1", "reboot", "--json"]);
+        assert!(cli.is_ok(), "{cli:?}");
+    }
+}

@@ -1,0 +1,561 @@
+//! `rivet node …`: enrol, list, show, update, delete, and drive the state machine.
+
+use crate::client::{seg, Client};
+use crate::output::{self, Output};
+use crate::wait;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use reqwest::StatusCode;
+use rivet_protocol::api::{
+    MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
+};
+use rivet_protocol::states::{PowerState, Verb};
+use rivet_protocol::steps::RequestedStep;
+use serde_json::{json, Map, Value};
+
+/// `rivet node` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// Enrol a node (it starts in "enroll").
+    Create(CreateArgs),
+    /// List nodes (all pages unless --limit is given).
+    List(ListArgs),
+    /// Show one node as a Field/Value table.
+    Show {
+        /// Node UUID or name.
+        node: String,
+        /// Only these fields (comma separated), e.g. provision_state,last_error.
+        #[arg(long, value_delimiter = ',')]
+        fields: Vec<String>,
+    },
+    /// Change fields with JSON-patch add/remove: --set driver_info/ipmi_address=1.2.3.4.
+    Update {
+        /// Node UUID or name.
+        node: String,
+        /// PATH=VALUE to add or replace (VALUE parsed as JSON when it parses, else a string).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+        /// PATH to remove.
+        #[arg(long = "unset", value_name = "PATH")]
+        unset: Vec<String>,
+    },
+    /// Delete a node.
+    Delete {
+        /// Node UUID or name.
+        node: String,
+    },
+    /// enroll → verifying → manageable (validates the BMC); also leaves failure states.
+    Manage(NodeArg),
+    /// manageable → cleaning → available.
+    Provide(NodeArg),
+    /// Inspect the hardware.
+    Inspect(NodeArg),
+    /// Abort a wait or hold state (clean wait → clean failed, …).
+    Abort(NodeArg),
+    /// Leave a hold state.
+    Unhold(NodeArg),
+    /// Deploy (target "active").
+    Deploy(NodeArg),
+    /// Tear down a deployment (target "deleted").
+    Undeploy(NodeArg),
+    /// Manual cleaning from manageable.
+    Clean {
+        /// Node UUID or name.
+        node: String,
+        /// Steps as JSON, or @FILE (@- for stdin): [{"interface": "deploy", "step": "erase_devices_metadata", "args": {}}].
+        #[arg(long, value_name = "JSON|@FILE")]
+        clean_steps: String,
+    },
+    /// Power on, off or reboot.
+    Power {
+        /// Node UUID or name.
+        node: String,
+        /// The action.
+        action: PowerAction,
+    },
+    /// Put a node in maintenance or take it out.
+    Maintenance {
+        /// Node UUID or name.
+        node: String,
+        #[command(subcommand)]
+        action: MaintenanceAction,
+    },
+    /// The node's cached clean steps (JSON).
+    CleanSteps(NodeArg),
+    /// The node's hardware inventory (JSON).
+    Inventory(NodeArg),
+    /// Wait until the node reaches a provision state, showing progress on stderr.
+    Wait(wait::WaitArgs),
+}
+
+/// Just a node.
+#[derive(Debug, Args)]
+pub struct NodeArg {
+    /// Node UUID or name.
+    pub node: String,
+}
+
+/// `rivet node create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Driver: fake-hardware, redfish, ipmi.
+    #[arg(long)]
+    driver: String,
+    /// Unique name.
+    #[arg(long)]
+    name: Option<String>,
+    /// BMC settings, e.g. redfish_address=https://10.0.0.5 (repeatable).
+    #[arg(long = "driver-info", value_name = "KEY=VALUE")]
+    driver_info: Vec<String>,
+    /// Hardware property, e.g. cpus=8 (repeatable).
+    #[arg(long = "property", value_name = "KEY=VALUE")]
+    properties: Vec<String>,
+    /// Free-form operator data (repeatable).
+    #[arg(long = "extra", value_name = "KEY=VALUE")]
+    extra: Vec<String>,
+    /// Resource class.
+    #[arg(long)]
+    resource_class: Option<String>,
+    /// Per-node automated cleaning switch.
+    #[arg(long, value_name = "true|false")]
+    automated_clean: Option<bool>,
+}
+
+/// `rivet node list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only nodes in this provision state.
+    #[arg(long)]
+    provision_state: Option<String>,
+    /// Only nodes in (true) or out of (false) maintenance.
+    #[arg(long, value_name = "true|false")]
+    maintenance: Option<bool>,
+    /// Only nodes with this driver.
+    #[arg(long)]
+    driver: Option<String>,
+    /// Only nodes of this resource class.
+    #[arg(long)]
+    resource_class: Option<String>,
+    /// At most N nodes (one page; no following of `next` links).
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Sort key, e.g. name, created_at, provision_state.
+    #[arg(long)]
+    sort_key: Option<String>,
+    /// Sort direction.
+    #[arg(long)]
+    sort_dir: Option<SortDir>,
+    /// Also show Driver, Resource Class, Target State and Last Error.
+    #[arg(long)]
+    long: bool,
+}
+
+/// Sort direction.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SortDir {
+    /// Ascending.
+    Asc,
+    /// Descending.
+    Desc,
+}
+
+/// Power actions.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PowerAction {
+    /// Power on.
+    On,
+    /// Power off (hard).
+    Off,
+    /// Reboot (hard).
+    Reboot,
+    /// ACPI soft power off.
+    SoftOff,
+    /// ACPI soft reboot.
+    SoftReboot,
+}
+
+impl PowerAction {
+    fn target(self) -> PowerState {
+        match self {
+            PowerAction::On => PowerState::On,
+            PowerAction::Off => PowerState::Off,
+            PowerAction::Reboot => PowerState::Rebooting,
+            PowerAction::SoftOff => PowerState::SoftOff,
+            PowerAction::SoftReboot => PowerState::SoftRebooting,
+        }
+    }
+}
+
+/// `rivet node maintenance NODE set|unset`.
+#[derive(Debug, Subcommand)]
+pub enum MaintenanceAction {
+    /// Put the node in maintenance.
+    Set {
+        /// Why.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Take the node out of maintenance.
+    Unset,
+}
+
+/// Parse a value: JSON when it parses (numbers, booleans, objects, quoted strings), else the
+/// text as a string.
+pub fn parse_value(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_string()))
+}
+
+/// Parse `KEY=VALUE` pairs into a map.
+fn parse_pairs(flag: &str, pairs: &[String]) -> Result<Map<String, Value>> {
+    let mut map = Map::new();
+    for p in pairs {
+        let (k, v) = p
+            .split_once('=')
+            .filter(|(k, _)| !k.trim().is_empty())
+            .ok_or_else(|| anyhow!("--{flag} {p:?}: expected KEY=VALUE"))?;
+        map.insert(k.trim().to_string(), parse_value(v));
+    }
+    Ok(map)
+}
+
+/// `a/b` or `/a/b` → `/a/b`.
+fn pointer(path: &str) -> Result<String> {
+    let p = path.trim().trim_start_matches('/');
+    if p.is_empty() || p.split('/').any(str::is_empty) {
+        bail!("{path:?} is not a field path; use e.g. extra/foo or driver_info/ipmi_address");
+    }
+    Ok(format!("/{p}"))
+}
+
+/// Build the RFC 6902 list for `--set` / `--unset`.
+pub fn patch_ops(set: &[String], unset: &[String]) -> Result<Vec<PatchOp>> {
+    let mut ops = Vec::new();
+    for s in set {
+        let (path, value) = s
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--set {s:?}: expected PATH=VALUE"))?;
+        ops.push(PatchOp {
+            op: "add".into(),
+            path: pointer(path)?,
+            value: Some(parse_value(value)),
+        });
+    }
+    for path in unset {
+        ops.push(PatchOp {
+            op: "remove".into(),
+            path: pointer(path)?,
+            value: None,
+        });
+    }
+    if ops.is_empty() {
+        bail!("nothing to change: give --set PATH=VALUE and/or --unset PATH");
+    }
+    Ok(ops)
+}
+
+/// `--clean-steps`: inline JSON, `@FILE` or `@-`.
+fn clean_steps(arg: &str) -> Result<Vec<RequestedStep>> {
+    let text = match arg.strip_prefix('@') {
+        Some("-") => {
+            std::io::read_to_string(std::io::stdin()).context("reading clean steps from stdin")?
+        }
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read clean steps from {path}"))?,
+        None => arg.to_string(),
+    };
+    serde_json::from_str(&text).map_err(|e| {
+        anyhow!(
+            "--clean-steps is not a valid step list ({e}); expected e.g. \
+             [{{\"interface\": \"deploy\", \"step\": \"erase_devices_metadata\", \"args\": {{}}}}]"
+        )
+    })
+}
+
+fn node_path(node: &str) -> String {
+    format!("/v1/nodes/{}", seg(node))
+}
+
+/// Run a `rivet node` subcommand.
+pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
+    match cmd {
+        NodeCmd::Create(a) => create(a, client, out).await,
+        NodeCmd::List(a) => list(a, client, out).await,
+        NodeCmd::Show { node, fields } => {
+            let mut query = Vec::new();
+            if !fields.is_empty() {
+                query.push(("fields", fields.join(",")));
+            }
+            let doc = client.get(&node_path(&node), &query).await?;
+            out.document(&doc);
+            Ok(())
+        }
+        NodeCmd::Update { node, set, unset } => {
+            let ops = patch_ops(&set, &unset)?;
+            let doc = client.patch(&node_path(&node), &ops).await?;
+            out.document(&doc);
+            Ok(())
+        }
+        NodeCmd::Delete { node } => {
+            client.delete(&node_path(&node)).await?;
+            out.note(&format!("Deleted node {node}"));
+            Ok(())
+        }
+        NodeCmd::Manage(n) => provision(client, out, &n.node, Verb::Manage, None).await,
+        NodeCmd::Provide(n) => provision(client, out, &n.node, Verb::Provide, None).await,
+        NodeCmd::Inspect(n) => provision(client, out, &n.node, Verb::Inspect, None).await,
+        NodeCmd::Abort(n) => provision(client, out, &n.node, Verb::Abort, None).await,
+        NodeCmd::Unhold(n) => provision(client, out, &n.node, Verb::Unhold, None).await,
+        NodeCmd::Deploy(n) => provision(client, out, &n.node, Verb::Active, None).await,
+        NodeCmd::Undeploy(n) => provision(client, out, &n.node, Verb::Deleted, None).await,
+        NodeCmd::Clean {
+            node,
+            clean_steps: s,
+        } => {
+            let steps = clean_steps(&s)?;
+            provision(client, out, &node, Verb::Clean, Some(steps)).await
+        }
+        NodeCmd::Power { node, action } => {
+            let body = PowerRequest {
+                target: action.target(),
+                timeout: None,
+            };
+            client
+                .put(&format!("{}/states/power", node_path(&node)), Some(&body))
+                .await?;
+            out.note(&format!(
+                "Requested \"{}\" for node {node}",
+                action.target()
+            ));
+            Ok(())
+        }
+        NodeCmd::Maintenance { node, action } => {
+            let path = format!("{}/maintenance", node_path(&node));
+            match action {
+                MaintenanceAction::Set { reason } => {
+                    client
+                        .put(&path, Some(&MaintenanceRequest { reason }))
+                        .await?;
+                    out.note(&format!("Node {node} is in maintenance"));
+                }
+                MaintenanceAction::Unset => {
+                    client.delete(&path).await?;
+                    out.note(&format!("Node {node} is out of maintenance"));
+                }
+            }
+            Ok(())
+        }
+        NodeCmd::CleanSteps(n) => sub_document(client, &n.node, "clean_steps", "clean steps").await,
+        NodeCmd::Inventory(n) => sub_document(client, &n.node, "inventory", "inventory").await,
+        NodeCmd::Wait(a) => wait::run(a, client, out).await,
+    }
+}
+
+async fn create(a: CreateArgs, client: &Client, out: Output) -> Result<()> {
+    let body = NodeCreate {
+        name: a.name,
+        driver: a.driver,
+        driver_info: parse_pairs("driver-info", &a.driver_info)?,
+        properties: parse_pairs("property", &a.properties)?,
+        extra: parse_pairs("extra", &a.extra)?,
+        resource_class: a.resource_class,
+        automated_clean: a.automated_clean,
+        ..Default::default()
+    };
+    let doc = client.post("/v1/nodes", &body).await?;
+    out.document(&doc);
+    Ok(())
+}
+
+const LIST_COLUMNS: &[(&str, &str)] = &[
+    ("UUID", "uuid"),
+    ("Name", "name"),
+    ("Power State", "power_state"),
+    ("Provisioning State", "provision_state"),
+    ("Maintenance", "maintenance"),
+];
+
+const LONG_COLUMNS: &[(&str, &str)] = &[
+    ("Driver", "driver"),
+    ("Resource Class", "resource_class"),
+    ("Target State", "target_provision_state"),
+    ("Last Error", "last_error"),
+];
+
+/// Pages fetched at most when following `next` links (a guard against a looping server).
+const MAX_PAGES: usize = 10_000;
+
+async fn list(a: ListArgs, client: &Client, out: Output) -> Result<()> {
+    let mut query: Vec<(&str, String)> = Vec::new();
+    if let Some(s) = a.provision_state {
+        query.push(("provision_state", s));
+    }
+    if let Some(m) = a.maintenance {
+        query.push(("maintenance", m.to_string()));
+    }
+    if let Some(d) = a.driver {
+        query.push(("driver", d));
+    }
+    if let Some(rc) = a.resource_class {
+        query.push(("resource_class", rc));
+    }
+    if let Some(l) = a.limit {
+        query.push(("limit", l.to_string()));
+    }
+    if let Some(k) = a.sort_key {
+        query.push(("sort_key", k));
+    }
+    if let Some(d) = a.sort_dir {
+        let d = match d {
+            SortDir::Asc => "asc",
+            SortDir::Desc => "desc",
+        };
+        query.push(("sort_dir", d.to_string()));
+    }
+    let first = if a.long {
+        "/v1/nodes/detail"
+    } else {
+        "/v1/nodes"
+    };
+    let mut nodes: Vec<Value> = Vec::new();
+    let mut page = client.get(first, &query).await?;
+    for _ in 0..MAX_PAGES {
+        let items = page
+            .get("nodes")
+            .and_then(Value::as_array)
+            .ok_or_else(|| anyhow!("rivetd answered {first} without a \"nodes\" list"))?;
+        let got = items.len();
+        nodes.extend(items.iter().cloned());
+        if a.limit.is_some() || got == 0 {
+            break;
+        }
+        let Some(next) = page
+            .get("next")
+            .and_then(Value::as_str)
+            .and_then(Client::rebase)
+        else {
+            break;
+        };
+        page = client.get(&next, &[]).await?;
+    }
+    if out.json {
+        output::print_json(&json!({ "nodes": nodes }));
+        return Ok(());
+    }
+    let cols: Vec<(&str, &str)> = if a.long {
+        LIST_COLUMNS.iter().chain(LONG_COLUMNS).copied().collect()
+    } else {
+        LIST_COLUMNS.to_vec()
+    };
+    let headers: Vec<&str> = cols.iter().map(|c| c.0).collect();
+    let keys: Vec<&str> = cols.iter().map(|c| c.1).collect();
+    let mut rows = output::rows(&nodes, &keys);
+    if a.long {
+        for row in &mut rows {
+            if let Some(last) = row.last_mut() {
+                *last = output::truncate(last, 60);
+            }
+        }
+    }
+    print!("{}", output::table(&headers, &rows));
+    Ok(())
+}
+
+async fn provision(
+    client: &Client,
+    out: Output,
+    node: &str,
+    verb: Verb,
+    clean_steps: Option<Vec<RequestedStep>>,
+) -> Result<()> {
+    let body = ProvisionRequest {
+        target: verb,
+        clean_steps,
+        configdrive: None,
+        disable_ramdisk: None,
+    };
+    client
+        .put(
+            &format!("{}/states/provision", node_path(node)),
+            Some(&body),
+        )
+        .await?;
+    out.note(&format!(
+        "Accepted \"{verb}\" for node {node}; follow it with `rivet node wait {node} --state STATE`"
+    ));
+    Ok(())
+}
+
+/// `GET /v1/nodes/{id}/<what>`, printed as JSON. A 404 from a server that does not serve the
+/// endpoint yet is told apart from a missing node.
+async fn sub_document(client: &Client, node: &str, what: &str, label: &str) -> Result<()> {
+    let path = format!("{}/{what}", node_path(node));
+    match client.get(&path, &[]).await {
+        Ok(doc) => {
+            output::print_json(&doc);
+            Ok(())
+        }
+        Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
+            // Is it the node that is missing, or the endpoint?
+            client
+                .get(&node_path(node), &[("fields", "uuid".into())])
+                .await?;
+            bail!(
+                "node {node} has no {label} to show: {e}. This rivetd may not serve \
+                 GET {path} yet, or the node has not been inspected/cleaned"
+            )
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_json_when_they_parse() {
+        assert_eq!(parse_value("8"), json!(8));
+        assert_eq!(parse_value("true"), json!(true));
+        assert_eq!(parse_value("1.2.3.4"), json!("1.2.3.4"));
+        assert_eq!(parse_value("bar"), json!("bar"));
+        assert_eq!(parse_value(r#"{"a":1}"#), json!({"a": 1}));
+        assert_eq!(parse_value(r#""8""#), json!("8"));
+    }
+
+    #[test]
+    fn pairs() {
+        let m = parse_pairs("extra", &["a=1".into(), "b=x=y".into()]).unwrap_or_default();
+        assert_eq!(Value::Object(m), json!({"a": 1, "b": "x=y"}));
+        assert!(parse_pairs("extra", &["novalue".into()]).is_err());
+        assert!(parse_pairs("extra", &["=v".into()]).is_err());
+    }
+
+    #[test]
+    fn patch() {
+        let ops = patch_ops(
+            &["driver_info/ipmi_address=1.2.3.4".into()],
+            &["/extra/foo".into()],
+        )
+        .unwrap_or_default();
+        let v = serde_json::to_value(&ops).unwrap_or_default();
+        assert_eq!(
+            v,
+            json!([
+                {"op": "add", "path": "/driver_info/ipmi_address", "value": "1.2.3.4"},
+                {"op": "remove", "path": "/extra/foo"},
+            ])
+        );
+        assert!(patch_ops(&[], &[]).is_err());
+        assert!(patch_ops(&["extra//x=1".into()], &[]).is_err());
+        assert!(patch_ops(&["noequals".into()], &[]).is_err());
+    }
+
+    #[test]
+    fn steps_parse() {
+        let s = clean_steps(r#"[{"interface":"deploy","step":"erase_devices_metadata"}]"#)
+            .unwrap_or_default();
+        assert_eq!(s.len(), 1);
+        assert!(clean_steps(r#"[{"interface":"deploy"}]"#).is_err());
+        assert!(clean_steps("@/nonexistent/steps.json").is_err());
+    }
+}
