@@ -114,7 +114,10 @@ impl ProvisionState {
     /// Stable states: nothing happens until someone asks.
     pub fn is_stable(self) -> bool {
         use ProvisionState::*;
-        matches!(self, Enroll | Manageable | Available | Active | Error | Rescue)
+        matches!(
+            self,
+            Enroll | Manageable | Available | Active | Error | Rescue
+        )
     }
 
     /// States in which the conductor itself is doing work (no agent involved). A controller

@@ -4,6 +4,7 @@
 //! `{"error_message": "<json with faultstring>"}` with a message that names the node, its
 //! state and what to do. Request bodies are size-limited and strictly typed.
 
+mod agent;
 mod auth;
 mod body;
 mod nodes;
@@ -113,6 +114,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1", get(version::v1))
         .route("/v1/", get(version::v1))
         .merge(admin)
+        .merge(agent::routes())
         .fallback(not_found)
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))

@@ -29,6 +29,7 @@ pub fn routes() -> Router<AppState> {
             put(maintenance_on).delete(maintenance_off),
         )
         .route("/v1/nodes/{ident}/ports", get(node_ports))
+        .route("/v1/nodes/{ident}/inventory", get(inventory))
 }
 
 const LIST_PARAMS: &[&str] = &[
@@ -461,9 +462,11 @@ async fn provision(
     State(state): State<AppState>,
     headers: HeaderMap,
     Extension(ApiVersion(version)): Extension<ApiVersion>,
+    Extension(caller): Extension<super::auth::Caller>,
     Path(ident): Path<String>,
     JsonBody(req): JsonBody<ProvisionRequest>,
 ) -> ApiResult<Response> {
+    tracing::info!(node = %ident, caller = %caller.0, target = %req.target, "provision request");
     let node = state.conductor.provision(&ident, &req, version).await?;
     Ok(accepted(&headers, &node))
 }
@@ -521,5 +524,31 @@ async fn node_ports(
     let base = base_url(&headers);
     Ok(Json(json!({
         "ports": ports.iter().map(|p| Value::Object(render::port_full(p, &base))).collect::<Vec<_>>()
+    })))
+}
+
+async fn inventory(
+    State(state): State<AppState>,
+    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    Path(ident): Path<String>,
+) -> ApiResult<Json<Value>> {
+    if version < (1, 81) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "the inventory endpoint needs API version 1.81 or later",
+        ));
+    }
+    let node = state.conductor.store.get_node(&ident).await?;
+    let (inventory, at) = state.conductor.store.get_inventory(&node.uuid).await.map_err(|e| match e {
+        crate::store::StoreError::NotFound { .. } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("node {} has no inventory yet: its ramdisk has not reported one (inspect or clean it)", node.ident()),
+        ),
+        e => e.into(),
+    })?;
+    Ok(Json(json!({
+        "inventory": inventory,
+        "plugin_data": {},
+        "collected_at": at.to_rfc3339(),
     })))
 }

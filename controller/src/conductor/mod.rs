@@ -6,6 +6,7 @@
 //! what the store says. Work for one node runs in at most one task at a time; while it runs
 //! the node carries this conductor's id in `reservation`.
 
+pub mod agent;
 mod errors;
 mod periodic;
 mod verbs;
@@ -18,7 +19,7 @@ use crate::fsm::{self, Event};
 use crate::store::{Node, Store, StoreError};
 use chrono::Utc;
 use rivet_protocol::states::{PowerState, ProvisionState};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// The conductor and everything it needs.
@@ -31,6 +32,8 @@ pub struct Conductor {
     pub fake: Arc<FakeBmc>,
     /// Nodes with a task running in this process.
     running: Mutex<HashSet<String>>,
+    /// Per-node wake-ups of agent long polls.
+    wakeups: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
 
 /// What one step of a node's operation decided.
@@ -49,6 +52,7 @@ impl Conductor {
             config,
             fake: Arc::new(FakeBmc::default()),
             running: Mutex::new(HashSet::new()),
+            wakeups: Mutex::new(HashMap::new()),
         })
     }
 
@@ -250,9 +254,11 @@ impl Conductor {
         if !to.is_conductor_busy() {
             node.reservation = None;
         }
-        if to.is_stable() {
+        if to.is_stable() || to.is_failed() {
             node.clean_step = None;
             node.deploy_step = None;
+            // The ramdisk's token belongs to one boot and one operation.
+            node.driver_internal_info.remove("agent_token_hash");
         }
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
         Ok(self.store.update_node(&node).await?)

@@ -8,6 +8,7 @@ pub mod sqlite;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use rivet_protocol::agent::{Command, CommandResult};
 use rivet_protocol::states::{PowerState, ProvisionState};
 use serde_json::{Map, Value};
 
@@ -263,6 +264,42 @@ pub trait Store: Send + Sync {
     async fn delete_port(&self, uuid: &str) -> Result<(), StoreError>;
     /// Node UUID owning any of these MACs (lookup).
     async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError>;
+    /// Node UUID whose `properties.system_uuid` or `properties.system_serial` matches.
+    async fn node_by_system(
+        &self,
+        system_uuid: Option<&str>,
+        serial: Option<&str>,
+    ) -> Result<Option<String>, StoreError>;
+
+    /// Queue a command for a node's agent.
+    async fn enqueue_command(&self, node_uuid: &str, command: &Command) -> Result<(), StoreError>;
+    /// A node's commands without a result, oldest first.
+    async fn pending_commands(&self, node_uuid: &str) -> Result<Vec<Command>, StoreError>;
+    /// Store a command's result. `Ok(true)` when it is new, `Ok(false)` when it was already
+    /// stored (a re-delivery), `NotFound` when no such command was queued for the node.
+    async fn record_result(
+        &self,
+        node_uuid: &str,
+        result: &CommandResult,
+    ) -> Result<bool, StoreError>;
+    /// A command and its result, if any.
+    async fn command(&self, node_uuid: &str, id: &str) -> Result<StoredCommand, StoreError>;
+    /// Drop a node's queued commands that have no result (a new ramdisk boot starts afresh).
+    async fn cancel_pending(&self, node_uuid: &str) -> Result<u64, StoreError>;
+
+    /// Store the inventory the agent reported.
+    async fn save_inventory(&self, node_uuid: &str, inventory: &Value) -> Result<(), StoreError>;
+    /// The last inventory and when it was collected.
+    async fn get_inventory(&self, node_uuid: &str) -> Result<(Value, DateTime<Utc>), StoreError>;
+}
+
+/// A queued agent command and its result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredCommand {
+    /// The command.
+    pub command: Command,
+    /// Its result once the agent reported it.
+    pub result: Option<CommandResult>,
 }
 
 /// Open the store named by a `--db` URL (`sqlite:PATH`).

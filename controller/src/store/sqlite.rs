@@ -3,16 +3,20 @@
 //! Calls run inline under a mutex: each is a short local operation (tens of microseconds), so
 //! handing it to a thread pool would cost more than it saves. JSON fields are stored as text.
 
-use super::{Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, NODE_SORT_KEYS};
+use super::{
+    Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
+use rivet_protocol::agent::{Command, CommandResult};
 use rivet_protocol::states::ProvisionState;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{Map, Value};
 use std::sync::Mutex;
 
 /// Schema migrations, applied in order; index + 1 is the schema version.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE nodes (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     uuid TEXT NOT NULL UNIQUE,
@@ -57,7 +61,26 @@ CREATE TABLE ports (
     version INTEGER NOT NULL
 );
 CREATE INDEX ports_node ON ports(node_uuid);
-"#];
+"#,
+    r#"
+CREATE TABLE agent_commands (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    command TEXT NOT NULL,
+    result TEXT,
+    cancelled INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL,
+    finished_at TEXT
+);
+CREATE INDEX agent_commands_node ON agent_commands(node_uuid, result);
+CREATE TABLE node_inventory (
+    node_uuid TEXT PRIMARY KEY REFERENCES nodes(uuid) ON DELETE CASCADE,
+    inventory TEXT NOT NULL,
+    collected_at TEXT NOT NULL
+);
+"#,
+];
 
 /// The schema version this build knows.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -662,6 +685,165 @@ impl Store for SqliteStore {
             )
             .optional()
             .map_err(backend)
+        })
+    }
+
+    async fn node_by_system(
+        &self,
+        system_uuid: Option<&str>,
+        serial: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        if system_uuid.is_none() && serial.is_none() {
+            return Ok(None);
+        }
+        self.with(|c| {
+            c.query_row(
+                "SELECT uuid FROM nodes WHERE (?1 IS NOT NULL AND lower(json_extract(properties, '$.system_uuid')) = lower(?1)) \
+                 OR (?2 IS NOT NULL AND json_extract(properties, '$.system_serial') = ?2) LIMIT 1",
+                params![system_uuid, serial],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(backend)
+        })
+    }
+
+    async fn enqueue_command(&self, node_uuid: &str, command: &Command) -> Result<(), StoreError> {
+        let text = serde_json::to_string(command).map_err(backend)?;
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO agent_commands (id, node_uuid, command, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![command.id, node_uuid, text, ts(&Utc::now())],
+            )
+            .map_err(|e| match unique_violation(&e) {
+                Some(_) => StoreError::Duplicate(format!("command {} already queued", command.id)),
+                None => backend(e),
+            })?;
+            Ok(())
+        })
+    }
+
+    async fn pending_commands(&self, node_uuid: &str) -> Result<Vec<Command>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT command FROM agent_commands WHERE node_uuid = ?1 AND result IS NULL \
+                     AND cancelled = 0 ORDER BY seq",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([node_uuid], |r| r.get::<_, String>(0))
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            for text in rows {
+                let text = text.map_err(backend)?;
+                out.push(serde_json::from_str(&text).map_err(backend)?);
+            }
+            Ok(out)
+        })
+    }
+
+    async fn record_result(
+        &self,
+        node_uuid: &str,
+        result: &CommandResult,
+    ) -> Result<bool, StoreError> {
+        let text = serde_json::to_string(result).map_err(backend)?;
+        self.with(|c| {
+            let n = c
+                .execute(
+                    "UPDATE agent_commands SET result = ?3, finished_at = ?4 \
+                     WHERE node_uuid = ?1 AND id = ?2 AND result IS NULL",
+                    params![node_uuid, result.id, text, ts(&Utc::now())],
+                )
+                .map_err(backend)?;
+            if n == 1 {
+                return Ok(true);
+            }
+            let known: Option<i64> = c
+                .query_row(
+                    "SELECT seq FROM agent_commands WHERE node_uuid = ?1 AND id = ?2",
+                    params![node_uuid, result.id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(backend)?;
+            match known {
+                Some(_) => Ok(false),
+                None => Err(StoreError::NotFound {
+                    kind: "command",
+                    ident: result.id.clone(),
+                }),
+            }
+        })
+    }
+
+    async fn command(&self, node_uuid: &str, id: &str) -> Result<StoredCommand, StoreError> {
+        self.with(|c| {
+            let row: Option<(String, Option<String>)> = c
+                .query_row(
+                    "SELECT command, result FROM agent_commands WHERE node_uuid = ?1 AND id = ?2",
+                    params![node_uuid, id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(backend)?;
+            let (cmd, res) = row.ok_or_else(|| StoreError::NotFound {
+                kind: "command",
+                ident: id.to_string(),
+            })?;
+            Ok(StoredCommand {
+                command: serde_json::from_str(&cmd).map_err(backend)?,
+                result: res
+                    .map(|r| serde_json::from_str(&r))
+                    .transpose()
+                    .map_err(backend)?,
+            })
+        })
+    }
+
+    async fn cancel_pending(&self, node_uuid: &str) -> Result<u64, StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE agent_commands SET cancelled = 1 WHERE node_uuid = ?1 AND result IS NULL",
+                [node_uuid],
+            )
+            .map(|n| n as u64)
+            .map_err(backend)
+        })
+    }
+
+    async fn save_inventory(&self, node_uuid: &str, inventory: &Value) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO node_inventory (node_uuid, inventory, collected_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT(node_uuid) DO UPDATE SET inventory = excluded.inventory, \
+                 collected_at = excluded.collected_at",
+                params![node_uuid, inventory.to_string(), ts(&Utc::now())],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    async fn get_inventory(&self, node_uuid: &str) -> Result<(Value, DateTime<Utc>), StoreError> {
+        self.with(|c| {
+            let row: Option<(String, String)> = c
+                .query_row(
+                    "SELECT inventory, collected_at FROM node_inventory WHERE node_uuid = ?1",
+                    [node_uuid],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(backend)?;
+            let (inv, at) = row.ok_or_else(|| StoreError::NotFound {
+                kind: "inventory of node",
+                ident: node_uuid.to_string(),
+            })?;
+            Ok((
+                serde_json::from_str(&inv).map_err(backend)?,
+                parse_ts(Some(at)).unwrap_or_else(Utc::now),
+            ))
         })
     }
 }

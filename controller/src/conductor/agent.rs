@@ -1,0 +1,322 @@
+//! The controller's side of the agent protocol: lookup, token, heartbeat long poll, the
+//! per-node command queue and result intake.
+
+use super::{Conductor, ConductorError};
+use crate::config::{constant_time_eq, hex};
+use crate::store::{normalize_mac, Node, StoreError};
+use base64::Engine;
+use chrono::Utc;
+use rivet_protocol::agent::{
+    AgentConfig, Command, CommandKind, CommandResult, CommandStatus, HeartbeatRequest,
+    HeartbeatResponse, LookupRequest, LookupResponse,
+};
+use rivet_protocol::states::ProvisionState;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// States in which a ramdisk is expected and may look up.
+pub const LOOKUP_ALLOWED: &[ProvisionState] = &[
+    ProvisionState::Cleaning,
+    ProvisionState::CleanWait,
+    ProvisionState::CleanHold,
+    ProvisionState::Inspecting,
+    ProvisionState::InspectWait,
+    ProvisionState::Deploying,
+    ProvisionState::WaitCallBack,
+    ProvisionState::Rescuing,
+    ProvisionState::RescueWait,
+];
+
+/// Why an agent request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Unknown hardware or a node that expects no ramdisk (one message for both, on purpose).
+    #[error("no node is waiting for a ramdisk with these identifiers")]
+    NotFound,
+    /// Missing or wrong token.
+    #[error("agent token missing or invalid for this node; look up again after a fresh boot")]
+    Unauthorized,
+    /// Malformed request.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Conductor/store failure.
+    #[error(transparent)]
+    Conductor(#[from] ConductorError),
+}
+
+impl From<StoreError> for AgentError {
+    fn from(e: StoreError) -> Self {
+        AgentError::Conductor(e.into())
+    }
+}
+
+fn token_hash(token: &str) -> String {
+    hex(&Sha256::digest(token.as_bytes()))
+}
+
+fn new_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+impl Conductor {
+    /// The wake-up handle of a node's long polls.
+    pub fn wakeup(&self, uuid: &str) -> Arc<Notify> {
+        let mut map = match self.wakeups.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.entry(uuid.to_string())
+            .or_insert_with(|| Arc::new(Notify::new()))
+            .clone()
+    }
+
+    /// Queue a command for a node's agent and wake its long poll. Returns the command id.
+    pub async fn send_command(
+        &self,
+        uuid: &str,
+        kind: CommandKind,
+    ) -> Result<String, ConductorError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let command = Command {
+            id: id.clone(),
+            kind,
+        };
+        self.store.enqueue_command(uuid, &command).await?;
+        tracing::info!(node = %uuid, command = command.kind.name(), id = %id, "command queued for agent");
+        self.wakeup(uuid).notify_waiters();
+        Ok(id)
+    }
+
+    async fn find_for_lookup(&self, req: &LookupRequest) -> Result<Option<Node>, StoreError> {
+        if let Some(u) = &req.node_uuid {
+            match self.store.get_node(u).await {
+                Ok(n) => return Ok(Some(n)),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let macs: Vec<String> = req.macs.iter().filter_map(|m| normalize_mac(m)).collect();
+        let found = match self.store.node_by_macs(&macs).await? {
+            Some(u) => Some(u),
+            None => {
+                self.store
+                    .node_by_system(req.system_uuid.as_deref(), req.system_serial.as_deref())
+                    .await?
+            }
+        };
+        match found {
+            Some(u) => Ok(Some(self.store.get_node(&u).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `POST /agent/v1/lookup`: find the node; hand out the token once per ramdisk boot.
+    pub async fn lookup(&self, req: &LookupRequest) -> Result<LookupResponse, AgentError> {
+        if req.macs.is_empty()
+            && req.system_uuid.is_none()
+            && req.system_serial.is_none()
+            && req.node_uuid.is_none()
+        {
+            return Err(AgentError::BadRequest(
+                "lookup needs at least one of macs, system_uuid, system_serial, node_uuid".into(),
+            ));
+        }
+        for _ in 0..5 {
+            let Some(mut node) = self.find_for_lookup(req).await? else {
+                return Err(AgentError::NotFound);
+            };
+            if !LOOKUP_ALLOWED.contains(&node.provision_state) {
+                tracing::info!(node = %node.uuid, state = %node.provision_state, "lookup refused: node expects no ramdisk");
+                return Err(AgentError::NotFound);
+            }
+            let token = if node.driver_internal_info.contains_key("agent_token_hash") {
+                None
+            } else {
+                let t = new_token();
+                node.driver_internal_info
+                    .insert("agent_token_hash".into(), Value::from(token_hash(&t)));
+                Some(t)
+            };
+            node.driver_internal_info.insert(
+                "agent_version".into(),
+                Value::from(req.agent_version.clone()),
+            );
+            let uuid = node.uuid.clone();
+            match self.store.update_node(&node).await {
+                Ok(_) => {}
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            if token.is_some() {
+                // A fresh ramdisk boot: what an earlier boot was asked to do is void; start
+                // the conversation with the inventory.
+                self.store.cancel_pending(&uuid).await?;
+                self.send_command(&uuid, CommandKind::GetInventory).await?;
+                tracing::info!(node = %uuid, "agent looked up; token issued for this boot");
+            } else {
+                tracing::info!(node = %uuid, "agent looked up again; token already issued for this boot");
+            }
+            return Ok(LookupResponse {
+                node_uuid: uuid,
+                node_name: node.name.clone(),
+                agent_token: token,
+                config: AgentConfig {
+                    long_poll_s: self.config.agent.long_poll_s,
+                    heartbeat_timeout_s: self.config.agent.heartbeat_timeout_s,
+                },
+            });
+        }
+        Err(AgentError::Conductor(ConductorError::BadRequest(
+            "node kept changing during lookup; retry".into(),
+        )))
+    }
+
+    fn check_token(node: &Node, token: Option<&str>) -> Result<(), AgentError> {
+        let stored = node
+            .driver_internal_info
+            .get("agent_token_hash")
+            .and_then(Value::as_str)
+            .ok_or(AgentError::Unauthorized)?;
+        let token = token.ok_or(AgentError::Unauthorized)?;
+        if constant_time_eq(token_hash(token).as_bytes(), stored.as_bytes()) {
+            Ok(())
+        } else {
+            Err(AgentError::Unauthorized)
+        }
+    }
+
+    /// Take in the results of a heartbeat; returns the ids to ack.
+    async fn intake(
+        &self,
+        node: &Node,
+        results: &[CommandResult],
+    ) -> Result<Vec<String>, AgentError> {
+        let mut acks = Vec::new();
+        for r in results {
+            match self.store.record_result(&node.uuid, r).await {
+                Ok(true) => {
+                    tracing::info!(node = %node.uuid, command = %r.name, id = %r.id, status = ?r.status, "agent result received");
+                    if r.name == "get_inventory" && r.status == CommandStatus::Succeeded {
+                        if let Some(inv) = r.result.get("inventory") {
+                            self.store.save_inventory(&node.uuid, inv).await?;
+                        }
+                    }
+                }
+                Ok(false) => {
+                    tracing::debug!(node = %node.uuid, id = %r.id, "duplicate result ignored");
+                }
+                Err(StoreError::NotFound { .. }) => {
+                    tracing::warn!(node = %node.uuid, id = %r.id, "result for a command this controller never queued; dropped");
+                }
+                Err(e) => return Err(e.into()),
+            }
+            acks.push(r.id.clone());
+        }
+        Ok(acks)
+    }
+
+    /// The command to hand the agent now, if any.
+    async fn next_command(
+        &self,
+        uuid: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<Option<Command>, AgentError> {
+        let pending = self.store.pending_commands(uuid).await?;
+        let reported: Vec<&str> = req.results.iter().map(|r| r.id.as_str()).collect();
+        let running = req.running.as_ref().map(|r| r.id.as_str());
+        // Aborts may overtake a running step; anything else waits for the agent to be idle.
+        if running.is_some() {
+            return Ok(pending.into_iter().find(|c| {
+                matches!(c.kind, CommandKind::Abort { .. }) && Some(c.id.as_str()) != running
+            }));
+        }
+        Ok(pending
+            .into_iter()
+            .find(|c| !reported.contains(&c.id.as_str())))
+    }
+
+    /// `POST /agent/v1/heartbeat/{node}`: record, ack, and hand out at most one command,
+    /// holding the request open up to `long_poll_s` when there is nothing to send.
+    pub async fn heartbeat(
+        &self,
+        ident: &str,
+        token: Option<&str>,
+        req: HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, AgentError> {
+        let mut node = match self.store.get_node(ident).await {
+            Ok(n) => n,
+            Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
+            Err(e) => return Err(e.into()),
+        };
+        Self::check_token(&node, token)?;
+        let uuid = node.uuid.clone();
+        let acks = self.intake(&node, &req.results).await?;
+
+        // Record liveness; in a wait state a heartbeat also keeps the timeout away.
+        for _ in 0..5 {
+            node.driver_internal_info.insert(
+                "agent_last_heartbeat".into(),
+                Value::from(Utc::now().to_rfc3339()),
+            );
+            node.driver_internal_info.insert(
+                "agent_version".into(),
+                Value::from(req.agent_version.clone()),
+            );
+            if node.provision_state.is_wait() {
+                node.provision_updated_at = Some(Utc::now());
+            }
+            if let (Some(step), Some(running)) = (node.clean_step.as_mut(), req.running.as_ref()) {
+                if let (Some(obj), Some(p)) = (step.as_object_mut(), running.progress.as_ref()) {
+                    obj.insert(
+                        "progress".into(),
+                        serde_json::to_value(p).unwrap_or(Value::Null),
+                    );
+                }
+            }
+            match self.store.update_node(&node).await {
+                Ok(_) => break,
+                Err(StoreError::Conflict { .. }) => {
+                    node = self.store.get_node(&uuid).await?;
+                    Self::check_token(&node, token)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !acks.is_empty() {
+            // Results may move the node's operation on.
+            self.on_results(&uuid);
+        }
+
+        let wake = self.wakeup(&uuid);
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if let Some(cmd) = self.next_command(&uuid, &req).await? {
+            return Ok(HeartbeatResponse {
+                command: Some(cmd),
+                acks,
+            });
+        }
+        if !req.wait {
+            return Ok(HeartbeatResponse {
+                command: None,
+                acks,
+            });
+        }
+        let long_poll = Duration::from_secs(self.config.agent.long_poll_s);
+        let _ = tokio::time::timeout(long_poll, notified).await;
+        let command = self.next_command(&uuid, &req).await?;
+        Ok(HeartbeatResponse { command, acks })
+    }
+
+    /// Hook for new agent results: the cleaning/inspection engines drive the node on.
+    fn on_results(&self, uuid: &str) {
+        tracing::debug!(node = %uuid, "agent results stored");
+    }
+}
