@@ -287,6 +287,35 @@ impl Target {
         v
     }
 
+    /// Other loop devices over the same backing file (a partition view made with
+    /// `losetup --offset`, a second attach): mounting one of them is mounting this disk.
+    pub fn loop_aliases(&self) -> Vec<DevNo> {
+        let TargetKind::Block { name, .. } = &self.kind else {
+            return Vec::new();
+        };
+        let backing = |n: &str| read_trim(format!("/sys/block/{n}/loop/backing_file"));
+        let Some(mine) = backing(name).filter(|b| !b.is_empty()) else {
+            return Vec::new();
+        };
+        let Ok(rd) = fs::read_dir("/sys/block") else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                (n.starts_with("loop")
+                    && n != *name
+                    && backing(&n).as_deref() == Some(mine.as_str()))
+                .then(|| {
+                    read_trim(e.path().join("dev"))
+                        .as_deref()
+                        .and_then(parse_devno)
+                })
+                .flatten()
+            })
+            .collect()
+    }
+
     /// Device number of the whole disk this target lives on (itself if it is one).
     pub fn disk_devno(&self) -> Option<DevNo> {
         match &self.kind {
@@ -527,6 +556,8 @@ pub fn check(
     if force {
         return Ok(None);
     }
+    let mut devs = devs;
+    devs.extend(t.loop_aliases());
     if let Some(m) = mounts.iter().find(|m| devs.contains(&m.dev)) {
         return Err(EraseError::Mounted {
             device: path,
