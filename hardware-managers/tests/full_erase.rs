@@ -54,7 +54,11 @@ fn full_erase_zeroes_a_sparse_file_with_a_random_pass() -> anyhow::Result<()> {
     let (d, _) = generic_over(vec![file.clone()]);
     let ctx = StepContext::new();
     let r = d.execute("erase_devices", &args(json!({"random_passes": 1})), &ctx)?;
-    assert_eq!(r["devices"][0]["method"], json!("random overwrite + zero overwrite"), "{r}");
+    assert_eq!(
+        r["devices"][0]["method"],
+        json!("random overwrite + zero overwrite"),
+        "{r}"
+    );
     assert_eq!(first_nonzero(&file)?, None);
     assert_eq!(std::fs::metadata(&file)?.len(), size, "size unchanged");
     let p = ctx.progress().expect("progress");
@@ -113,7 +117,9 @@ fn abort_within_a_second(device: std::path::PathBuf) -> anyhow::Result<()> {
         std::thread::spawn(move || {
             // Wait until the erase is really writing, then cancel.
             let deadline = Instant::now() + Duration::from_secs(20);
-            while ctx.progress().map(|p| p.done).unwrap_or(0) < 64 * MIB && Instant::now() < deadline {
+            while ctx.progress().map(|p| p.done).unwrap_or(0) < 64 * MIB
+                && Instant::now() < deadline
+            {
                 std::thread::sleep(Duration::from_millis(5));
             }
             ctx.cancel();
@@ -124,9 +130,15 @@ fn abort_within_a_second(device: std::path::PathBuf) -> anyhow::Result<()> {
     let r = d.execute("erase_devices", &args(json!({"random_passes": 1})), &ctx);
     let returned = Instant::now();
     let cancelled_at = canceller.join().expect("canceller thread");
-    assert!(matches!(r, Err(StepError::Aborted)), "expected Aborted, got {r:?}");
+    assert!(
+        matches!(r, Err(StepError::Aborted)),
+        "expected Aborted, got {r:?}"
+    );
     let latency = returned.saturating_duration_since(cancelled_at);
-    eprintln!("abort latency: {latency:?}, progress at abort: {:?}", ctx.progress());
+    eprintln!(
+        "abort latency: {latency:?}, progress at abort: {:?}",
+        ctx.progress()
+    );
     assert!(latency < Duration::from_secs(1), "took {latency:?} to stop");
     let p = ctx.progress().expect("progress");
     assert!(p.done < p.total, "the erase must not have finished: {p:?}");

@@ -41,7 +41,13 @@ fn skip_list_from_config_and_loop_device_name() -> anyhow::Result<()> {
     let g = rivet_hardware_managers::GenericManager::new(&cfg);
     let d = rivet_hardware_managers::Dispatcher::new(vec![std::sync::Arc::new(g)]);
     let r = step(&d, "erase_devices_metadata", json!({}))?;
-    assert!(r["skipped"][0]["reason"].as_str().unwrap_or("").contains("skip list"), "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("skip list"),
+        "{r}"
+    );
     assert_eq!(read_at(&file, 0, 4096)?, pattern(4096, 3));
     Ok(())
 }
@@ -74,14 +80,21 @@ fn mounted_device_is_refused_naming_device_and_mountpoint() -> anyhow::Result<()
     let mnt = dir.path().join("mnt");
     let guard = MountGuard::mount(disk.as_str(), &mnt)?;
     let (d, _) = generic_over(vec![disk.path.clone()]);
-    for s in ["erase_devices_metadata", "erase_devices", "erase_devices_express"] {
+    for s in [
+        "erase_devices_metadata",
+        "erase_devices",
+        "erase_devices_express",
+    ] {
         let e = step(&d, s, json!({})).expect_err("mounted device must be refused");
         let msg = e.to_string();
         assert!(msg.contains(disk.as_str()), "{msg}");
         assert!(msg.contains(&*mnt.to_string_lossy()), "{msg}");
         assert!(msg.contains("force"), "says how to override: {msg}");
     }
-    assert!(blkid_probe(disk.as_str(), None)?.is_some(), "filesystem untouched");
+    assert!(
+        blkid_probe(disk.as_str(), None)?.is_some(),
+        "filesystem untouched"
+    );
     // force overrides the refusal (the filesystem is then unmounted by the guard).
     let r = step(&d, "erase_devices_metadata", json!({"force": true}))?;
     assert_eq!(r["devices"][0]["device"], json!(disk.as_str()));
