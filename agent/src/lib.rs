@@ -33,6 +33,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// Tests may unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod backoff;
 pub mod cli;
