@@ -11,6 +11,7 @@
 //! In-process use (tests, simulators):
 //! ```no_run
 //! # async fn demo() -> Result<(), rivet_agent::client::ClientError> {
+//! use rivet_agent::inventory::InventoryOptions;
 //! use rivet_agent::{Agent, AgentOptions, Executor, ExecutorOptions, HttpTransport, LogRing};
 //! use rivet_hardware_managers::{default_managers, Dispatcher, ManagerConfig};
 //! use std::sync::Arc;
@@ -18,11 +19,13 @@
 //! let devices = vec!["/tmp/disk0.img".into()];
 //! let mcfg = ManagerConfig { devices: Some(devices.clone()), ..Default::default() };
 //! let dispatcher = Arc::new(Dispatcher::new(default_managers(&mcfg)));
-//! let mut opts = AgentOptions::default();
-//! opts.controllers = vec!["http://127.0.0.1:6385".into()];
-//! opts.inventory.devices = Some(devices.clone());
-//! let mut exec_opts = ExecutorOptions::default();
-//! exec_opts.inventory.devices = Some(devices);
+//! let inventory = InventoryOptions { devices: Some(devices), ..Default::default() };
+//! let opts = AgentOptions {
+//!     controllers: vec!["http://127.0.0.1:6385".into()],
+//!     inventory: inventory.clone(),
+//!     ..Default::default()
+//! };
+//! let exec_opts = ExecutorOptions { inventory, ..Default::default() };
 //! let executor = Executor::new(dispatcher.clone(), exec_opts, LogRing::new(50, true));
 //! let agent = Agent::new(opts, HttpTransport::new(None)?, dispatcher, executor);
 //! let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

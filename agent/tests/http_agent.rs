@@ -2,6 +2,7 @@
 //! enough HTTP/1.1): paths, bearer token, lookup fail-over, command → result → ack.
 #![allow(clippy::unwrap_used)]
 
+use rivet_agent::inventory::InventoryOptions;
 use rivet_agent::{
     Agent, AgentOptions, BackoffConfig, Executor, ExecutorOptions, HttpTransport, LogRing,
 };
@@ -132,15 +133,20 @@ async fn lookup_heartbeat_command_result_ack_over_http() {
         ExecutorOptions::default(),
         LogRing::new(50, false),
     );
-    let mut opts = AgentOptions::default();
-    opts.controllers = vec![dead, good];
-    opts.backoff = BackoffConfig {
-        base: Duration::from_millis(5),
-        cap: Duration::from_millis(20),
+    let opts = AgentOptions {
+        controllers: vec![dead, good],
+        backoff: BackoffConfig {
+            base: Duration::from_millis(5),
+            cap: Duration::from_millis(20),
+        },
+        progress_interval: Duration::from_millis(20),
+        min_interval: Duration::from_millis(20),
+        inventory: InventoryOptions {
+            skip_bmc: true,
+            ..Default::default()
+        },
+        ..Default::default()
     };
-    opts.progress_interval = Duration::from_millis(20);
-    opts.min_interval = Duration::from_millis(20);
-    opts.inventory.skip_bmc = true;
     let agent = Agent::new(
         opts,
         HttpTransport::new(None).unwrap(),
