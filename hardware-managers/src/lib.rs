@@ -4,6 +4,11 @@
 //! with the highest [`SupportLevel`] that offers it runs it; for inventory every manager
 //! contributes, lowest level first), the generic manager and the exec-plugin adapter. It must
 //! not talk to the controller: the agent crate owns the network.
+//!
+//! Modules: [`generic`] (IPA's erase steps), [`erase`] (the erase engine: device safety,
+//! metadata wipe, NVMe/ATA secure erase, zeroing, verification; ioctls in `erase::ioctl`),
+//! [`plugin`] (exec plugins, protocol in `PLUGINS.md`), [`example_vendor`] (a compiled-in
+//! vendor manager to copy). Everything here blocks: the agent calls it on a blocking thread.
 #![warn(missing_docs)]
 
 use rivet_protocol::agent::Progress;
