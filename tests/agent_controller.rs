@@ -76,20 +76,27 @@ impl Harness {
             started: started.clone(),
         })];
         let dispatcher = Arc::new(Dispatcher::new(managers));
-        let mut opts = AgentOptions::default();
-        opts.controllers = vec![controller.to_string()];
-        opts.node = Some(node.to_string());
-        opts.backoff = BackoffConfig {
-            base: Duration::from_millis(100),
-            cap: Duration::from_millis(500),
+        let inventory = rivet_agent::inventory::InventoryOptions {
+            devices: Some(vec![]),
+            skip_bmc: true,
+            ..Default::default()
         };
-        opts.progress_interval = Duration::from_millis(200);
-        opts.min_interval = Duration::from_millis(100);
-        opts.inventory.devices = Some(vec![]);
-        opts.inventory.skip_bmc = true;
-        let mut eopts = ExecutorOptions::default();
-        eopts.inventory.devices = Some(vec![]);
-        eopts.inventory.skip_bmc = true;
+        let opts = AgentOptions {
+            controllers: vec![controller.to_string()],
+            node: Some(node.to_string()),
+            backoff: BackoffConfig {
+                base: Duration::from_millis(100),
+                cap: Duration::from_millis(500),
+            },
+            progress_interval: Duration::from_millis(200),
+            min_interval: Duration::from_millis(100),
+            inventory: inventory.clone(),
+            ..Default::default()
+        };
+        let eopts = ExecutorOptions {
+            inventory,
+            ..Default::default()
+        };
         let executor = Executor::new(dispatcher.clone(), eopts, LogRing::new(50, false));
         let transport = HttpTransport::new(None).expect("transport");
         let agent = Agent::new(opts, transport, dispatcher, executor);

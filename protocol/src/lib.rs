@@ -5,6 +5,8 @@
 //! and the provision state names ([`states`]). It must not do I/O or hold behaviour beyond
 //! parsing and naming: the state table lives in the controller, collection in the agent.
 #![warn(missing_docs)]
+// Tests may unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod agent;
 pub mod api;

@@ -36,14 +36,6 @@ pub struct Conductor {
     wakeups: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
 
-/// What one step of a node's operation decided.
-enum Next {
-    /// Written a new state; decide again.
-    Continue(Node),
-    /// Nothing more to do until something external happens.
-    Idle,
-}
-
 impl Conductor {
     /// A conductor over `store`.
     pub fn new(store: Arc<dyn Store>, config: Config) -> Arc<Conductor> {
@@ -111,8 +103,8 @@ impl Conductor {
                 return Ok(());
             }
             match self.step(node.clone()).await {
-                Ok(Next::Continue(n)) => node = n,
-                Ok(Next::Idle) => return Ok(()),
+                Ok(Some(n)) => node = n,
+                Ok(None) => return Ok(()),
                 // Someone else wrote (an API call, the periodic scan): decide again from the
                 // stored node, which is what level-triggered means.
                 Err(ConductorError::Store(StoreError::Conflict { .. })) => {
@@ -123,8 +115,9 @@ impl Conductor {
         }
     }
 
-    /// One decision for a node in a conductor-busy state.
-    async fn step(&self, mut node: Node) -> Result<Next, ConductorError> {
+    /// One decision for a node in a conductor-busy state: the node as written, or `None`
+    /// when nothing more can happen until something external does.
+    async fn step(&self, mut node: Node) -> Result<Option<Node>, ConductorError> {
         use ProvisionState::*;
         if node.reservation.as_deref() != Some(self.id()) {
             node.reservation = Some(self.id().to_string());
@@ -133,7 +126,7 @@ impl Conductor {
         }
         let bmc = match self.bmc(&node) {
             Ok(b) => b,
-            Err(e) => return self.fail(node, &e.to_string()).await.map(Next::Continue),
+            Err(e) => return self.fail(node, &e.to_string()).await.map(Some),
         };
         match node.provision_state {
             Verifying => {
@@ -144,16 +137,14 @@ impl Conductor {
                 match checked {
                     Ok(power) => {
                         node.power_state = Some(power);
-                        self.event(node, Event::Done, None)
-                            .await
-                            .map(Next::Continue)
+                        self.event(node, Event::Done, None).await.map(Some)
                     }
                     Err(e) => {
                         let msg = format!(
                             "failed to verify the BMC of node {}: {e}; fix driver_info and run `manage` again",
                             node.ident()
                         );
-                        self.fail(node, &msg).await.map(Next::Continue)
+                        self.fail(node, &msg).await.map(Some)
                     }
                 }
             }
@@ -167,32 +158,30 @@ impl Conductor {
                         "failed to power off node {} during tear-down: {e}",
                         node.ident()
                     );
-                    return self.fail(node, &msg).await.map(Next::Continue);
+                    return self.fail(node, &msg).await.map(Some);
                 }
                 node.power_state = Some(PowerState::Off);
                 node.instance_uuid = None;
-                self.event(node, Event::Clean, None)
-                    .await
-                    .map(Next::Continue)
+                self.event(node, Event::Clean, None).await.map(Some)
             }
             // fake-hardware has no deploy, inspect, adopt or rescue work: they succeed at once.
-            Deploying | Inspecting | Adopting | Rescuing | Unrescuing => self
-                .event(node, Event::Done, None)
-                .await
-                .map(Next::Continue),
-            _ => Ok(Next::Idle),
+            Deploying | Inspecting | Adopting | Rescuing | Unrescuing => {
+                self.event(node, Event::Done, None).await.map(Some)
+            }
+            _ => Ok(None),
         }
     }
 
     /// Cleaning: skip when automated cleaning is off, else boot the ramdisk and wait for it.
-    async fn step_cleaning(&self, mut node: Node, bmc: &dyn Bmc) -> Result<Next, ConductorError> {
+    async fn step_cleaning(
+        &self,
+        mut node: Node,
+        bmc: &dyn Bmc,
+    ) -> Result<Option<Node>, ConductorError> {
         let manual = node.target_provision_state == Some(ProvisionState::Manageable);
         if !manual && !self.automated_clean_enabled(&node) {
             tracing::info!(node = %node.uuid, "automated cleaning disabled; node becomes available");
-            return self
-                .event(node, Event::Done, None)
-                .await
-                .map(Next::Continue);
+            return self.event(node, Event::Done, None).await.map(Some);
         }
         let booted = async {
             bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
@@ -206,16 +195,14 @@ impl Conductor {
                 "failed to boot the cleaning ramdisk on node {}: {e}",
                 node.ident()
             );
-            return self.fail(node, &msg).await.map(Next::Continue);
+            return self.fail(node, &msg).await.map(Some);
         }
         node.power_state = Some(PowerState::On);
         // The ramdisk may look up once for this boot: forget any token of an earlier boot.
         node.driver_internal_info.remove("agent_token_hash");
         node.driver_internal_info
             .insert("agent_token_required".into(), true.into());
-        self.event(node, Event::Wait, None)
-            .await
-            .map(Next::Continue)
+        self.event(node, Event::Wait, None).await.map(Some)
     }
 
     /// Whether automated cleaning applies to this node.
