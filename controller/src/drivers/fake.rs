@@ -1,11 +1,14 @@
 //! The `fake-hardware` driver: power kept in memory, for tests and the demo.
 //!
 //! `driver_info.fake_delay_ms` slows every call down (tests use it to catch a node mid-task);
-//! `driver_info.fake_fail` makes every call fail with that message (to exercise error paths).
+//! `driver_info.fake_fail` makes every call fail with that message (to exercise error paths);
+//! `driver_info.fake_steps` (a list of step descriptors, each optionally with `sleep_ms`) makes
+//! the driver offer out-of-band steps, so step merging and out-of-band execution are testable.
 
 use super::{Bmc, BootDevice, DriverError};
 use async_trait::async_trait;
 use rivet_protocol::states::PowerState;
+use rivet_protocol::steps::StepDescriptor;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -96,4 +99,45 @@ impl Bmc for FakeBmc {
             .insert(node.to_string(), device);
         Ok(())
     }
+
+    async fn steps(&self, _node: &str, info: &Map<String, Value>) -> Vec<StepDescriptor> {
+        fake_steps(info)
+            .into_iter()
+            .filter_map(|v| {
+                let mut v = v;
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("sleep_ms");
+                }
+                serde_json::from_value(v).ok()
+            })
+            .collect()
+    }
+
+    async fn execute_step(
+        &self,
+        _node: &str,
+        info: &Map<String, Value>,
+        step: &StepDescriptor,
+        args: &Map<String, Value>,
+    ) -> Result<Value, DriverError> {
+        self.behave(info).await?;
+        let spec = fake_steps(info)
+            .into_iter()
+            .find(|v| v.get("step").and_then(Value::as_str) == Some(step.step.as_str()))
+            .ok_or_else(|| DriverError::Unsupported {
+                driver: "fake-hardware".into(),
+                operation: format!("step {}", step.step),
+            })?;
+        if let Some(ms) = spec.get("sleep_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+        }
+        Ok(serde_json::json!({"fake_step": step.step, "args": args}))
+    }
+}
+
+fn fake_steps(info: &Map<String, Value>) -> Vec<Value> {
+    info.get("fake_steps")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
 }

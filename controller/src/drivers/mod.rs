@@ -7,6 +7,7 @@ pub mod fake;
 
 use async_trait::async_trait;
 use rivet_protocol::states::PowerState;
+use rivet_protocol::steps::StepDescriptor;
 use serde_json::{Map, Value};
 
 /// Driver failures, worded for `last_error`.
@@ -69,6 +70,78 @@ pub trait Bmc: Send + Sync {
         driver_info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError>;
+
+    /// Out-of-band steps this driver offers for the node (BIOS, firmware…). The conductor
+    /// merges them with the agent's in-band steps by priority.
+    async fn steps(&self, _node: &str, _driver_info: &Map<String, Value>) -> Vec<StepDescriptor> {
+        Vec::new()
+    }
+
+    /// Run one out-of-band step to completion (long ones poll their BMC task inside). The
+    /// returned value is stored as the step's result.
+    async fn execute_step(
+        &self,
+        _node: &str,
+        driver_info: &Map<String, Value>,
+        step: &StepDescriptor,
+        _args: &Map<String, Value>,
+    ) -> Result<Value, DriverError> {
+        let _ = driver_info;
+        Err(DriverError::Unsupported {
+            driver: "this driver".into(),
+            operation: format!("out-of-band step {}.{}", step.interface, step.step),
+        })
+    }
+
+    /// Insert a virtual-media ISO by URL.
+    async fn insert_virtual_media(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+        _url: &str,
+    ) -> Result<(), DriverError> {
+        Err(DriverError::Unsupported {
+            driver: "this driver".into(),
+            operation: "virtual media".into(),
+        })
+    }
+
+    /// Eject any virtual media.
+    async fn eject_virtual_media(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<(), DriverError> {
+        Err(DriverError::Unsupported {
+            driver: "this driver".into(),
+            operation: "virtual media".into(),
+        })
+    }
+
+    /// Out-of-band inspection: what the BMC knows of CPUs, memory and NICs.
+    async fn inspect(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<OobInventory, DriverError> {
+        Err(DriverError::Unsupported {
+            driver: "this driver".into(),
+            operation: "out-of-band inspection".into(),
+        })
+    }
+}
+
+/// What out-of-band inspection finds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OobInventory {
+    /// Logical CPUs.
+    pub cpus: Option<u64>,
+    /// CPU architecture (x86_64…).
+    pub cpu_arch: Option<String>,
+    /// Memory in MiB.
+    pub memory_mb: Option<u64>,
+    /// NIC MAC addresses, lower case.
+    pub macs: Vec<String>,
 }
 
 /// Driver names an operator may enroll with.
