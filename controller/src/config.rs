@@ -26,6 +26,10 @@ pub struct Config {
     pub api: ApiConfig,
     /// What agents are told.
     pub agent: AgentSettings,
+    /// Periodic power-state sync with the BMCs.
+    pub power_sync: PowerSyncConfig,
+    /// Out-of-band driver timeouts and retries.
+    pub drivers: crate::drivers::DriversConfig,
 }
 
 /// Admin credentials, stored hashed (`rivetd hash-secret` prints a hash).
@@ -108,6 +112,40 @@ impl Default for Config {
             conductor: ConductorConfig::default(),
             api: ApiConfig::default(),
             agent: AgentSettings::default(),
+            power_sync: PowerSyncConfig::default(),
+            drivers: crate::drivers::DriversConfig::default(),
+        }
+    }
+}
+
+/// What the power sync does when a BMC's power state differs from the recorded one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PowerSyncPolicy {
+    /// Record the BMC's state on the node (and log the change).
+    Record,
+    /// Set the BMC back to the recorded state.
+    Enforce,
+}
+
+/// Periodic power-state sync.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PowerSyncConfig {
+    /// Seconds between two passes; 0 disables the sync.
+    pub interval_s: u64,
+    /// `record` or `enforce`.
+    pub policy: PowerSyncPolicy,
+    /// BMCs read at the same time during one pass.
+    pub concurrency: usize,
+}
+
+impl Default for PowerSyncConfig {
+    fn default() -> Self {
+        PowerSyncConfig {
+            interval_s: 60,
+            policy: PowerSyncPolicy::Record,
+            concurrency: 8,
         }
     }
 }

@@ -250,8 +250,12 @@ async fn create(
             .to_string(),
         None => uuid::Uuid::new_v4().to_string(),
     };
-    let bmc = crate::drivers::for_node(&req.driver, &state.conductor.fake)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let bmc = crate::drivers::for_node(
+        &req.driver,
+        &state.conductor.fake,
+        &state.conductor.config.drivers,
+    )
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
     bmc.validate(&req.driver_info)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let mut node = Node::new(uuid, req.driver);
@@ -401,8 +405,12 @@ async fn update(
             )))
         }
     };
-    let bmc = crate::drivers::for_node(&new.driver, &state.conductor.fake)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let bmc = crate::drivers::for_node(
+        &new.driver,
+        &state.conductor.fake,
+        &state.conductor.config.drivers,
+    )
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
     bmc.validate(&new.driver_info)
         .map_err(|e| ApiError::bad_request(format!("node {}: {e}", node.ident())))?;
     let saved = state.conductor.store.update_node(&new).await?;

@@ -9,6 +9,7 @@
 pub mod agent;
 mod errors;
 mod periodic;
+mod power_sync;
 mod verbs;
 
 pub use errors::ConductorError;
@@ -55,9 +56,11 @@ impl Conductor {
 
     /// The BMC driver of a node.
     pub fn bmc(&self, node: &Node) -> Result<Arc<dyn Bmc>, ConductorError> {
-        drivers::for_node(&node.driver, &self.fake).map_err(|e| ConductorError::Driver {
-            node: node.ident().to_string(),
-            message: e.to_string(),
+        drivers::for_node(&node.driver, &self.fake, &self.config.drivers).map_err(|e| {
+            ConductorError::Driver {
+                node: node.ident().to_string(),
+                message: e.to_string(),
+            }
         })
     }
 

@@ -96,6 +96,7 @@ impl Conductor {
 
     /// Run the scan forever.
     pub async fn run_periodic(self: Arc<Self>) {
+        tokio::spawn(self.clone().run_power_sync());
         let every = Duration::from_secs(self.config.conductor.check_interval_s.max(1));
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

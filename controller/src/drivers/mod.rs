@@ -1,9 +1,11 @@
 //! Out-of-band drivers: one [`Bmc`] trait, implementations side by side.
 //!
-//! Only `fake-hardware` exists so far; `redfish` and `ipmi` follow in the drivers issue and
-//! slot in through [`for_node`].
+//! `fake-hardware` (in memory), `redfish` (HTTP, tested against sushy-tools) and `ipmi`
+//! (ipmitool lanplus, tested against OpenIPMI's ipmi_sim); [`for_node`] picks one by name.
 
 pub mod fake;
+pub mod ipmi;
+pub mod redfish;
 
 use async_trait::async_trait;
 use rivet_protocol::states::PowerState;
@@ -24,6 +26,14 @@ pub enum DriverError {
     /// The BMC could not be reached or refused.
     #[error("BMC error: {0}")]
     Bmc(String),
+    /// An out-of-band step's arguments are missing or wrong.
+    #[error("step {step}: {reason}")]
+    BadStepArgs {
+        /// `interface.step`.
+        step: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The driver does not support the operation.
     #[error("driver {driver} does not support {operation}")]
     Unsupported {
@@ -145,19 +155,80 @@ pub struct OobInventory {
 }
 
 /// Driver names an operator may enroll with.
-pub const DRIVERS: &[&str] = &["fake-hardware"];
+pub const DRIVERS: &[&str] = &["fake-hardware", "redfish", "ipmi"];
 
-/// The driver for a node's `driver` field.
+/// The driver for a node's `driver` field. Redfish and IPMI drivers are cheap values over
+/// `config`; the Redfish HTTP clients and sessions they use are shared process-wide.
 pub fn for_node(
     driver: &str,
     fake: &std::sync::Arc<fake::FakeBmc>,
+    config: &DriversConfig,
 ) -> Result<std::sync::Arc<dyn Bmc>, DriverError> {
     match driver {
         "fake-hardware" | "fake" => Ok(fake.clone()),
+        "redfish" => Ok(std::sync::Arc::new(redfish::RedfishBmc::new(
+            config.clone(),
+        ))),
+        "ipmi" | "ipmitool" => Ok(std::sync::Arc::new(ipmi::IpmiBmc::new(config.clone()))),
         other => Err(DriverError::Unsupported {
             driver: other.to_string(),
             operation: "anything (unknown driver)".into(),
         }),
+    }
+}
+
+/// Out-of-band driver timeouts and retries (`[drivers]` in the config file).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DriversConfig {
+    /// Redfish: TCP/TLS connect timeout of one request.
+    pub redfish_connect_timeout_s: u64,
+    /// Redfish: whole-request timeout.
+    pub redfish_request_timeout_s: u64,
+    /// Redfish: extra attempts after a connection error or a 5xx answer.
+    pub redfish_retries: u32,
+    /// Redfish: first back-off between attempts (doubles each time).
+    pub redfish_retry_backoff_ms: u64,
+    /// How long a power change may take to show on the BMC.
+    pub power_wait_s: u64,
+    /// Interval between two reads while waiting for the BMC (power, tasks).
+    pub poll_interval_ms: u64,
+    /// How long a BMC task (firmware update) may run.
+    pub task_timeout_s: u64,
+    /// The ipmitool executable.
+    pub ipmitool: String,
+    /// IPMI: timeout of one ipmitool call (the child is killed after it).
+    pub ipmi_timeout_s: u64,
+    /// IPMI: ipmitool's own retries (`-R`).
+    pub ipmi_retries: u32,
+    /// IPMI: ipmitool's per-try timeout (`-N`, seconds).
+    pub ipmi_retry_timeout_s: u64,
+}
+
+impl Default for DriversConfig {
+    fn default() -> Self {
+        DriversConfig {
+            redfish_connect_timeout_s: 10,
+            redfish_request_timeout_s: 30,
+            redfish_retries: 2,
+            redfish_retry_backoff_ms: 500,
+            power_wait_s: 60,
+            poll_interval_ms: 1000,
+            task_timeout_s: 3600,
+            ipmitool: "ipmitool".into(),
+            ipmi_timeout_s: 15,
+            ipmi_retries: 2,
+            ipmi_retry_timeout_s: 1,
+        }
+    }
+}
+
+/// Replace every occurrence of `secret` in `text` by `******` (last line of defence: no
+/// error text that reaches `last_error` or a log may carry a password).
+pub fn redact(text: &str, secret: Option<&str>) -> String {
+    match secret {
+        Some(s) if !s.is_empty() => text.replace(s, "******"),
+        _ => text.to_string(),
     }
 }
 

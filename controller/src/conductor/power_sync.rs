@@ -1,0 +1,379 @@
+//! Power sync: every `power_sync.interval_s`, read the BMC power state of each node nobody
+//! else is driving and reconcile it with the recorded `power_state`.
+//!
+//! Skipped: nodes in `enroll` (their BMC is not validated yet), nodes in states where the
+//! conductor or the ramdisk owns the power (cleaning, deploying, inspecting, verifying,
+//! deleting… and their waits and holds), reserved nodes, nodes in maintenance, and nodes
+//! with a power action in progress. On a mismatch the policy decides: `record` writes what
+//! the BMC says; `enforce` sets the BMC back to the recorded state. Writes use the node's
+//! optimistic version and are decided again on a fresh copy after a conflict. A BMC that
+//! cannot be read is logged (with the node's UUID) and nothing else changes.
+
+use super::{Conductor, ConductorError};
+use crate::config::PowerSyncPolicy;
+use crate::store::{Node, StoreError};
+use rivet_protocol::states::{PowerState, ProvisionState};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// States whose power belongs to the conductor or the ramdisk (or is not known yet).
+const NOT_SYNCED: &[ProvisionState] = &[
+    ProvisionState::Enroll,
+    ProvisionState::Verifying,
+    ProvisionState::Cleaning,
+    ProvisionState::CleanWait,
+    ProvisionState::CleanHold,
+    ProvisionState::Deploying,
+    ProvisionState::WaitCallBack,
+    ProvisionState::DeployHold,
+    ProvisionState::Inspecting,
+    ProvisionState::InspectWait,
+    ProvisionState::Deleting,
+    ProvisionState::Adopting,
+    ProvisionState::Rescuing,
+    ProvisionState::RescueWait,
+    ProvisionState::Unrescuing,
+];
+
+/// Attempts at a write that keeps meeting a concurrent change.
+const WRITE_ATTEMPTS: usize = 5;
+
+/// What one pass did (for logs and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PowerSyncStats {
+    /// BMCs read.
+    pub checked: usize,
+    /// Recorded power states changed (`record`, or a first reading).
+    pub recorded: usize,
+    /// BMCs set back to the recorded state (`enforce`).
+    pub enforced: usize,
+    /// BMCs that could not be read or set.
+    pub failed: usize,
+}
+
+/// What happened to one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Unchanged,
+    Recorded,
+    Enforced,
+    Skipped,
+    Failed,
+}
+
+/// The states the sync looks at.
+fn synced_states() -> Vec<ProvisionState> {
+    ProvisionState::ALL
+        .iter()
+        .copied()
+        .filter(|s| !NOT_SYNCED.contains(s))
+        .collect()
+}
+
+/// Whether the sync may touch this node now.
+fn eligible(node: &Node) -> bool {
+    !NOT_SYNCED.contains(&node.provision_state)
+        && !node.maintenance
+        && node.reservation.is_none()
+        && node.target_power_state.is_none()
+}
+
+impl Conductor {
+    /// Run the power sync forever (returns at once when `power_sync.interval_s` is 0).
+    pub async fn run_power_sync(self: Arc<Self>) {
+        let secs = self.config.power_sync.interval_s;
+        if secs == 0 {
+            tracing::info!("power sync disabled (power_sync.interval_s = 0)");
+            return;
+        }
+        let every = Duration::from_secs(secs);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match self.power_sync_once().await {
+                Ok(s) if s.recorded + s.enforced + s.failed > 0 => tracing::info!(
+                    checked = s.checked,
+                    recorded = s.recorded,
+                    enforced = s.enforced,
+                    failed = s.failed,
+                    "power sync pass"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "power sync pass failed"),
+            }
+        }
+    }
+
+    /// One pass over every eligible node, a few BMCs at a time.
+    pub async fn power_sync_once(self: &Arc<Self>) -> Result<PowerSyncStats, ConductorError> {
+        let nodes = self.store.nodes_in_states(&synced_states()).await?;
+        let limit = Arc::new(tokio::sync::Semaphore::new(
+            self.config.power_sync.concurrency.max(1),
+        ));
+        let mut tasks = tokio::task::JoinSet::new();
+        for node in nodes.into_iter().filter(eligible) {
+            let this = self.clone();
+            let limit = limit.clone();
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                this.sync_node(node).await
+            });
+        }
+        let mut stats = PowerSyncStats::default();
+        while let Some(done) = tasks.join_next().await {
+            let outcome = done.unwrap_or(Outcome::Failed);
+            if outcome != Outcome::Skipped {
+                stats.checked += 1;
+            }
+            match outcome {
+                Outcome::Recorded => stats.recorded += 1,
+                Outcome::Enforced => stats.enforced += 1,
+                Outcome::Failed => stats.failed += 1,
+                Outcome::Unchanged | Outcome::Skipped => {}
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Read one node's BMC and reconcile.
+    async fn sync_node(&self, node: Node) -> Outcome {
+        let uuid = node.uuid.clone();
+        let bmc = match self.bmc(&node) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(node = %uuid, error = %e, "power sync: no driver");
+                return Outcome::Failed;
+            }
+        };
+        let actual = match bmc.get_power(&node.uuid, &node.driver_info).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(node = %uuid, error = %e, "power sync: cannot read the power state");
+                return Outcome::Failed;
+            }
+        };
+        let recorded = node.power_state;
+        if recorded == Some(actual) {
+            return Outcome::Unchanged;
+        }
+        let enforce = self.config.power_sync.policy == PowerSyncPolicy::Enforce;
+        match recorded {
+            Some(want @ (PowerState::On | PowerState::Off)) if enforce => {
+                self.enforce(&uuid, want, actual, bmc.as_ref()).await
+            }
+            _ => self.record(&uuid, recorded, actual).await,
+        }
+    }
+
+    /// Write the BMC's state on a fresh copy of the node (retrying write conflicts).
+    async fn record(&self, uuid: &str, seen: Option<PowerState>, actual: PowerState) -> Outcome {
+        for _ in 0..WRITE_ATTEMPTS {
+            let mut node = match self.store.get_node(uuid).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(node = %uuid, error = %e, "power sync: cannot reload node");
+                    return Outcome::Failed;
+                }
+            };
+            // Someone took the node, or changed its power, while the BMC answered.
+            if !eligible(&node) || node.power_state != seen {
+                return Outcome::Skipped;
+            }
+            node.power_state = Some(actual);
+            match self.store.update_node(&node).await {
+                Ok(_) => {
+                    let from = seen.map(|p| p.as_str()).unwrap_or("unknown");
+                    tracing::info!(node = %uuid, from, to = %actual, "power sync: recorded the BMC's power state");
+                    return Outcome::Recorded;
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(node = %uuid, error = %e, "power sync: cannot write node");
+                    return Outcome::Failed;
+                }
+            }
+        }
+        Outcome::Skipped
+    }
+
+    /// Set the BMC back to `want`, holding `target_power_state` while it works so user power
+    /// actions wait (the same claim the power API uses).
+    async fn enforce(
+        &self,
+        uuid: &str,
+        want: PowerState,
+        actual: PowerState,
+        bmc: &dyn crate::drivers::Bmc,
+    ) -> Outcome {
+        let claimed = self
+            .update_fresh(uuid, |n| {
+                if !eligible(n) || n.power_state != Some(want) {
+                    return false;
+                }
+                n.target_power_state = Some(want);
+                true
+            })
+            .await;
+        let node = match claimed {
+            Ok(Some(n)) => n,
+            Ok(None) => return Outcome::Skipped,
+            Err(e) => {
+                tracing::warn!(node = %uuid, error = %e, "power sync: cannot claim node");
+                return Outcome::Failed;
+            }
+        };
+        tracing::warn!(node = %uuid, recorded = %want, actual = %actual, "power sync: BMC differs from the recorded power state; enforcing");
+        let result = bmc.set_power(uuid, &node.driver_info, want).await;
+        if let Err(e) = &result {
+            tracing::warn!(node = %uuid, error = %e, "power sync: cannot enforce the power state");
+        }
+        let released = self
+            .update_fresh(uuid, |n| {
+                if n.target_power_state != Some(want) {
+                    return false;
+                }
+                n.target_power_state = None;
+                true
+            })
+            .await;
+        if let Err(e) = released {
+            tracing::warn!(node = %uuid, error = %e, "power sync: cannot release node");
+        }
+        if result.is_ok() {
+            Outcome::Enforced
+        } else {
+            Outcome::Failed
+        }
+    }
+
+    /// Apply `change` to a fresh copy and write it, again on conflicts; `None` when `change`
+    /// declines.
+    async fn update_fresh(
+        &self,
+        uuid: &str,
+        change: impl Fn(&mut Node) -> bool,
+    ) -> Result<Option<Node>, StoreError> {
+        let mut last = None;
+        for _ in 0..WRITE_ATTEMPTS {
+            let mut node = self.store.get_node(uuid).await?;
+            if !change(&mut node) {
+                return Ok(None);
+            }
+            match self.store.update_node(&node).await {
+                Ok(n) => return Ok(Some(n)),
+                Err(e @ StoreError::Conflict { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| StoreError::Backend("no write attempted".into())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::drivers::Bmc;
+    use crate::store::sqlite::SqliteStore;
+
+    async fn conductor(policy: PowerSyncPolicy) -> (Arc<Conductor>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("rivet.db");
+        let store = SqliteStore::open(&path.to_string_lossy()).expect("store");
+        let mut config = Config {
+            conductor_id: "c1".into(),
+            ..Config::default()
+        };
+        config.power_sync.policy = policy;
+        (Conductor::new(Arc::new(store), config), dir)
+    }
+
+    async fn node(
+        c: &Conductor,
+        name: &str,
+        state: ProvisionState,
+        power: Option<PowerState>,
+    ) -> Node {
+        let mut n = Node::new(uuid::Uuid::new_v4().to_string(), "fake-hardware".into());
+        n.name = Some(name.into());
+        n.provision_state = state;
+        n.power_state = power;
+        c.store.create_node(&n).await.expect("create")
+    }
+
+    #[tokio::test]
+    async fn record_policy_records_and_skips_what_it_must() {
+        let (c, _dir) = conductor(PowerSyncPolicy::Record).await;
+        let info = serde_json::Map::new();
+        let managed = node(&c, "m", ProvisionState::Manageable, Some(PowerState::Off)).await;
+        let first = node(&c, "first", ProvisionState::Available, None).await;
+        let enroll = node(&c, "e", ProvisionState::Enroll, None).await;
+        let cleaning = node(&c, "cw", ProvisionState::CleanWait, Some(PowerState::Off)).await;
+        let mut maint = node(&c, "mt", ProvisionState::Manageable, Some(PowerState::Off)).await;
+        maint.maintenance = true;
+        c.store.update_node(&maint).await.expect("maint");
+        let mut reserved = node(&c, "r", ProvisionState::Manageable, Some(PowerState::Off)).await;
+        reserved.reservation = Some("other".into());
+        c.store.update_node(&reserved).await.expect("reserve");
+        for n in [&managed, &cleaning, &maint, &reserved] {
+            c.fake
+                .set_power(&n.uuid, &info, PowerState::On)
+                .await
+                .expect("on");
+        }
+
+        let stats = c.power_sync_once().await.expect("pass");
+        assert_eq!(stats.checked, 2, "{stats:?}");
+        assert_eq!(stats.recorded, 2, "{stats:?}");
+        let get = |u: String| {
+            let c = c.clone();
+            async move { c.store.get_node(&u).await.expect("get").power_state }
+        };
+        assert_eq!(get(managed.uuid).await, Some(PowerState::On));
+        assert_eq!(get(first.uuid).await, Some(PowerState::Off));
+        assert_eq!(get(enroll.uuid).await, None);
+        assert_eq!(get(cleaning.uuid).await, Some(PowerState::Off));
+        assert_eq!(get(maint.uuid).await, Some(PowerState::Off));
+        assert_eq!(get(reserved.uuid).await, Some(PowerState::Off));
+
+        // Nothing differs any more: a second pass writes nothing.
+        let again = c.power_sync_once().await.expect("pass");
+        assert_eq!(again.recorded, 0, "{again:?}");
+    }
+
+    #[tokio::test]
+    async fn enforce_policy_sets_the_bmc_back() {
+        let (c, _dir) = conductor(PowerSyncPolicy::Enforce).await;
+        let info = serde_json::Map::new();
+        let n = node(&c, "m", ProvisionState::Available, Some(PowerState::Off)).await;
+        c.fake
+            .set_power(&n.uuid, &info, PowerState::On)
+            .await
+            .expect("on");
+        let stats = c.power_sync_once().await.expect("pass");
+        assert_eq!(stats.enforced, 1, "{stats:?}");
+        assert_eq!(
+            c.fake.get_power(&n.uuid, &info).await.expect("read"),
+            PowerState::Off
+        );
+        let after = c.store.get_node(&n.uuid).await.expect("get");
+        assert_eq!(after.power_state, Some(PowerState::Off));
+        assert_eq!(after.target_power_state, None);
+    }
+
+    #[tokio::test]
+    async fn unreadable_bmc_changes_nothing() {
+        let (c, _dir) = conductor(PowerSyncPolicy::Record).await;
+        let mut n = node(&c, "bad", ProvisionState::Manageable, Some(PowerState::On)).await;
+        n.driver_info
+            .insert("fake_fail".into(), "BMC unreachable".into());
+        let n = c.store.update_node(&n).await.expect("update");
+        let stats = c.power_sync_once().await.expect("pass");
+        assert_eq!(stats.failed, 1, "{stats:?}");
+        let after = c.store.get_node(&n.uuid).await.expect("get");
+        assert_eq!(after.power_state, Some(PowerState::On));
+        assert_eq!(after.last_error, None);
+        assert_eq!(after.version, n.version);
+    }
+}

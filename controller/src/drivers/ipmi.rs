@@ -1,0 +1,412 @@
+//! The `ipmi` driver: power and boot device through `ipmitool -I lanplus` (IPMI v2.0).
+//!
+//! The password never appears on a command line (where `ps` shows it): ipmitool reads it
+//! from the `IPMI_PASSWORD` environment variable (`-E`). Every call passes `-C 3` (cipher
+//! suite 3; without it ipmitool probes for ~10 s), is bounded by `ipmi_timeout_s` (the child
+//! is killed after it), and its stderr is turned into an error that says what went wrong.
+//! Tested against OpenIPMI's `ipmi_sim`.
+
+use super::{Bmc, BootDevice, DriverError, DriversConfig};
+use async_trait::async_trait;
+use rivet_protocol::states::PowerState;
+use serde_json::{Map, Value};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// The IPMI driver (a cheap value; each call runs one ipmitool).
+#[derive(Debug, Clone, Default)]
+pub struct IpmiBmc {
+    cfg: DriversConfig,
+}
+
+/// What the driver needs from `driver_info`.
+#[derive(Clone)]
+struct IpmiInfo {
+    address: String,
+    port: u16,
+    username: Option<String>,
+    password: String,
+    uefi: bool,
+}
+
+fn bad(field: &str, reason: impl Into<String>) -> DriverError {
+    DriverError::BadDriverInfo {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// A value ipmitool takes as an option argument: no leading `-` (it would read as an option),
+/// no whitespace or control characters.
+fn plain_arg(field: &str, v: &Value) -> Result<Option<String>, DriverError> {
+    let s = match v {
+        Value::Null => return Ok(None),
+        Value::String(s) if s.trim().is_empty() => return Ok(None),
+        Value::String(s) => s.trim().to_string(),
+        _ => return Err(bad(field, "must be a string")),
+    };
+    if s.starts_with('-') || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad(field, "must not start with '-' or contain spaces"));
+    }
+    Ok(Some(s))
+}
+
+fn parse_port(v: Option<&Value>) -> Result<u16, DriverError> {
+    const F: &str = "ipmi_port";
+    let n = match v {
+        None | Some(Value::Null) => return Ok(623),
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
+        Some(_) => None,
+    };
+    match n {
+        Some(p @ 1..=65535) => Ok(p as u16),
+        _ => Err(bad(F, "must be a port number between 1 and 65535")),
+    }
+}
+
+fn parse(info: &Map<String, Value>) -> Result<IpmiInfo, DriverError> {
+    let null = Value::Null;
+    let address = plain_arg("ipmi_address", info.get("ipmi_address").unwrap_or(&null))?
+        .ok_or_else(|| bad("ipmi_address", "is required (the BMC's host name or IP)"))?;
+    let username = plain_arg("ipmi_username", info.get("ipmi_username").unwrap_or(&null))?;
+    let password = match info.get("ipmi_password") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(bad("ipmi_password", "must be a string")),
+    };
+    let uefi = match info.get("boot_mode").and_then(Value::as_str) {
+        None => false,
+        Some(m) if m.eq_ignore_ascii_case("uefi") => true,
+        Some(m) if m.eq_ignore_ascii_case("bios") || m.eq_ignore_ascii_case("legacy") => false,
+        Some(other) => {
+            return Err(bad(
+                "boot_mode",
+                format!("{other:?} is not one of uefi, bios"),
+            ))
+        }
+    };
+    Ok(IpmiInfo {
+        address,
+        port: parse_port(info.get("ipmi_port"))?,
+        username,
+        password,
+        uefi,
+    })
+}
+
+impl IpmiBmc {
+    /// A driver with these timeouts.
+    pub fn new(cfg: DriversConfig) -> IpmiBmc {
+        IpmiBmc { cfg }
+    }
+
+    /// The fixed part of every command line (no password: it goes through the environment).
+    fn base_args(&self, info: &IpmiInfo) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "-I".into(),
+            "lanplus".into(),
+            "-H".into(),
+            info.address.clone(),
+            "-p".into(),
+            info.port.to_string(),
+            "-C".into(),
+            "3".into(),
+            "-N".into(),
+            self.cfg.ipmi_retry_timeout_s.max(1).to_string(),
+            "-R".into(),
+            self.cfg.ipmi_retries.to_string(),
+            // Verbose: stderr then tells a wrong password from an unreachable BMC.
+            "-v".into(),
+        ];
+        if let Some(u) = &info.username {
+            args.push("-U".into());
+            args.push(u.clone());
+        }
+        args.push("-E".into());
+        args
+    }
+
+    /// Run one ipmitool command; its stdout on success.
+    async fn ipmitool(&self, info: &IpmiInfo, cmd: &[&str]) -> Result<String, DriverError> {
+        let limit = Duration::from_secs(self.cfg.ipmi_timeout_s.max(1));
+        let child = tokio::process::Command::new(&self.cfg.ipmitool)
+            .args(self.base_args(info))
+            .args(cmd)
+            .env("IPMI_PASSWORD", &info.password)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                DriverError::Bmc(format!(
+                    "cannot run {}: {e}; install ipmitool (Debian package ipmitool)",
+                    self.cfg.ipmitool
+                ))
+            })?;
+        // On timeout the future (and the child with it) is dropped: kill_on_drop kills it.
+        let out = tokio::time::timeout(limit, child.wait_with_output())
+            .await
+            .map_err(|_| {
+                DriverError::Bmc(format!(
+                    "ipmitool {} against {}:{} did not finish in {} s (killed); is the BMC reachable?",
+                    cmd.join(" "),
+                    info.address,
+                    info.port,
+                    limit.as_secs()
+                ))
+            })?
+            .map_err(|e| DriverError::Bmc(format!("ipmitool failed to run: {e}")))?;
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(ipmi_error(info, cmd, &stderr))
+    }
+
+    async fn read_power(&self, info: &IpmiInfo) -> Result<PowerState, DriverError> {
+        let out = self.ipmitool(info, &["chassis", "power", "status"]).await?;
+        parse_power(&out).ok_or_else(|| {
+            DriverError::Bmc(format!(
+                "unexpected answer to `chassis power status` from {}:{}: {:?}",
+                info.address,
+                info.port,
+                out.trim()
+            ))
+        })
+    }
+
+    async fn wait_power(&self, info: &IpmiInfo, want: PowerState) -> Result<(), DriverError> {
+        let limit = Duration::from_secs(self.cfg.power_wait_s.max(1));
+        let deadline = Instant::now() + limit;
+        loop {
+            let now = self.read_power(info).await?;
+            if now == want {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(DriverError::Bmc(format!(
+                    "IPMI BMC {}:{} still reports \"{now}\" after {} s; expected \"{want}\"",
+                    info.address,
+                    info.port,
+                    limit.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(self.cfg.poll_interval_ms.max(10))).await;
+        }
+    }
+
+    async fn power(&self, info: &IpmiInfo, target: PowerState) -> Result<(), DriverError> {
+        use PowerState::*;
+        let current = self.read_power(info).await?;
+        let (cmd, want) = match (target, current) {
+            (On, On) | (Off, Off) | (SoftOff, Off) => return Ok(()),
+            (On, _) | (Rebooting, Off) | (SoftRebooting, Off) => ("on", On),
+            (Off, _) => ("off", Off),
+            (SoftOff, _) => ("soft", Off),
+            (Rebooting, _) => ("reset", On),
+            (SoftRebooting, _) => {
+                // ACPI shutdown, wait for it, power on.
+                self.ipmitool(info, &["chassis", "power", "soft"]).await?;
+                self.wait_power(info, Off).await?;
+                ("on", On)
+            }
+            (Error, _) => {
+                return Err(DriverError::Bmc(
+                    "cannot set power state \"error\"".to_string(),
+                ))
+            }
+        };
+        self.ipmitool(info, &["chassis", "power", cmd]).await?;
+        self.wait_power(info, want).await
+    }
+}
+
+/// `Chassis Power is on|off`.
+fn parse_power(out: &str) -> Option<PowerState> {
+    let l = out.to_ascii_lowercase();
+    if l.contains("chassis power is on") {
+        Some(PowerState::On)
+    } else if l.contains("chassis power is off") {
+        Some(PowerState::Off)
+    } else {
+        None
+    }
+}
+
+/// ipmitool's stderr, read for what an operator needs to know.
+fn ipmi_error(info: &IpmiInfo, cmd: &[&str], stderr: &str) -> DriverError {
+    let at = format!("{}:{}", info.address, info.port);
+    let user = info.username.as_deref().unwrap_or("");
+    let msg = if stderr.contains("RAKP 2 HMAC is invalid") {
+        format!("IPMI BMC {at} rejected the password of user {user:?} (RAKP 2 HMAC is invalid); check ipmi_password")
+    } else if stderr.contains("unauthorized name") {
+        format!("IPMI BMC {at} does not know user {user:?} (RAKP 2: unauthorized name); check ipmi_username")
+    } else if stderr.contains("Get Auth Capabilities error")
+        || stderr.contains("Get Channel Authentication Capabilities")
+    {
+        format!("no answer from the IPMI BMC at {at} (UDP): check ipmi_address, ipmi_port and that IPMI over LAN is enabled")
+    } else if stderr.contains("Insufficient privilege") {
+        format!(
+            "IPMI user {user:?} on {at} lacks the privilege for `{}`",
+            cmd.join(" ")
+        )
+    } else {
+        let lines: Vec<&str> = stderr
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("Loading IANA"))
+            .collect();
+        format!(
+            "ipmitool {} against {at} failed: {}",
+            cmd.join(" "),
+            if lines.is_empty() {
+                "no message".to_string()
+            } else {
+                lines.join("; ")
+            }
+        )
+    };
+    DriverError::Bmc(super::redact(&msg, Some(&info.password)))
+}
+
+#[async_trait]
+impl Bmc for IpmiBmc {
+    fn validate(&self, driver_info: &Map<String, Value>) -> Result<(), DriverError> {
+        parse(driver_info).map(|_| ())
+    }
+
+    async fn get_power(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<PowerState, DriverError> {
+        let info = parse(driver_info)?;
+        tracing::debug!(node = %node, "ipmi: reading power state");
+        self.read_power(&info).await
+    }
+
+    async fn set_power(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        target: PowerState,
+    ) -> Result<(), DriverError> {
+        let info = parse(driver_info)?;
+        tracing::info!(node = %node, target = %target, "ipmi: setting power");
+        self.power(&info, target).await
+    }
+
+    async fn set_boot_device(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        device: BootDevice,
+    ) -> Result<(), DriverError> {
+        let info = parse(driver_info)?;
+        let dev = match device {
+            BootDevice::Pxe => "pxe",
+            BootDevice::Disk => "disk",
+            BootDevice::Cdrom => "cdrom",
+        };
+        tracing::info!(node = %node, device = dev, "ipmi: boot device");
+        let mut cmd = vec!["chassis", "bootdev", dev];
+        if info.uefi {
+            cmd.push("options=efiboot");
+        }
+        self.ipmitool(&info, &cmd).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn info(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn driver_info_is_checked() {
+        let ok = parse(&info(
+            json!({"ipmi_address": "10.0.0.9", "ipmi_port": "6230",
+            "ipmi_username": "admin", "ipmi_password": "pw"}),
+        ))
+        .expect("valid");
+        assert_eq!(ok.port, 6230);
+        assert_eq!(
+            parse(&info(json!({"ipmi_address": "h"})))
+                .expect("valid")
+                .port,
+            623
+        );
+        for (v, field) in [
+            (json!({}), "ipmi_address"),
+            (json!({"ipmi_address": "-P secret"}), "ipmi_address"),
+            (json!({"ipmi_address": "h", "ipmi_port": 0}), "ipmi_port"),
+            (json!({"ipmi_address": "h", "ipmi_port": "x"}), "ipmi_port"),
+            (
+                json!({"ipmi_address": "h", "ipmi_username": "-E"}),
+                "ipmi_username",
+            ),
+            (
+                json!({"ipmi_address": "h", "ipmi_password": 5}),
+                "ipmi_password",
+            ),
+        ] {
+            match parse(&info(v.clone())) {
+                Err(DriverError::BadDriverInfo { field: f, .. }) => assert_eq!(f, field, "{v}"),
+                other => panic!("{v}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
+
+    #[test]
+    fn password_is_never_on_the_command_line() {
+        let i = parse(&info(json!({"ipmi_address": "h", "ipmi_username": "u",
+            "ipmi_password": "hunter2"})))
+        .expect("valid");
+        let args = IpmiBmc::default().base_args(&i);
+        assert!(!args.iter().any(|a| a.contains("hunter2")));
+        assert!(!args.iter().any(|a| a == "-P"));
+        assert!(args.windows(2).any(|w| w[0] == "-C" && w[1] == "3"));
+        assert!(args.iter().any(|a| a == "-E"));
+    }
+
+    #[test]
+    fn stderr_is_explained() {
+        let i = parse(&info(json!({"ipmi_address": "h", "ipmi_username": "u",
+            "ipmi_password": "hunter2"})))
+        .expect("valid");
+        let e = ipmi_error(
+            &i,
+            &["chassis", "power", "status"],
+            "> RAKP 2 HMAC is invalid\nError: Unable to establish IPMI v2 / RMCP+ session",
+        )
+        .to_string();
+        assert!(e.contains("check ipmi_password"), "{e}");
+        let e = ipmi_error(
+            &i,
+            &["x"],
+            "Get Auth Capabilities error\nError: Unable to establish IPMI v2 / RMCP+ session",
+        )
+        .to_string();
+        assert!(e.contains("no answer"), "{e}");
+        let e = ipmi_error(
+            &i,
+            &["x"],
+            "Loading IANA PEN Registry...\nweird hunter2 thing",
+        )
+        .to_string();
+        assert!(e.contains("weird") && !e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn power_status_parses() {
+        assert_eq!(parse_power("Chassis Power is on\n"), Some(PowerState::On));
+        assert_eq!(parse_power("Chassis Power is off"), Some(PowerState::Off));
+        assert_eq!(parse_power("?"), None);
+    }
+}
