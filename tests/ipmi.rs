@@ -1,0 +1,211 @@
+//! The `ipmi` driver against OpenIPMI's `ipmi_sim` (Debian `openipmi`) with ipmitool:
+//! `manage`, power on/off/reboot and the boot device as the simulator's chassis_control
+//! script records them; a wrong password and an unreachable BMC end `manage` in enroll with
+//! a clear last_error in bounded time; the password never appears on ipmitool's command
+//! line (a wrapper around ipmitool records what rivetd passes).
+//!
+//! Needs ipmi_sim and ipmitool (scripts/setup-peers.sh); skipped without them unless
+//! RIVET_REQUIRE_PEERS=1.
+
+use rivet_controller::drivers::ipmi::IpmiBmc;
+use rivet_controller::drivers::{Bmc, BootDevice, DriversConfig};
+use rivet_tests::peers::{free_udp_port, have_ipmi_sim, IpmiSim};
+use rivet_tests::{prerequisite, Rivetd};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const USER: &str = "admin";
+const PASSWORD: &str = "ipmi-S3cret-pw";
+const WRONG: &str = "ipmi-Wr0ng-pw";
+
+fn ipmi_ok() -> bool {
+    prerequisite(
+        have_ipmi_sim(),
+        "ipmi_sim and ipmitool (Debian openipmi, ipmitool; scripts/setup-peers.sh)",
+    )
+}
+
+/// An ipmitool wrapper that logs its arguments and whether IPMI_PASSWORD is set.
+fn wrapper(dir: &Path) -> anyhow::Result<(String, std::path::PathBuf)> {
+    let log = dir.join("ipmitool-calls.log");
+    let script = dir.join("ipmitool-wrapper.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"ARGS $*\" >> {log}\n[ -n \"${{IPMI_PASSWORD+x}}\" ] && echo \"ENV IPMI_PASSWORD set\" >> {log}\nexec ipmitool \"$@\"\n",
+            log = log.display()
+        ),
+    )?;
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()?;
+    Ok((script.display().to_string(), log))
+}
+
+fn rivetd(dir: &Path, ipmitool: &str) -> anyhow::Result<Rivetd> {
+    let conf = dir.join("rivetd.toml");
+    std::fs::write(
+        &conf,
+        format!("[drivers]\npoll_interval_ms = 100\nipmitool = {ipmitool:?}\n"),
+    )?;
+    let conf = conf.to_string_lossy().to_string();
+    Rivetd::start(&dir.join("rivet.db"), 0, &["--config", &conf])
+}
+
+fn create(d: &Rivetd, name: &str, info: Value) -> anyhow::Result<()> {
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(json!({"driver": "ipmi", "name": name, "driver_info": info})),
+    )?;
+    anyhow::ensure!(s == 201, "create {name}: {s} {v}");
+    Ok(())
+}
+
+fn manage(d: &Rivetd, name: &str) -> anyhow::Result<(Value, Duration)> {
+    let started = Instant::now();
+    let (s, v) = d.call(
+        "PUT",
+        &format!("/v1/nodes/{name}/states/provision"),
+        Some(json!({"target": "manage"})),
+    )?;
+    anyhow::ensure!(s == 202, "manage {name}: {s} {v}");
+    let v = d.wait_node(name, Duration::from_secs(60), |v| {
+        v["provision_state"] != "verifying" && v["target_provision_state"].is_null()
+    })?;
+    Ok((v, started.elapsed()))
+}
+
+fn power(d: &Rivetd, name: &str, target: &str) -> anyhow::Result<Value> {
+    let (s, v) = d.call(
+        "PUT",
+        &format!("/v1/nodes/{name}/states/power"),
+        Some(json!({ "target": target })),
+    )?;
+    anyhow::ensure!(s == 202, "power {target} {name}: {s} {v}");
+    d.wait_node(name, Duration::from_secs(60), |v| {
+        v["target_power_state"].is_null()
+    })
+}
+
+#[test]
+fn manage_and_power_through_ipmi_sim() -> anyhow::Result<()> {
+    if !ipmi_ok() {
+        return Ok(());
+    }
+    let sim = IpmiSim::start(USER, PASSWORD)?;
+    let dir = tempfile::tempdir()?;
+    let (ipmitool, calls) = wrapper(dir.path())?;
+    let d = rivetd(dir.path(), &ipmitool)?;
+    create(&d, "i", sim.driver_info(PASSWORD))?;
+
+    let (n, _) = manage(&d, "i")?;
+    assert_eq!(n["provision_state"], "manageable", "{n}");
+    assert_eq!(n["power_state"], "power off", "{n}");
+    assert_eq!(n["driver_info"]["ipmi_password"], "******");
+
+    let n = power(&d, "i", "power on")?;
+    assert_eq!(n["power_state"], "power on", "{n}");
+    assert!(n["last_error"].is_null(), "{n}");
+    assert_eq!(sim.power(), "1");
+
+    let n = power(&d, "i", "rebooting")?;
+    assert_eq!(n["power_state"], "power on", "{n}");
+    assert!(sim.calls().contains("set reset 1"), "{}", sim.calls());
+
+    let n = power(&d, "i", "power off")?;
+    assert_eq!(n["power_state"], "power off", "{n}");
+    assert_eq!(sim.power(), "0");
+
+    // What rivetd ran: lanplus with -C 3, the password only in the environment.
+    let log = std::fs::read_to_string(&calls)?;
+    assert!(
+        log.contains("-I lanplus") && log.contains("-C 3") && log.contains(" -E"),
+        "{log}"
+    );
+    assert!(log.contains("ENV IPMI_PASSWORD set"), "{log}");
+    assert!(
+        !log.contains(PASSWORD),
+        "the password reached the command line"
+    );
+    assert!(
+        !d.log_text().contains(PASSWORD),
+        "the password reached the log"
+    );
+    Ok(())
+}
+
+#[test]
+fn wrong_password_and_unreachable_bmc_end_in_enroll_quickly() -> anyhow::Result<()> {
+    if !ipmi_ok() {
+        return Ok(());
+    }
+    let sim = IpmiSim::start(USER, PASSWORD)?;
+    let dir = tempfile::tempdir()?;
+    let d = rivetd(dir.path(), "ipmitool")?;
+    let silent = free_udp_port()?;
+    let cases = [
+        (
+            "wrong-password",
+            sim.driver_info(WRONG),
+            "check ipmi_password",
+        ),
+        (
+            "wrong-user",
+            json!({"ipmi_address": "127.0.0.1", "ipmi_port": sim.port, "ipmi_username": "nobody", "ipmi_password": PASSWORD}),
+            "check ipmi_username",
+        ),
+        (
+            "unreachable",
+            json!({"ipmi_address": "127.0.0.1", "ipmi_port": silent, "ipmi_username": USER, "ipmi_password": PASSWORD}),
+            "no answer",
+        ),
+    ];
+    for (name, info, _) in &cases {
+        create(&d, name, info.clone())?;
+    }
+    for (name, _, want) in &cases {
+        let (n, took) = manage(&d, name)?;
+        let err = n["last_error"].as_str().unwrap_or("");
+        eprintln!("{name} ({took:?}): {err}");
+        assert_eq!(n["provision_state"], "enroll", "{name}: {n}");
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(
+            !err.contains(PASSWORD) && !err.contains(WRONG),
+            "{name}: {err}"
+        );
+        assert!(took < Duration::from_secs(30), "{name} took {took:?}");
+    }
+    assert!(!d.log_text().contains(WRONG), "a password reached the log");
+    Ok(())
+}
+
+#[test]
+fn boot_device_reaches_the_chassis() -> anyhow::Result<()> {
+    if !ipmi_ok() {
+        return Ok(());
+    }
+    let sim = IpmiSim::start(USER, PASSWORD)?;
+    let info = sim.driver_info(PASSWORD);
+    let info = info.as_object().cloned().unwrap_or_default();
+    let bmc = IpmiBmc::new(DriversConfig::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    for (dev, want) in [
+        (BootDevice::Pxe, "pxe"),
+        (BootDevice::Disk, "default"),
+        (BootDevice::Cdrom, "cdrom"),
+        (BootDevice::Pxe, "pxe"),
+    ] {
+        rt.block_on(bmc.set_boot_device("n1", &info, dev))?;
+        assert_eq!(sim.boot(), want, "{dev:?}");
+    }
+    let mut uefi = info.clone();
+    uefi.insert("boot_mode".into(), "uefi".into());
+    rt.block_on(bmc.set_boot_device("n1", &uefi, BootDevice::Disk))?;
+    assert_eq!(sim.boot(), "default");
+    Ok(())
+}
