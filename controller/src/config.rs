@@ -18,6 +18,8 @@ pub struct Config {
     pub conductor_id: String,
     /// Log as JSON lines instead of human text.
     pub log_json: bool,
+    /// Boot artefacts and iPXE scripts served to PXE-booting machines.
+    pub boot: BootConfig,
     /// Admin credentials.
     pub auth: AuthConfig,
     /// Conductor timing.
@@ -26,10 +28,57 @@ pub struct Config {
     pub api: ApiConfig,
     /// What agents are told.
     pub agent: AgentSettings,
+    /// Cleaning.
+    pub cleaning: CleaningConfig,
     /// Periodic power-state sync with the BMCs.
     pub power_sync: PowerSyncConfig,
     /// Out-of-band driver timeouts and retries.
     pub drivers: crate::drivers::DriversConfig,
+}
+
+/// Cleaning settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CleaningConfig {
+    /// `"interface.step" = priority` overrides applied before merging (0 disables a step in
+    /// automated cleaning), e.g. `{"deploy.erase_devices" = 0}`.
+    pub priority_overrides: std::collections::BTreeMap<String, i64>,
+    /// A step that runs longer than this fails the cleaning (the agent is told to abort it).
+    pub step_timeout_s: u64,
+}
+
+impl Default for CleaningConfig {
+    fn default() -> Self {
+        CleaningConfig {
+            priority_overrides: Default::default(),
+            step_timeout_s: 6 * 3600,
+        }
+    }
+}
+
+/// `[boot]`: what `GET /boot/{file}` and `GET /boot/ipxe/{node}` serve (no credentials: a
+/// PXE-booting machine has none).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BootConfig {
+    /// Directory holding image-build's output (vmlinuz, rivet.initramfs, rivet.iso). Unset:
+    /// nothing is served.
+    pub artefact_dir: Option<std::path::PathBuf>,
+    /// rivetd's URL as booting machines reach it, used in iPXE scripts for the artefacts and
+    /// as `rivet.controller=`. Unset: `http://` + the request's Host header.
+    pub public_url: Option<String>,
+    /// Kernel arguments added to every iPXE boot (console, log level…).
+    pub kernel_append: String,
+}
+
+impl Default for BootConfig {
+    fn default() -> Self {
+        BootConfig {
+            artefact_dir: None,
+            public_url: None,
+            kernel_append: "console=tty0 console=ttyS0,115200n8".into(),
+        }
+    }
 }
 
 /// Admin credentials, stored hashed (`rivetd hash-secret` prints a hash).
@@ -108,10 +157,12 @@ impl Default for Config {
             no_auth: false,
             conductor_id: hostname(),
             log_json: false,
+            boot: BootConfig::default(),
             auth: AuthConfig::default(),
             conductor: ConductorConfig::default(),
             api: ApiConfig::default(),
             agent: AgentSettings::default(),
+            cleaning: CleaningConfig::default(),
             power_sync: PowerSyncConfig::default(),
             drivers: crate::drivers::DriversConfig::default(),
         }

@@ -30,6 +30,7 @@ pub fn routes() -> Router<AppState> {
         )
         .route("/v1/nodes/{ident}/ports", get(node_ports))
         .route("/v1/nodes/{ident}/inventory", get(inventory))
+        .route("/v1/nodes/{ident}/clean_steps", get(clean_steps))
 }
 
 const LIST_PARAMS: &[&str] = &[
@@ -559,4 +560,27 @@ async fn inventory(
         "plugin_data": {},
         "collected_at": at.to_rfc3339(),
     })))
+}
+
+/// The node's cached steps: merged, with where each comes from, as of its last cleaning.
+async fn clean_steps(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let node = state.conductor.store.get_node(&ident).await?;
+    let steps = node.driver_internal_info.get("cached_clean_steps").cloned();
+    match steps {
+        Some(steps) => Ok(Json(json!({
+            "clean_steps": steps,
+            "updated_at": node.driver_internal_info.get("cached_clean_steps_at").cloned().unwrap_or(Value::Null),
+        }))),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "node {} has no cached clean steps yet: they are gathered by every cleaning; run `rivet node clean {} --clean-steps '[]'` to gather them only",
+                node.ident(),
+                node.ident()
+            ),
+        )),
+    }
 }

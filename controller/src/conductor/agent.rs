@@ -117,7 +117,10 @@ impl Conductor {
     }
 
     /// `POST /agent/v1/lookup`: find the node; hand out the token once per ramdisk boot.
-    pub async fn lookup(&self, req: &LookupRequest) -> Result<LookupResponse, AgentError> {
+    pub async fn lookup(
+        self: &Arc<Self>,
+        req: &LookupRequest,
+    ) -> Result<LookupResponse, AgentError> {
         if req.macs.is_empty()
             && req.system_uuid.is_none()
             && req.system_serial.is_none()
@@ -159,6 +162,7 @@ impl Conductor {
                 self.store.cancel_pending(&uuid).await?;
                 self.send_command(&uuid, CommandKind::GetInventory).await?;
                 tracing::info!(node = %uuid, "agent looked up; token issued for this boot");
+                self.kick(&uuid);
             } else {
                 tracing::info!(node = %uuid, "agent looked up again; token already issued for this boot");
             }
@@ -244,7 +248,7 @@ impl Conductor {
     /// `POST /agent/v1/heartbeat/{node}`: record, ack, and hand out at most one command,
     /// holding the request open up to `long_poll_s` when there is nothing to send.
     pub async fn heartbeat(
-        &self,
+        self: &Arc<Self>,
         ident: &str,
         token: Option<&str>,
         req: HeartbeatRequest,
@@ -315,8 +319,8 @@ impl Conductor {
         Ok(HeartbeatResponse { command, acks })
     }
 
-    /// Hook for new agent results: the cleaning/inspection engines drive the node on.
-    fn on_results(&self, uuid: &str) {
-        tracing::debug!(node = %uuid, "agent results stored");
+    /// New agent results may move the node's operation on.
+    fn on_results(self: &Arc<Self>, uuid: &str) {
+        self.kick(uuid);
     }
 }

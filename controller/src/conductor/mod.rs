@@ -7,15 +7,17 @@
 //! the node carries this conductor's id in `reservation`.
 
 pub mod agent;
+mod cleaning;
 mod errors;
 mod periodic;
 mod power_sync;
+pub mod steps;
 mod verbs;
 
 pub use errors::ConductorError;
 
 use crate::config::Config;
-use crate::drivers::{self, fake::FakeBmc, Bmc, BootDevice};
+use crate::drivers::{self, fake::FakeBmc, Bmc};
 use crate::fsm::{self, Event};
 use crate::store::{Node, Store, StoreError};
 use chrono::Utc;
@@ -102,7 +104,8 @@ impl Conductor {
                 tracing::info!(node = %uuid, state = %node.provision_state, "node in maintenance; conductor paused");
                 return Ok(());
             }
-            if !node.provision_state.is_conductor_busy() {
+            let cleaning_wait = node.provision_state == ProvisionState::CleanWait;
+            if !node.provision_state.is_conductor_busy() && !cleaning_wait {
                 return Ok(());
             }
             match self.step(node.clone()).await {
@@ -151,7 +154,7 @@ impl Conductor {
                     }
                 }
             }
-            Cleaning => self.step_cleaning(node, bmc.as_ref()).await,
+            Cleaning | CleanWait => self.advance_cleaning(node, bmc.as_ref()).await,
             Deleting => {
                 if let Err(e) = bmc
                     .set_power(&node.uuid, &node.driver_info, PowerState::Off)
@@ -173,39 +176,6 @@ impl Conductor {
             }
             _ => Ok(None),
         }
-    }
-
-    /// Cleaning: skip when automated cleaning is off, else boot the ramdisk and wait for it.
-    async fn step_cleaning(
-        &self,
-        mut node: Node,
-        bmc: &dyn Bmc,
-    ) -> Result<Option<Node>, ConductorError> {
-        let manual = node.target_provision_state == Some(ProvisionState::Manageable);
-        if !manual && !self.automated_clean_enabled(&node) {
-            tracing::info!(node = %node.uuid, "automated cleaning disabled; node becomes available");
-            return self.event(node, Event::Done, None).await.map(Some);
-        }
-        let booted = async {
-            bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
-                .await?;
-            bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
-                .await
-        }
-        .await;
-        if let Err(e) = booted {
-            let msg = format!(
-                "failed to boot the cleaning ramdisk on node {}: {e}",
-                node.ident()
-            );
-            return self.fail(node, &msg).await.map(Some);
-        }
-        node.power_state = Some(PowerState::On);
-        // The ramdisk may look up once for this boot: forget any token of an earlier boot.
-        node.driver_internal_info.remove("agent_token_hash");
-        node.driver_internal_info
-            .insert("agent_token_required".into(), true.into());
-        self.event(node, Event::Wait, None).await.map(Some)
     }
 
     /// Whether automated cleaning applies to this node.
@@ -241,13 +211,18 @@ impl Conductor {
         if let Some(err) = last_error {
             node.last_error = Some(err);
         }
-        if !to.is_conductor_busy() {
+        // Cleaning keeps the node reserved for the whole run, waits and holds included.
+        let keeps = matches!(to, ProvisionState::CleanWait | ProvisionState::CleanHold);
+        if !to.is_conductor_busy() && !keeps {
             node.reservation = None;
         }
         if to.is_stable() || to.is_failed() {
             node.clean_step = None;
             node.deploy_step = None;
-            // The ramdisk's token belongs to one boot and one operation.
+        }
+        if to.is_stable() {
+            // The ramdisk's token belongs to one boot and one operation. A failed node keeps
+            // it so the agent can still collect an abort for the step it may be running.
             node.driver_internal_info.remove("agent_token_hash");
         }
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");

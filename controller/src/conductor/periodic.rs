@@ -56,6 +56,54 @@ impl Conductor {
         }
     }
 
+    /// Why a node in a wait state has waited too long, if it has.
+    fn overdue(&self, node: &crate::store::Node, now: chrono::DateTime<Utc>) -> Option<String> {
+        let state = node.provision_state;
+        let dii = &node.driver_internal_info;
+        let since = |key: &str| {
+            dii.get(key)
+                .and_then(serde_json::Value::as_str)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| (now - t.with_timezone(&Utc)).num_seconds())
+        };
+        let step = node
+            .clean_step
+            .as_ref()
+            .and_then(|s| s.get("step"))
+            .and_then(serde_json::Value::as_str)
+            .map(|s| format!(" while step {s:?} was running"))
+            .unwrap_or_default();
+        if state == ProvisionState::CleanWait {
+            let step_limit = self.config.cleaning.step_timeout_s as i64;
+            if let Some(age) = since("clean_step_started_at").filter(|a| *a >= step_limit) {
+                return Some(format!(
+                    "clean step timed out on node {} after {age} s (limit cleaning.step_timeout_s = {step_limit} s){step}",
+                    node.ident()
+                ));
+            }
+            let hb_limit = self.config.agent.heartbeat_timeout_s as i64;
+            if dii.contains_key("agent_token_hash") {
+                if let Some(age) = since("agent_last_heartbeat").filter(|a| *a >= hb_limit) {
+                    return Some(format!(
+                        "no heartbeat from the agent of node {} for {age} s (limit {hb_limit} s){step}; \
+                         the ramdisk died or lost its network — check its console, then `manage` and clean again",
+                        node.ident()
+                    ));
+                }
+            }
+        }
+        let timeout = self.wait_timeout(state);
+        let since = node.provision_updated_at.unwrap_or(node.created_at);
+        if (now - since).num_seconds() >= timeout as i64 {
+            return Some(format!(
+                "timeout reached in \"{state}\": no word from the ramdisk of node {} for {timeout} s{step}; \
+                 check its console and network, then `manage` and retry",
+                node.ident()
+            ));
+        }
+        None
+    }
+
     /// One pass of the periodic scan.
     pub async fn scan_once(self: &Arc<Self>) -> Result<(), ConductorError> {
         let now = Utc::now();
@@ -63,25 +111,40 @@ impl Conductor {
             if node.maintenance {
                 continue;
             }
-            let timeout = self.wait_timeout(node.provision_state);
-            let since = node.provision_updated_at.unwrap_or(node.created_at);
-            if (now - since).num_seconds() < timeout as i64 {
+            let Some(msg) = self.overdue(&node, now) else {
                 continue;
-            }
+            };
             let state = node.provision_state;
-            let msg = format!(
-                "timeout reached in \"{state}\": no word from the ramdisk of node {} for {timeout} s; \
-                 check its console and network, then `manage` and retry",
-                node.ident()
-            );
+            let uuid = node.uuid.clone();
+            let running = node
+                .driver_internal_info
+                .get("clean_command")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string);
             match self.event(node, Event::Fail, Some(msg)).await {
-                Ok(n) => tracing::warn!(node = %n.uuid, state = %state, "wait timed out"),
+                Ok(n) => {
+                    tracing::warn!(node = %n.uuid, state = %state, "wait timed out");
+                    if let Some(id) = running {
+                        let _ = self
+                            .send_command(
+                                &uuid,
+                                rivet_protocol::agent::CommandKind::Abort { command_id: id },
+                            )
+                            .await;
+                    }
+                }
                 // Changed under us (a heartbeat arrived): the next scan decides again.
                 Err(ConductorError::Store(crate::store::StoreError::Conflict { .. })) => {}
                 Err(e) => return Err(e),
             }
         }
-        for node in self.store.nodes_in_states(BUSY).await? {
+        let mut resumable = self.store.nodes_in_states(BUSY).await?;
+        resumable.extend(
+            self.store
+                .nodes_in_states(&[ProvisionState::CleanWait])
+                .await?,
+        );
+        for node in resumable {
             let ours_or_free = node
                 .reservation
                 .as_deref()

@@ -1,12 +1,15 @@
 //! Admin requests: provision verbs, power, maintenance. Each validates first and writes
 //! nothing when it refuses.
 
+use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use crate::fsm::{self, Event};
 use crate::store::Node;
 use chrono::Utc;
+use rivet_protocol::agent::CommandKind;
 use rivet_protocol::api::ProvisionRequest;
 use rivet_protocol::states::{PowerState, ProvisionState, Verb};
+use rivet_protocol::steps::RequestedStep;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -59,7 +62,9 @@ impl Conductor {
             allowed: fsm::allowed_verbs(state),
         })?;
         if let Some(by) = &node.reservation {
-            if verb != Verb::Abort {
+            // Cleaning holds the node for the whole run; abort and unhold are how an
+            // operator steers that run.
+            if !matches!(verb, Verb::Abort | Verb::Unhold) {
                 return Err(ConductorError::Locked {
                     node: node.ident().to_string(),
                     by: by.clone(),
@@ -74,20 +79,22 @@ impl Conductor {
                 node.ident()
             )));
         }
+        if verb == Verb::Clean {
+            self.check_manual_steps(&node, req.clean_steps.as_deref().unwrap_or_default())
+                .await?;
+        }
+        if verb == Verb::Abort
+            && matches!(state, ProvisionState::CleanWait | ProvisionState::CleanHold)
+        {
+            return self.abort_cleaning(node).await;
+        }
         let event = Event::from_verb(verb);
         node.target_provision_state = fsm::target_of(state, event, to);
         node.provision_state = to;
         node.provision_updated_at = Some(Utc::now());
         if verb == Verb::Abort {
-            let during = node
-                .clean_step
-                .as_ref()
-                .and_then(|s| s.get("step"))
-                .and_then(Value::as_str)
-                .map(|s| format!("during step {s:?}"))
-                .unwrap_or_else(|| "before any step ran".into());
             node.last_error = Some(format!(
-                "{} operation was aborted by an operator in \"{state}\" {during}",
+                "{} operation was aborted by an operator in \"{state}\"",
                 match state {
                     ProvisionState::InspectWait => "inspection",
                     ProvisionState::WaitCallBack | ProvisionState::DeployHold => "deploy",
@@ -96,9 +103,14 @@ impl Conductor {
                 }
             ));
             node.reservation = None;
-            node.clean_step = None;
         } else {
             node.last_error = None;
+            node.fault = None;
+        }
+        if matches!(verb, Verb::Provide | Verb::Clean) {
+            super::cleaning::clear_run(&mut node);
+            node.driver_internal_info.remove("requested_clean_steps");
+            node.reservation = Some(self.id().to_string());
         }
         if verb == Verb::Clean {
             let steps = serde_json::to_value(req.clean_steps.as_deref().unwrap_or_default())
@@ -109,10 +121,94 @@ impl Conductor {
         if to.is_stable() || to.is_failed() {
             node.target_provision_state = None;
         }
+        if to.is_stable() {
+            node.driver_internal_info.remove("agent_token_hash");
+        }
         let node = self.store.update_node(&node).await?;
         tracing::info!(node = %node.uuid, from = %state, to = %to, verb = %verb, "provision verb accepted");
-        if to.is_conductor_busy() {
+        if to.is_conductor_busy() || to == ProvisionState::CleanWait {
             self.kick(&node.uuid);
+        }
+        Ok(node)
+    }
+
+    /// Manual steps are checked before anything runs: against the node's cached steps (from
+    /// its last cleaning), the driver's out-of-band steps and the conductor's reserved ones.
+    /// Without a cache, agent steps are checked when the agent reports its steps instead.
+    async fn check_manual_steps(
+        &self,
+        node: &Node,
+        requested: &[RequestedStep],
+    ) -> Result<(), ConductorError> {
+        let bmc = self.bmc(node)?;
+        let driver = bmc.steps(&node.uuid, &node.driver_info).await;
+        let cached: Option<Vec<PlannedStep>> = node
+            .driver_internal_info
+            .get("cached_clean_steps")
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let agent: Vec<_> = cached
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| p.source == Source::Agent)
+            .map(|p| p.step.clone())
+            .collect();
+        let available = steps::available(&agent, &driver);
+        let checkable: Vec<RequestedStep> = requested
+            .iter()
+            .filter(|r| {
+                cached.is_some()
+                    || r.interface != "deploy"
+                    || steps::conductor_steps().iter().any(|c| c.step == r.step)
+            })
+            .cloned()
+            .collect();
+        steps::manual_plan(&checkable, &available)
+            .map(|_| ())
+            .map_err(|e| ConductorError::BadRequest(format!("node {}: {e}", node.ident())))
+    }
+
+    /// `abort` in clean wait / clean hold. A step that is not abortable is never interrupted:
+    /// the abort is recorded on `clean_step` and takes effect when the step ends.
+    async fn abort_cleaning(self: &Arc<Self>, mut node: Node) -> Result<Node, ConductorError> {
+        let state = node.provision_state;
+        let step_name = node
+            .clean_step
+            .as_ref()
+            .and_then(|s| s.get("step"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let abortable = node
+            .clean_step
+            .as_ref()
+            .and_then(|s| s.get("abortable"))
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let running = node
+            .driver_internal_info
+            .get("clean_command")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let (Some(step), Some(_), false) = (&step_name, &running, abortable) {
+            if let Some(obj) = node.clean_step.as_mut().and_then(Value::as_object_mut) {
+                obj.insert("abort_after".into(), Value::Bool(true));
+            }
+            let node = self.store.update_node(&node).await?;
+            tracing::warn!(node = %node.uuid, step = %step, "abort requested during a non-abortable step; cleaning fails when it ends");
+            return Ok(node);
+        }
+        let during = step_name
+            .as_deref()
+            .map(|s| format!("during step {s:?}"))
+            .unwrap_or_else(|| "before any step ran".into());
+        let msg = format!("clean operation was aborted by an operator in \"{state}\" {during}");
+        node.last_error = Some(msg.clone());
+        let uuid = node.uuid.clone();
+        let node = self.event(node, Event::Abort, Some(msg)).await?;
+        if let Some(id) = running {
+            // Tell the agent to stop the step; it still holds its token for this boot.
+            self.send_command(&uuid, CommandKind::Abort { command_id: id })
+                .await?;
         }
         Ok(node)
     }

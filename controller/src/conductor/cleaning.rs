@@ -1,0 +1,507 @@
+//! The cleaning engine: automated (`provide`, tear-down) and manual (`clean`) cleaning.
+//!
+//! Level-triggered like the rest of the conductor: [`Conductor::advance_cleaning`] looks at the
+//! node's cleaning bookkeeping in `driver_internal_info`, makes one decision, writes it, and
+//! returns. It is called when the node enters cleaning, when the agent looks up or reports a
+//! result, when an operator unholds, and by the periodic scan (which is what resumes cleaning
+//! after a controller restart). Every decision is written before it is acted on (a command id
+//! is stored on the node before the command is queued), so a crash between the two repeats the
+//! same command id, which the agent ignores, instead of running a step twice.
+
+use super::steps::{self, PlannedStep, Source};
+use super::{Conductor, ConductorError};
+use crate::drivers::{Bmc, BootDevice};
+use crate::fsm::Event;
+use crate::store::{Node, StoreError};
+use chrono::Utc;
+use rivet_protocol::agent::{CleanStepsResult, Command, CommandKind, CommandStatus};
+use rivet_protocol::states::{PowerState, ProvisionState};
+use rivet_protocol::steps::RequestedStep;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// `driver_internal_info` keys of one cleaning run (cleared when a run starts or ends).
+pub(crate) const RUN_KEYS: &[&str] = &[
+    "clean_plan",
+    "clean_step_index",
+    "clean_steps_command",
+    "clean_command",
+    "clean_step_started_at",
+    "cleaning_booted",
+    "cleaning_no_ramdisk",
+];
+
+fn dii_str<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.driver_internal_info.get(key).and_then(Value::as_str)
+}
+
+fn set(node: &mut Node, key: &str, value: Value) {
+    node.driver_internal_info.insert(key.to_string(), value);
+}
+
+/// Forget the bookkeeping of a cleaning run.
+pub(crate) fn clear_run(node: &mut Node) {
+    for k in RUN_KEYS {
+        node.driver_internal_info.remove(*k);
+    }
+}
+
+fn plan(node: &Node) -> Option<Vec<PlannedStep>> {
+    node.driver_internal_info
+        .get("clean_plan")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+}
+
+fn has_agent(node: &Node) -> bool {
+    node.driver_internal_info.contains_key("agent_token_hash")
+}
+
+impl Conductor {
+    /// Store the command on the node first (by the caller), then queue it; queueing the same
+    /// id twice is harmless.
+    async fn queue(&self, uuid: &str, command: Command) -> Result<(), ConductorError> {
+        match self.store.enqueue_command(uuid, &command).await {
+            Ok(()) | Err(StoreError::Duplicate(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(node = %uuid, command = command.kind.name(), id = %command.id, "command queued for agent");
+        self.wakeup(uuid).notify_waiters();
+        Ok(())
+    }
+
+    /// Make sure a stored command id is really queued (a crash may have come in between).
+    async fn ensure_queued(
+        &self,
+        uuid: &str,
+        id: &str,
+        kind: CommandKind,
+    ) -> Result<Option<rivet_protocol::agent::CommandResult>, ConductorError> {
+        match self.store.command(uuid, id).await {
+            Ok(c) => Ok(c.result),
+            Err(StoreError::NotFound { .. }) => {
+                self.queue(
+                    uuid,
+                    Command {
+                        id: id.to_string(),
+                        kind,
+                    },
+                )
+                .await?;
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Move between cleaning and clean wait as the next action needs.
+    async fn ensure_state(&self, node: Node, want: ProvisionState) -> Result<Node, ConductorError> {
+        match (node.provision_state, want) {
+            (a, b) if a == b => Ok(self.store.update_node(&node).await?),
+            (ProvisionState::Cleaning, ProvisionState::CleanWait) => {
+                self.event(node, Event::Wait, None).await
+            }
+            (ProvisionState::CleanWait, ProvisionState::Cleaning) => {
+                self.event(node, Event::Resume, None).await
+            }
+            _ => Ok(self.store.update_node(&node).await?),
+        }
+    }
+
+    /// One decision of a cleaning run. `Some(node)` when something was written and the caller
+    /// should decide again; `None` when waiting for the agent or an operator.
+    pub(crate) async fn advance_cleaning(
+        &self,
+        mut node: Node,
+        bmc: &dyn Bmc,
+    ) -> Result<Option<Node>, ConductorError> {
+        let manual = node.target_provision_state == Some(ProvisionState::Manageable);
+        let uuid = node.uuid.clone();
+
+        if !manual && !self.automated_clean_enabled(&node) {
+            tracing::info!(node = %uuid, "automated cleaning disabled; node becomes available");
+            clear_run(&mut node);
+            let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+            return self.event(node, Event::Done, None).await.map(Some);
+        }
+
+        // 1. Boot the ramdisk once per run, unless a manual clean needs no ramdisk at all.
+        if !node.driver_internal_info.contains_key("cleaning_booted") {
+            if manual {
+                if let Some(plan) = self.plan_without_ramdisk(&node, bmc).await {
+                    set(&mut node, "cleaning_booted", json!(false));
+                    set(&mut node, "cleaning_no_ramdisk", json!(true));
+                    set(
+                        &mut node,
+                        "clean_plan",
+                        serde_json::to_value(&plan).unwrap_or(Value::Null),
+                    );
+                    set(&mut node, "clean_step_index", json!(0));
+                    return Ok(Some(self.store.update_node(&node).await?));
+                }
+            }
+            let booted = async {
+                bmc.set_boot_device(&uuid, &node.driver_info, BootDevice::Pxe)
+                    .await?;
+                bmc.set_power(&uuid, &node.driver_info, PowerState::Rebooting)
+                    .await
+            }
+            .await;
+            if let Err(e) = booted {
+                let msg = format!(
+                    "failed to boot the cleaning ramdisk on node {}: {e}",
+                    node.ident()
+                );
+                return self.fail(node, &msg).await.map(Some);
+            }
+            node.power_state = Some(PowerState::On);
+            node.driver_internal_info.remove("agent_token_hash");
+            set(&mut node, "cleaning_booted", json!(true));
+            tracing::info!(node = %uuid, manual, "cleaning ramdisk booting; waiting for the agent");
+            return self
+                .ensure_state(node, ProvisionState::CleanWait)
+                .await
+                .map(Some);
+        }
+
+        // 2. Gather the steps and make the plan.
+        let Some(plan) = plan(&node) else {
+            if !has_agent(&node) {
+                return self
+                    .ensure_state(node, ProvisionState::CleanWait)
+                    .await
+                    .map(|_| None);
+            }
+            let Some(id) = dii_str(&node, "clean_steps_command").map(str::to_string) else {
+                let id = uuid::Uuid::new_v4().to_string();
+                set(&mut node, "clean_steps_command", json!(id));
+                let node = self.ensure_state(node, ProvisionState::CleanWait).await?;
+                self.queue(
+                    &uuid,
+                    Command {
+                        id,
+                        kind: CommandKind::GetCleanSteps,
+                    },
+                )
+                .await?;
+                return Ok(Some(node));
+            };
+            let Some(result) = self
+                .ensure_queued(&uuid, &id, CommandKind::GetCleanSteps)
+                .await?
+            else {
+                return Ok(None);
+            };
+            if result.status != CommandStatus::Succeeded {
+                let msg = format!(
+                    "the agent on node {} could not list its clean steps: {}",
+                    node.ident(),
+                    result.error.unwrap_or_default()
+                );
+                return self.fail(node, &msg).await.map(Some);
+            }
+            let agent_steps = match serde_json::from_value::<CleanStepsResult>(result.result) {
+                Ok(r) => r.clean_steps,
+                Err(e) => {
+                    let msg = format!(
+                        "the agent on node {} sent unreadable clean steps: {e}",
+                        node.ident()
+                    );
+                    return self.fail(node, &msg).await.map(Some);
+                }
+            };
+            let driver_steps = bmc.steps(&uuid, &node.driver_info).await;
+            let available = steps::available(&agent_steps, &driver_steps);
+            set(
+                &mut node,
+                "cached_clean_steps",
+                serde_json::to_value(&available).unwrap_or(Value::Null),
+            );
+            set(
+                &mut node,
+                "cached_clean_steps_at",
+                json!(Utc::now().to_rfc3339()),
+            );
+            let planned = if manual {
+                let requested: Vec<RequestedStep> = node
+                    .driver_internal_info
+                    .get("requested_clean_steps")
+                    .and_then(|v| serde_json::from_value(v.clone()).ok())
+                    .unwrap_or_default();
+                match steps::manual_plan(&requested, &available) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let msg = format!("manual cleaning of node {} refused: {e}", node.ident());
+                        return self.fail(node, &msg).await.map(Some);
+                    }
+                }
+            } else {
+                steps::automated_plan(
+                    &agent_steps,
+                    &driver_steps,
+                    &self.config.cleaning.priority_overrides,
+                )
+            };
+            tracing::info!(node = %uuid, steps = ?planned.iter().map(|p| p.step.step.as_str()).collect::<Vec<_>>(), "cleaning plan");
+            set(
+                &mut node,
+                "clean_plan",
+                serde_json::to_value(&planned).unwrap_or(Value::Null),
+            );
+            set(&mut node, "clean_step_index", json!(0));
+            return Ok(Some(self.store.update_node(&node).await?));
+        };
+
+        // 3. Run the plan, one step per decision.
+        let index = node
+            .driver_internal_info
+            .get("clean_step_index")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize;
+        let Some(step) = plan.get(index).cloned() else {
+            return self.finish_cleaning(node, bmc, manual).await.map(Some);
+        };
+        match step.source {
+            Source::Agent => self.advance_agent_step(node, &step, index).await,
+            Source::Driver => {
+                node.clean_step = Some(step_doc(&step));
+                let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+                tracing::info!(node = %uuid, step = %step.step.step, "running out-of-band clean step");
+                match bmc
+                    .execute_step(&uuid, &node.driver_info, &step.step, &step.args)
+                    .await
+                {
+                    Ok(_) => {
+                        let node = self.store.get_node(&uuid).await?;
+                        self.step_done(node, &step, index).await.map(Some)
+                    }
+                    Err(e) => {
+                        let node = self.store.get_node(&uuid).await?;
+                        let msg = format!(
+                            "clean step {} failed on node {}: {e}",
+                            step.step.step,
+                            node.ident()
+                        );
+                        self.fail(node, &msg).await.map(Some)
+                    }
+                }
+            }
+            Source::Conductor => self
+                .run_conductor_step(node, bmc, &step, index)
+                .await
+                .map(Some),
+        }
+    }
+
+    /// A manual plan that needs no ramdisk: every requested step is the driver's or the
+    /// conductor's. `None` when the ramdisk is needed (or the request does not resolve yet).
+    async fn plan_without_ramdisk(&self, node: &Node, bmc: &dyn Bmc) -> Option<Vec<PlannedStep>> {
+        let requested: Vec<RequestedStep> = node
+            .driver_internal_info
+            .get("requested_clean_steps")
+            .and_then(|v| serde_json::from_value(v.clone()).ok())?;
+        if requested.is_empty() {
+            return None; // An empty manual clean gathers the agent's steps.
+        }
+        let driver_steps = bmc.steps(&node.uuid, &node.driver_info).await;
+        let available = steps::available(&[], &driver_steps);
+        steps::manual_plan(&requested, &available).ok()
+    }
+
+    async fn advance_agent_step(
+        &self,
+        mut node: Node,
+        step: &PlannedStep,
+        index: usize,
+    ) -> Result<Option<Node>, ConductorError> {
+        let uuid = node.uuid.clone();
+        let kind = CommandKind::ExecuteStep {
+            interface: step.step.interface.clone(),
+            step: step.step.step.clone(),
+            args: step.args.clone(),
+        };
+        let Some(id) = dii_str(&node, "clean_command").map(str::to_string) else {
+            if !has_agent(&node) {
+                // After a requested reboot: wait for the agent to look up again.
+                return self
+                    .ensure_state(node, ProvisionState::CleanWait)
+                    .await
+                    .map(|_| None);
+            }
+            let id = uuid::Uuid::new_v4().to_string();
+            set(&mut node, "clean_command", json!(id));
+            set(
+                &mut node,
+                "clean_step_started_at",
+                json!(Utc::now().to_rfc3339()),
+            );
+            node.clean_step = Some(step_doc(step));
+            let node = self.ensure_state(node, ProvisionState::CleanWait).await?;
+            self.queue(&uuid, Command { id, kind }).await?;
+            tracing::info!(node = %uuid, step = %step.step.step, index, "clean step sent to the agent");
+            return Ok(Some(node));
+        };
+        let Some(result) = self.ensure_queued(&uuid, &id, kind).await? else {
+            if node.provision_state != ProvisionState::CleanWait {
+                return self
+                    .ensure_state(node, ProvisionState::CleanWait)
+                    .await
+                    .map(|_| None);
+            }
+            return Ok(None);
+        };
+        match result.status {
+            CommandStatus::Succeeded => self.step_done(node, step, index).await.map(Some),
+            CommandStatus::Failed | CommandStatus::Aborted => {
+                let mut msg = format!(
+                    "clean step {} failed on node {}: {}",
+                    step.step.step,
+                    node.ident(),
+                    result.error.unwrap_or_else(|| "no error message".into())
+                );
+                if let Some(tail) = result.log_tail.filter(|t| !t.trim().is_empty()) {
+                    msg.push_str("\nagent log (tail):\n");
+                    msg.push_str(tail.trim_end());
+                }
+                node.fault = Some("clean failure".into());
+                let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+                self.fail(node, &msg).await.map(Some)
+            }
+        }
+    }
+
+    /// A step finished: honour `abort_after` and `reboot_requested`, move to the next.
+    async fn step_done(
+        &self,
+        mut node: Node,
+        step: &PlannedStep,
+        index: usize,
+    ) -> Result<Node, ConductorError> {
+        let abort_after = node
+            .clean_step
+            .as_ref()
+            .and_then(|s| s.get("abort_after"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        tracing::info!(node = %node.uuid, step = %step.step.step, index, "clean step succeeded");
+        set(&mut node, "clean_step_index", json!(index + 1));
+        node.driver_internal_info.remove("clean_command");
+        node.driver_internal_info.remove("clean_step_started_at");
+        node.clean_step = None;
+        if abort_after {
+            let msg = format!(
+                "clean operation was aborted by an operator during step {:?}; the step is not abortable, so it ran to completion first",
+                step.step.step
+            );
+            let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+            return self.fail(node, &msg).await;
+        }
+        if step.step.reboot_requested {
+            let bmc = self.bmc(&node)?;
+            if let Err(e) = bmc
+                .set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
+                .await
+            {
+                let msg = format!(
+                    "failed to reboot node {} after step {}: {e}",
+                    node.ident(),
+                    step.step.step
+                );
+                return self.fail(node, &msg).await;
+            }
+            // The rebooted ramdisk looks up again and gets a new token.
+            node.driver_internal_info.remove("agent_token_hash");
+            let _ = self.store.cancel_pending(&node.uuid).await;
+        }
+        Ok(self.store.update_node(&node).await?)
+    }
+
+    async fn run_conductor_step(
+        &self,
+        node: Node,
+        bmc: &dyn Bmc,
+        step: &PlannedStep,
+        index: usize,
+    ) -> Result<Node, ConductorError> {
+        let uuid = node.uuid.clone();
+        match step.step.step.as_str() {
+            "hold" => {
+                let mut node = node;
+                set(&mut node, "clean_step_index", json!(index + 1));
+                node.clean_step = None;
+                tracing::info!(node = %uuid, "cleaning on hold; `unhold` continues, `abort` stops");
+                self.event(node, Event::Hold, None).await
+            }
+            "wait" => {
+                let secs = step
+                    .args
+                    .get("seconds")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+                    .min(3600);
+                self.ensure_state(node, ProvisionState::Cleaning).await?;
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                let node = self.store.get_node(&uuid).await?;
+                self.step_done(node, step, index).await
+            }
+            other => {
+                let target = match other {
+                    "power_on" => PowerState::On,
+                    "power_off" => PowerState::Off,
+                    _ => PowerState::Rebooting,
+                };
+                let mut node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+                if let Err(e) = bmc.set_power(&uuid, &node.driver_info, target).await {
+                    let msg = format!("clean step {other} failed on node {}: {e}", node.ident());
+                    return self.fail(node, &msg).await;
+                }
+                node.power_state = Some(if target == PowerState::Off {
+                    PowerState::Off
+                } else {
+                    PowerState::On
+                });
+                let node = self.store.update_node(&node).await?;
+                self.step_done(node, step, index).await
+            }
+        }
+    }
+
+    /// Every step done: power off, forget the run, and rest in available (automated) or
+    /// manageable (manual).
+    async fn finish_cleaning(
+        &self,
+        node: Node,
+        bmc: &dyn Bmc,
+        manual: bool,
+    ) -> Result<Node, ConductorError> {
+        let mut node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+        if let Err(e) = bmc
+            .set_power(&node.uuid, &node.driver_info, PowerState::Off)
+            .await
+        {
+            let msg = format!(
+                "failed to power off node {} after cleaning: {e}",
+                node.ident()
+            );
+            return self.fail(node, &msg).await;
+        }
+        node.power_state = Some(PowerState::Off);
+        clear_run(&mut node);
+        node.driver_internal_info.remove("requested_clean_steps");
+        let _ = self.store.cancel_pending(&node.uuid).await;
+        tracing::info!(node = %node.uuid, manual, "cleaning finished");
+        self.event(node, if manual { Event::Manage } else { Event::Done }, None)
+            .await
+    }
+}
+
+/// What `clean_step` on the node shows while a step runs.
+fn step_doc(step: &PlannedStep) -> Value {
+    json!({
+        "interface": step.step.interface,
+        "step": step.step.step,
+        "priority": step.step.priority,
+        "abortable": step.step.abortable,
+        "args": step.args,
+        "source": step.source,
+    })
+}

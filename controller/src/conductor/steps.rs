@@ -1,0 +1,337 @@
+//! Step merging: plain functions over plain data, no I/O.
+//!
+//! Automated cleaning takes the agent's in-band steps and the driver's out-of-band steps,
+//! applies operator priority overrides, drops priority 0, and sorts by priority (highest
+//! first) with Ironic's interface order breaking ties. Manual cleaning keeps the operator's
+//! order and checks every requested step exists and has its required arguments.
+
+use rivet_protocol::steps::{RequestedStep, StepDescriptor};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Where a step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// In-band, on the agent.
+    Agent,
+    /// Out-of-band, through the node's driver.
+    Driver,
+    /// Inside the conductor (`hold`, `wait`, `power_on`, `power_off`, `reboot`).
+    Conductor,
+}
+
+/// A step in a node's cleaning plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedStep {
+    /// The descriptor (priority after overrides).
+    #[serde(flatten)]
+    pub step: StepDescriptor,
+    /// Arguments to run it with.
+    #[serde(default)]
+    pub args: Map<String, Value>,
+    /// Where it runs.
+    pub source: Source,
+}
+
+/// Tie-break rank of an interface (Ironic's order: higher runs first).
+pub fn interface_rank(interface: &str) -> u8 {
+    match interface {
+        "vendor" => 7,
+        "power" => 6,
+        "management" => 5,
+        "firmware" => 4,
+        "deploy" => 3,
+        "bios" => 2,
+        "raid" => 1,
+        _ => 0,
+    }
+}
+
+/// Steps the conductor runs itself (Ironic's reserved names), usable in manual cleaning.
+pub fn conductor_steps() -> Vec<StepDescriptor> {
+    let mk = |step: &str, arg: Option<(&str, &str)>| StepDescriptor {
+        interface: "power".into(),
+        step: step.into(),
+        priority: 0,
+        abortable: true,
+        argsinfo: arg
+            .map(|(n, d)| {
+                BTreeMap::from([(
+                    n.to_string(),
+                    rivet_protocol::steps::ArgInfo {
+                        description: d.into(),
+                        required: false,
+                    },
+                )])
+            })
+            .unwrap_or_default(),
+        reboot_requested: false,
+        requires_ramdisk: false,
+    };
+    let mut hold = mk("hold", None);
+    hold.interface = "deploy".into();
+    let mut wait = mk("wait", Some(("seconds", "how long to wait")));
+    wait.interface = "deploy".into();
+    vec![
+        hold,
+        wait,
+        mk("power_on", None),
+        mk("power_off", None),
+        mk("reboot", None),
+    ]
+}
+
+/// Every step available to a node: the agent's (deploy interface unless they say otherwise),
+/// the driver's, and the conductor's reserved ones. One per (interface, step): for the
+/// deploy interface the agent's wins, elsewhere the driver's.
+pub fn available(agent: &[StepDescriptor], driver: &[StepDescriptor]) -> Vec<PlannedStep> {
+    let mut out: Vec<PlannedStep> = Vec::new();
+    let mut push = |s: &StepDescriptor, source: Source| {
+        let dup = out
+            .iter()
+            .any(|p| p.step.interface == s.interface && p.step.step == s.step);
+        if !dup {
+            out.push(PlannedStep {
+                step: s.clone(),
+                args: Map::new(),
+                source,
+            });
+        }
+    };
+    for s in agent.iter().filter(|s| s.interface == "deploy") {
+        push(s, Source::Agent);
+    }
+    for s in driver {
+        push(s, Source::Driver);
+    }
+    for s in agent.iter().filter(|s| s.interface != "deploy") {
+        push(s, Source::Agent);
+    }
+    for s in conductor_steps() {
+        push(&s, Source::Conductor);
+    }
+    out
+}
+
+/// The automated cleaning plan.
+pub fn automated_plan(
+    agent: &[StepDescriptor],
+    driver: &[StepDescriptor],
+    overrides: &BTreeMap<String, i64>,
+) -> Vec<PlannedStep> {
+    let mut plan: Vec<PlannedStep> = available(agent, driver)
+        .into_iter()
+        .filter(|p| p.source != Source::Conductor)
+        .map(|mut p| {
+            let key = format!("{}.{}", p.step.interface, p.step.step);
+            if let Some(prio) = overrides.get(&key) {
+                p.step.priority = *prio;
+            }
+            p
+        })
+        .filter(|p| p.step.priority > 0)
+        .collect();
+    plan.sort_by(|a, b| {
+        b.step
+            .priority
+            .cmp(&a.step.priority)
+            .then(interface_rank(&b.step.interface).cmp(&interface_rank(&a.step.interface)))
+            .then(a.step.step.cmp(&b.step.step))
+    });
+    plan
+}
+
+/// The manual cleaning plan: the operator's order, each step checked.
+pub fn manual_plan(
+    requested: &[RequestedStep],
+    available: &[PlannedStep],
+) -> Result<Vec<PlannedStep>, String> {
+    requested
+        .iter()
+        .map(|r| {
+            let found = available
+                .iter()
+                .find(|p| p.step.interface == r.interface && p.step.step == r.step)
+                .ok_or_else(|| {
+                    let offered: Vec<String> = available
+                        .iter()
+                        .map(|p| format!("{}.{}", p.step.interface, p.step.step))
+                        .collect();
+                    format!(
+                        "clean step {}.{} is not offered for this node (offered: {})",
+                        r.interface,
+                        r.step,
+                        offered.join(", ")
+                    )
+                })?;
+            for (name, info) in &found.step.argsinfo {
+                if info.required && !r.args.contains_key(name) {
+                    return Err(format!(
+                        "clean step {}.{} needs argument {name:?} ({})",
+                        r.interface, r.step, info.description
+                    ));
+                }
+            }
+            Ok(PlannedStep {
+                step: found.step.clone(),
+                args: r.args.clone(),
+                source: found.source,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rivet_protocol::steps::ArgInfo;
+
+    fn step(interface: &str, name: &str, priority: i64) -> StepDescriptor {
+        StepDescriptor {
+            interface: interface.into(),
+            step: name.into(),
+            priority,
+            abortable: true,
+            argsinfo: BTreeMap::new(),
+            reboot_requested: false,
+            requires_ramdisk: true,
+        }
+    }
+
+    fn names(plan: &[PlannedStep]) -> Vec<String> {
+        plan.iter()
+            .map(|p| format!("{}.{}", p.step.interface, p.step.step))
+            .collect()
+    }
+
+    #[test]
+    fn merge_orders_by_priority_then_interface() {
+        let agent = vec![
+            step("deploy", "erase_devices_metadata", 99),
+            step("deploy", "erase_devices", 10),
+            step("deploy", "erase_devices_express", 0),
+            step("raid", "delete_configuration", 10),
+        ];
+        let driver = vec![
+            step("bios", "apply_configuration", 10),
+            step("management", "reset_bmc", 10),
+            step("firmware", "update", 99),
+            step("vendor", "vendor_thing", 10),
+        ];
+        let plan = automated_plan(&agent, &driver, &BTreeMap::new());
+        assert_eq!(
+            names(&plan),
+            [
+                "firmware.update",
+                "deploy.erase_devices_metadata",
+                "vendor.vendor_thing",
+                "management.reset_bmc",
+                "deploy.erase_devices",
+                "bios.apply_configuration",
+                "raid.delete_configuration",
+            ]
+        );
+        assert_eq!(plan[0].source, Source::Driver);
+        assert_eq!(plan[1].source, Source::Agent);
+    }
+
+    #[test]
+    fn overrides_disable_and_reorder() {
+        let agent = vec![
+            step("deploy", "erase_devices_metadata", 99),
+            step("deploy", "erase_devices", 10),
+            step("deploy", "erase_devices_express", 0),
+        ];
+        let driver = vec![step("bios", "factory_reset", 0)];
+        let overrides = BTreeMap::from([
+            ("deploy.erase_devices".to_string(), 0),
+            ("deploy.erase_devices_express".to_string(), 50),
+            ("bios.factory_reset".to_string(), 100),
+        ]);
+        let plan = automated_plan(&agent, &driver, &overrides);
+        assert_eq!(
+            names(&plan),
+            [
+                "bios.factory_reset",
+                "deploy.erase_devices_metadata",
+                "deploy.erase_devices_express"
+            ]
+        );
+        assert_eq!(plan[0].step.priority, 100);
+    }
+
+    #[test]
+    fn equal_priority_same_interface_is_alphabetical_and_stable() {
+        let agent = vec![step("deploy", "zeta", 5), step("deploy", "alpha", 5)];
+        let plan = automated_plan(&agent, &[], &BTreeMap::new());
+        assert_eq!(names(&plan), ["deploy.alpha", "deploy.zeta"]);
+    }
+
+    #[test]
+    fn agent_wins_deploy_driver_wins_elsewhere() {
+        let agent = vec![
+            step("deploy", "erase_devices", 10),
+            step("bios", "apply_configuration", 1),
+        ];
+        let driver = vec![
+            step("deploy", "erase_devices", 20),
+            step("bios", "apply_configuration", 2),
+        ];
+        let all = available(&agent, &driver);
+        let erase = all
+            .iter()
+            .find(|p| p.step.step == "erase_devices")
+            .expect("erase");
+        assert_eq!((erase.source, erase.step.priority), (Source::Agent, 10));
+        let bios = all
+            .iter()
+            .find(|p| p.step.step == "apply_configuration")
+            .expect("bios");
+        assert_eq!((bios.source, bios.step.priority), (Source::Driver, 2));
+    }
+
+    #[test]
+    fn manual_keeps_order_checks_existence_and_args() {
+        let mut fw = step("deploy", "update_firmware", 0);
+        fw.argsinfo.insert(
+            "version".into(),
+            ArgInfo {
+                description: "target version".into(),
+                required: true,
+            },
+        );
+        let avail = available(&[step("deploy", "erase_devices", 10), fw], &[]);
+        let req = |s: &str, args: Value| RequestedStep {
+            interface: "deploy".into(),
+            step: s.into(),
+            args: args.as_object().cloned().unwrap_or_default(),
+            order: None,
+        };
+        let plan = manual_plan(
+            &[
+                req("update_firmware", serde_json::json!({"version": "2"})),
+                req("erase_devices", serde_json::json!({})),
+            ],
+            &avail,
+        )
+        .expect("valid");
+        assert_eq!(
+            names(&plan),
+            ["deploy.update_firmware", "deploy.erase_devices"]
+        );
+        assert_eq!(plan[0].args["version"], "2");
+        let e =
+            manual_plan(&[req("update_firmware", serde_json::json!({}))], &avail).expect_err("arg");
+        assert!(e.contains("version"), "{e}");
+        let e = manual_plan(&[req("paint_it_blue", serde_json::json!({}))], &avail)
+            .expect_err("unknown");
+        assert!(
+            e.contains("paint_it_blue") && e.contains("deploy.erase_devices"),
+            "{e}"
+        );
+        let hold = manual_plan(&[req("hold", serde_json::json!({}))], &avail).expect("reserved");
+        assert_eq!(hold[0].source, Source::Conductor);
+    }
+}
