@@ -210,3 +210,4 @@ fn retries_5xx_a_bounded_number_of_times() -> anyhow::Result<()> {
     assert_eq!(100 - mock.snapshot().fail_next, 3);
     Ok(())
 }
+

@@ -20,6 +20,7 @@ use rivet_protocol::states::PowerState;
 use rivet_protocol::steps::StepDescriptor;
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// The Redfish driver. Cheap to create; HTTP clients and sessions are shared process-wide.
 #[derive(Debug, Clone, Default)]
@@ -76,6 +77,11 @@ impl Ctx {
     fn scrub<T>(&self, r: Result<T, DriverError>) -> Result<T, DriverError> {
         scrub(r, self.info.secret())
     }
+}
+
+/// The span every BMC request of one operation runs in: its log lines carry the node.
+fn span(node: &str) -> tracing::Span {
+    tracing::info_span!("redfish", node = %node)
 }
 
 /// Remove the password from an error's text.
@@ -278,7 +284,7 @@ impl Bmc for RedfishBmc {
     ) -> Result<PowerState, DriverError> {
         tracing::debug!(node = %node, "redfish: reading power state");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(read_power(&ctx).await)
+        ctx.scrub(read_power(&ctx).instrument(span(node)).await)
     }
 
     async fn set_power(
@@ -289,7 +295,7 @@ impl Bmc for RedfishBmc {
     ) -> Result<(), DriverError> {
         tracing::info!(node = %node, target = %target, "redfish: setting power");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(set_power(&ctx, target).await)
+        ctx.scrub(set_power(&ctx, target).instrument(span(node)).await)
     }
 
     async fn set_boot_device(
@@ -300,7 +306,7 @@ impl Bmc for RedfishBmc {
     ) -> Result<(), DriverError> {
         tracing::info!(node = %node, device = boot_target(device), "redfish: one-time boot override");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(set_boot(&ctx, device).await)
+        ctx.scrub(set_boot(&ctx, device).instrument(span(node)).await)
     }
 
     async fn steps(&self, _node: &str, _driver_info: &Map<String, Value>) -> Vec<StepDescriptor> {
@@ -329,11 +335,15 @@ impl Bmc for RedfishBmc {
             }
         };
         let ctx = self.ctx(driver_info).await?;
-        let result = match run {
-            Run::Apply(settings) => bios::apply(&ctx, settings).await,
-            Run::FactoryReset => bios::factory_reset(&ctx).await,
-            Run::Firmware(images) => firmware::update(&ctx, node, &images).await,
-        };
+        let result = async {
+            match run {
+                Run::Apply(settings) => bios::apply(&ctx, settings).await,
+                Run::FactoryReset => bios::factory_reset(&ctx).await,
+                Run::Firmware(images) => firmware::update(&ctx, node, &images).await,
+            }
+        }
+        .instrument(span(node))
+        .await;
         ctx.scrub(result)
     }
 
@@ -345,7 +355,7 @@ impl Bmc for RedfishBmc {
     ) -> Result<(), DriverError> {
         tracing::info!(node = %node, "redfish: inserting virtual media");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(media::insert(&ctx, url).await)
+        ctx.scrub(media::insert(&ctx, url).instrument(span(node)).await)
     }
 
     async fn eject_virtual_media(
@@ -355,7 +365,7 @@ impl Bmc for RedfishBmc {
     ) -> Result<(), DriverError> {
         tracing::info!(node = %node, "redfish: ejecting virtual media");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(media::eject(&ctx).await)
+        ctx.scrub(media::eject(&ctx).instrument(span(node)).await)
     }
 
     async fn inspect(
@@ -365,7 +375,7 @@ impl Bmc for RedfishBmc {
     ) -> Result<OobInventory, DriverError> {
         tracing::info!(node = %node, "redfish: out-of-band inspection");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(inspect::inspect(&ctx).await)
+        ctx.scrub(inspect::inspect(&ctx).instrument(span(node)).await)
     }
 }
 
