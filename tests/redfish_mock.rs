@@ -211,3 +211,88 @@ fn retries_5xx_a_bounded_number_of_times() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Manual cleaning through rivetd with only out-of-band steps: no ramdisk is booted, the
+/// BIOS setting is staged and applied by the reboot the step requests, the firmware flash
+/// polls its task to the end, and an `abort` during the flash never interrupts it (the
+/// conductor either refuses the abort or defers it to the end of the step).
+#[test]
+fn manual_cleaning_runs_bios_and_firmware_steps_out_of_band() -> anyhow::Result<()> {
+    let needed = 25;
+    let mock = RedfishMock::start(MockState {
+        task_polls_needed: needed,
+        ..MockState::default()
+    })?;
+    let dir = tempfile::tempdir()?;
+    let conf = dir.path().join("rivetd.toml");
+    std::fs::write(&conf, "[drivers]\npoll_interval_ms = 200\n")?;
+    let conf = conf.to_string_lossy().to_string();
+    let d = rivet_tests::Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &conf])?;
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(json!({"driver": "redfish", "name": "m", "driver_info": mock.driver_info("mock-password")})),
+    )?;
+    anyhow::ensure!(s == 201, "{v}");
+    d.call(
+        "PUT",
+        "/v1/nodes/m/states/provision",
+        Some(json!({"target": "manage"})),
+    )?;
+    d.wait_node("m", Duration::from_secs(30), |v| {
+        v["provision_state"] == "manageable"
+    })?;
+
+    let (s, v) = d.call(
+        "PUT",
+        "/v1/nodes/m/states/provision",
+        Some(json!({"target": "clean", "clean_steps": [
+            {"interface": "bios", "step": "apply_configuration",
+             "args": {"settings": [{"name": "ProcTurboMode", "value": "Disabled"}]}},
+            {"interface": "firmware", "step": "update",
+             "args": {"firmware_images": [{"url": "http://10.0.0.1/bmc-2.2.bin"}]}}
+        ]})),
+    )?;
+    anyhow::ensure!(s == 202, "clean: {s} {v}");
+    let running = d.wait_node("m", Duration::from_secs(30), |v| {
+        v["clean_step"]["step"] == "update"
+    })?;
+    assert_eq!(running["clean_step"]["abortable"], false, "{running}");
+    assert!(
+        mock.snapshot().task_polls < needed,
+        "the flash ended before the abort"
+    );
+    let (abort_status, abort_answer) = d.call(
+        "PUT",
+        "/v1/nodes/m/states/provision",
+        Some(json!({"target": "abort"})),
+    )?;
+    eprintln!("abort during firmware.update: {abort_status} {abort_answer}");
+    let end = d.wait_node("m", Duration::from_secs(60), |v| {
+        v["provision_state"] == "manageable" || v["provision_state"] == "clean failed"
+    })?;
+
+    let snap = mock.snapshot();
+    assert!(
+        snap.task_polls >= needed,
+        "the firmware task was not followed to its end"
+    );
+    assert_eq!(snap.updates.len(), 1);
+    assert_eq!(
+        snap.bios["ProcTurboMode"], "Disabled",
+        "the reboot applied the BIOS setting"
+    );
+    assert!(
+        snap.resets.iter().any(|r| r == "ForceRestart" || r == "On"),
+        "{:?}",
+        snap.resets
+    );
+    if (200..300).contains(&abort_status) {
+        assert_eq!(end["provision_state"], "clean failed", "{end}");
+        let err = end["last_error"].as_str().unwrap_or("");
+        assert!(err.contains("not abortable"), "{err}");
+    } else {
+        assert_eq!(end["provision_state"], "manageable", "{end}");
+        assert!(end["last_error"].is_null(), "{end}");
+    }
+    Ok(())
+}
