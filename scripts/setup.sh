@@ -35,5 +35,6 @@ if [ ! -x "$VENV/bin/baremetal" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "python-ironicclient==$IRONICCLIENT_VERSION"
 fi
+bash scripts/setup-qemu.sh >/dev/null
 bash scripts/setup-peers.sh
 echo "setup: ok"

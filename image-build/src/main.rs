@@ -1,6 +1,139 @@
-//! image-build: assembles the ramdisk around the static agent. Not built yet (see the
-//! image-build issue); this binary refuses to run rather than pretend.
-fn main() {
-    eprintln!("image-build: not implemented yet; see the image-build issue");
-    std::process::exit(2);
+//! image-build: parse the command line, find the inputs, build, print what was made.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use rivet_image_build::{build, build_agent, newest_kernel_package, Extra, Options};
+use std::path::PathBuf;
+
+/// Build the Rivet ramdisk: DIR/vmlinuz, DIR/rivet.initramfs, DIR/rivet.iso, DIR/boot.ipxe.
+#[derive(Parser)]
+#[command(name = "image-build", version)]
+struct Cli {
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Debian linux-image-*.deb (or a directory it was extracted into). Default: the newest in
+    /// $RIVET_KERNEL_CACHE or target/kernel-cache/ (scripts/setup-qemu.sh downloads one).
+    #[arg(long, env = "RIVET_KERNEL_PACKAGE")]
+    kernel_package: Option<PathBuf>,
+    /// The static rivet-agent. Default: build it with scripts/build-agent.sh.
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// A static busybox.
+    #[arg(long, default_value = "/bin/busybox")]
+    busybox: PathBuf,
+    /// Extra file or directory for the ramdisk, SRC:DEST (repeatable).
+    #[arg(long, value_name = "SRC:DEST")]
+    extra: Vec<Extra>,
+    /// Directory of exec plugins for /usr/lib/rivet/managers.d.
+    #[arg(long)]
+    plugins: Option<PathBuf>,
+    /// Modules to ship (comma separated; dependencies are added). Default: storage and NICs.
+    #[arg(long, value_delimiter = ',')]
+    modules: Vec<String>,
+    /// Controller URL(s) baked into the ISO and boot.ipxe (`rivet.controller=`).
+    #[arg(long, default_value = rivet_image_build::DEFAULT_CONTROLLER)]
+    controller: String,
+    /// Kernel arguments for the ISO and boot.ipxe (before rivet.controller=).
+    #[arg(long, default_value = rivet_image_build::DEFAULT_CONSOLE)]
+    cmdline: String,
+    /// Skip the ISO (no grub-mkrescue/xorriso needed).
+    #[arg(long)]
+    no_iso: bool,
+    /// gzip level of the initramfs (0–9).
+    #[arg(long, default_value_t = 9)]
+    compression: u32,
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let kernel_package = match cli.kernel_package {
+        Some(p) => p,
+        None => {
+            let cache = std::env::var_os("RIVET_KERNEL_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_root().join("target/kernel-cache"));
+            match newest_kernel_package(&cache) {
+                Some(p) => p,
+                None => bail!(
+                    "no linux-image-*.deb in {}: run scripts/setup-qemu.sh or pass --kernel-package",
+                    cache.display()
+                ),
+            }
+        }
+    };
+    let agent = match cli.agent {
+        Some(p) => p,
+        None => {
+            let script = workspace_root().join("scripts/build-agent.sh");
+            if !script.is_file() {
+                bail!(
+                    "no --agent given and {} is not here to build one",
+                    script.display()
+                );
+            }
+            build_agent(&script).context("building the static agent")?
+        }
+    };
+    let mut opts = Options::new(cli.out, kernel_package, agent);
+    opts.busybox = cli.busybox;
+    opts.extra = cli.extra;
+    opts.plugins = cli.plugins;
+    if !cli.modules.is_empty() {
+        opts.modules = cli.modules;
+    }
+    opts.controller = cli.controller;
+    opts.cmdline = cli.cmdline;
+    opts.iso = !cli.no_iso;
+    opts.compression = cli.compression;
+    if opts.controller == rivet_image_build::DEFAULT_CONTROLLER {
+        eprintln!(
+            "image-build: no --controller: the ISO and boot.ipxe use {} (rivetd's \
+             /boot/ipxe/{{node}} script carries the real URL)",
+            opts.controller
+        );
+    }
+
+    let r = build(&opts).context("image-build failed")?;
+    println!("kernel      {}", r.kernel_version);
+    println!(
+        "modules     {} shipped: {}",
+        r.modules.len(),
+        r.modules.join(" ")
+    );
+    if !r.missing_modules.is_empty() {
+        println!(
+            "            not in the package: {}",
+            r.missing_modules.join(" ")
+        );
+    }
+    for (m, why) in &r.skipped_modules {
+        println!("            skipped {m}: {why}");
+    }
+    println!("vmlinuz     {}", r.vmlinuz.display());
+    println!(
+        "initramfs   {} ({} bytes gzip, {:.1} MiB; {:.1} MiB uncompressed)",
+        r.initramfs.display(),
+        r.initramfs_bytes,
+        r.initramfs_bytes as f64 / 1048576.0,
+        r.initramfs_cpio_bytes as f64 / 1048576.0
+    );
+    match &r.iso {
+        Some((p, boot)) => println!(
+            "iso         {} (El Torito: BIOS{})",
+            p.display(),
+            if boot.uefi {
+                " + UEFI"
+            } else {
+                "; no UEFI: install grub-efi-amd64-bin and mtools"
+            }
+        ),
+        None => println!("iso         skipped (--no-iso)"),
+    }
+    println!("ipxe        {}", r.ipxe.display());
+    Ok(())
 }

@@ -1,0 +1,650 @@
+//! rivet-image-build: turns a Debian kernel package, busybox-static and the static
+//! `rivet-agent` into the artefacts a server boots: `vmlinuz`, `rivet.initramfs` (a
+//! reproducible gzip-compressed newc cpio), `rivet.iso` (virtual media) and `boot.ipxe`.
+//!
+//! What it owns: the ramdisk's layout and `/init`, choosing and ordering kernel modules from
+//! their `.modinfo`, the cpio writer, and driving `grub-mkrescue`. What it must not do: run
+//! anything as root, touch the host's `/lib/modules` or devices, or need network access; and
+//! it never embeds secrets (the agent token is handed out at lookup, not baked in).
+//!
+//! Reproducibility: the same inputs give a byte-identical initramfs (sorted entries, mtime 0,
+//! uid/gid 0, inode numbers by position, a gzip header without time or name). The ISO is
+//! made by external tools and is not promised byte-identical.
+
+#![warn(missing_docs)]
+
+pub mod cpio;
+pub mod elf;
+pub mod init;
+pub mod ipxe;
+pub mod iso;
+pub mod modules;
+
+use cpio::{Archive, Content};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The artefact file names (kept stable: BMCs, rivetd and docs refer to them).
+pub mod names {
+    /// The kernel.
+    pub const VMLINUZ: &str = "vmlinuz";
+    /// The ramdisk.
+    pub const INITRAMFS: &str = "rivet.initramfs";
+    /// The virtual-media ISO.
+    pub const ISO: &str = "rivet.iso";
+    /// The iPXE script.
+    pub const IPXE: &str = "boot.ipxe";
+}
+
+/// Controller URL used when none is given: a DNS name operators can point at rivetd.
+pub const DEFAULT_CONTROLLER: &str = "http://rivet-controller:6385";
+
+/// Kernel arguments every boot path gets: console on screen and on the first serial port
+/// (the last `console=` is `/dev/console`, where `/init` and the agent log).
+pub const DEFAULT_CONSOLE: &str = "console=tty0 console=ttyS0,115200n8";
+
+/// Errors while building.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A file could not be read or written.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A tool could not be run or failed.
+    #[error("{tool}: {message}")]
+    Tool {
+        /// The command.
+        tool: String,
+        /// What went wrong, with its output.
+        message: String,
+    },
+    /// An input is unusable.
+    #[error("{0}")]
+    Input(String),
+    /// Two ramdisk entries collide, or a path is bad.
+    #[error(transparent)]
+    Cpio(#[from] cpio::CpioError),
+    /// Module discovery failed.
+    #[error(transparent)]
+    Modules(#[from] modules::ModuleError),
+    /// The ISO could not be made.
+    #[error(transparent)]
+    Iso(#[from] iso::IsoError),
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BuildError {
+    let path = path.to_path_buf();
+    move |source| BuildError::Io { what, path, source }
+}
+
+/// A host file or directory copied into the ramdisk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extra {
+    /// Host path (file, directory or symlink).
+    pub src: PathBuf,
+    /// Absolute path in the ramdisk.
+    pub dest: String,
+}
+
+impl std::str::FromStr for Extra {
+    type Err = String;
+    /// `SRC:DEST`, DEST absolute. Split at the last `:` so SRC may contain one.
+    fn from_str(s: &str) -> Result<Extra, String> {
+        let (src, dest) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("--extra {s:?}: expected SRC:DEST"))?;
+        if src.is_empty() || !dest.starts_with('/') || dest == "/" {
+            return Err(format!(
+                "--extra {s:?}: expected SRC:DEST with DEST an absolute path in the ramdisk"
+            ));
+        }
+        Ok(Extra {
+            src: PathBuf::from(src),
+            dest: dest.to_string(),
+        })
+    }
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Output directory (created if missing).
+    pub out: PathBuf,
+    /// A Debian `linux-image-*` .deb, or a directory it was extracted into.
+    pub kernel_package: PathBuf,
+    /// The static agent binary.
+    pub agent: PathBuf,
+    /// A static busybox (Debian `busybox-static`: `/bin/busybox`).
+    pub busybox: PathBuf,
+    /// Modules to ship (with their dependencies); missing ones are skipped.
+    pub modules: Vec<String>,
+    /// Exec plugins: every file of this directory goes to `/usr/lib/rivet/managers.d/`.
+    pub plugins: Option<PathBuf>,
+    /// More files for the ramdisk.
+    pub extra: Vec<Extra>,
+    /// `rivet.controller=` for the ISO and boot.ipxe (comma-separated list allowed).
+    pub controller: String,
+    /// Kernel arguments for the ISO and boot.ipxe, before the controller (console, log…).
+    pub cmdline: String,
+    /// Make the ISO (needs grub-mkrescue and xorriso).
+    pub iso: bool,
+    /// gzip level 0–9.
+    pub compression: u32,
+}
+
+impl Options {
+    /// Defaults for everything but the output, kernel package and agent.
+    pub fn new(out: PathBuf, kernel_package: PathBuf, agent: PathBuf) -> Options {
+        Options {
+            out,
+            kernel_package,
+            agent,
+            busybox: PathBuf::from("/bin/busybox"),
+            modules: modules::DEFAULT_MODULES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            plugins: None,
+            extra: Vec::new(),
+            controller: DEFAULT_CONTROLLER.to_string(),
+            cmdline: DEFAULT_CONSOLE.to_string(),
+            iso: true,
+            compression: 9,
+        }
+    }
+
+    /// The kernel command line the ISO and boot.ipxe carry.
+    pub fn kernel_cmdline(&self) -> String {
+        let mut s = self.cmdline.trim().to_string();
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str("rivet.controller=");
+        s.push_str(&self.controller);
+        s
+    }
+}
+
+/// What was built.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Kernel version of the package.
+    pub kernel_version: String,
+    /// Modules shipped, in load order.
+    pub modules: Vec<String>,
+    /// Wanted modules the package lacks.
+    pub missing_modules: Vec<String>,
+    /// Modules left out with the reason.
+    pub skipped_modules: Vec<(String, String)>,
+    /// Paths of the artefacts.
+    pub vmlinuz: PathBuf,
+    /// The ramdisk.
+    pub initramfs: PathBuf,
+    /// Its compressed size.
+    pub initramfs_bytes: u64,
+    /// Its uncompressed (cpio) size.
+    pub initramfs_cpio_bytes: u64,
+    /// The ISO, if made, and what it boots.
+    pub iso: Option<(PathBuf, iso::IsoBoot)>,
+    /// The iPXE script.
+    pub ipxe: PathBuf,
+}
+
+/// An extracted kernel package (a temp dir removed on drop, or the caller's directory).
+pub struct KernelPackage {
+    _tmp: Option<tempfile::TempDir>,
+    /// Root of the extracted tree.
+    pub root: PathBuf,
+    /// `boot/vmlinuz-VERSION`.
+    pub vmlinuz: PathBuf,
+    /// Its modules.
+    pub modules: modules::ModuleTree,
+}
+
+impl KernelPackage {
+    /// Extract a `.deb` with `dpkg-deb -x` into a temp dir under `scratch`, or use a directory
+    /// as it is.
+    pub fn open(package: &Path, scratch: &Path) -> Result<KernelPackage, BuildError> {
+        let (tmp, root) = if package.is_dir() {
+            (None, package.to_path_buf())
+        } else {
+            if !package.is_file() {
+                return Err(BuildError::Input(format!(
+                    "kernel package {} does not exist (scripts/setup-qemu.sh downloads one into \
+                     target/kernel-cache/)",
+                    package.display()
+                )));
+            }
+            let tmp = tempfile::Builder::new()
+                .prefix("kernel-")
+                .tempdir_in(scratch)
+                .map_err(io("creating a temp dir in", scratch))?;
+            let out = Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(package)
+                .arg(tmp.path())
+                .output()
+                .map_err(|e| BuildError::Tool {
+                    tool: "dpkg-deb".into(),
+                    message: format!("cannot run it: {e}"),
+                })?;
+            if !out.status.success() {
+                return Err(BuildError::Tool {
+                    tool: format!("dpkg-deb -x {}", package.display()),
+                    message: String::from_utf8_lossy(&out.stderr).into_owned(),
+                });
+            }
+            let root = tmp.path().to_path_buf();
+            (Some(tmp), root)
+        };
+        let modules = modules::ModuleTree::open(&root)?;
+        let vmlinuz = root
+            .join("boot")
+            .join(format!("vmlinuz-{}", modules.version));
+        if !vmlinuz.is_file() {
+            return Err(BuildError::Input(format!(
+                "{}: no boot/vmlinuz-{} in the kernel package",
+                package.display(),
+                modules.version
+            )));
+        }
+        Ok(KernelPackage {
+            _tmp: tmp,
+            root,
+            vmlinuz,
+            modules,
+        })
+    }
+}
+
+/// Check that `path` is a static x86_64 executable (no dynamic loader needed).
+pub fn check_static(path: &Path, what: &str) -> Result<(), BuildError> {
+    let data = std::fs::read(path).map_err(io("reading", path))?;
+    match elf::needs_interpreter(&data) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(BuildError::Input(format!(
+            "{what} {} is dynamically linked; the ramdisk has no shared libraries{}",
+            path.display(),
+            if what == "busybox" {
+                " (install busybox-static)"
+            } else {
+                " (build it with scripts/build-agent.sh)"
+            }
+        ))),
+        Err(e) => Err(BuildError::Input(format!("{what} {}: {e}", path.display()))),
+    }
+}
+
+/// busybox's applets as paths (`bin/sh`, `sbin/ip`…), from `busybox --list-full`.
+pub fn busybox_applets(busybox: &Path) -> Result<Vec<String>, BuildError> {
+    let out = Command::new(busybox)
+        .arg("--list-full")
+        .output()
+        .map_err(|e| BuildError::Tool {
+            tool: busybox.display().to_string(),
+            message: format!("cannot run it: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(BuildError::Tool {
+            tool: format!("{} --list-full", busybox.display()),
+            message: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    let mut applets: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().trim_start_matches('/').to_string())
+        .filter(|l| !l.is_empty() && l.contains('/'))
+        .collect();
+    applets.sort();
+    applets.dedup();
+    for needed in [
+        "bin/sh",
+        "sbin/insmod",
+        "sbin/udhcpc",
+        "sbin/ip",
+        "bin/mount",
+    ] {
+        let name = needed.rsplit('/').next().unwrap_or(needed);
+        if !applets.iter().any(|a| a.rsplit('/').next() == Some(name)) {
+            return Err(BuildError::Input(format!(
+                "{} has no {name} applet; /init needs it",
+                busybox.display()
+            )));
+        }
+    }
+    Ok(applets)
+}
+
+/// Add a host file, directory tree or symlink at `dest`, keeping permission bits.
+fn add_host_path(a: &mut Archive, src: &Path, dest: &str) -> Result<(), BuildError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(src).map_err(io("reading", src))?;
+    let perm = meta.permissions().mode() & 0o7777;
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(src).map_err(io("reading link", src))?;
+        a.symlink(dest, &target.to_string_lossy())?;
+    } else if meta.is_dir() {
+        a.dir(dest, perm)?;
+        let mut names: Vec<_> = std::fs::read_dir(src)
+            .map_err(io("listing", src))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(io("listing", src))?;
+        names.sort();
+        for n in names {
+            let child = format!("{}/{}", dest.trim_end_matches('/'), n.to_string_lossy());
+            add_host_path(a, &src.join(&n), &child)?;
+        }
+    } else if meta.is_file() {
+        a.file(dest, perm, src)?;
+    } else {
+        return Err(BuildError::Input(format!(
+            "{}: only files, directories and symlinks can go into the ramdisk",
+            src.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Assemble the ramdisk's entries (no compression yet).
+pub fn ramdisk(
+    opts: &Options,
+    kernel: &KernelPackage,
+    selection: &modules::Selection,
+) -> Result<Archive, BuildError> {
+    let mut a = Archive::new();
+    for d in [
+        "bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "proc", "sys", "dev", "run", "mnt",
+        "var",
+    ] {
+        a.dir(d, 0o755)?;
+    }
+    a.dir("root", 0o700)?;
+    a.dir("tmp", 0o1777)?;
+    a.dir("var/tmp", 0o1777)?;
+    a.add("dev/console", 0o600, Content::CharDev(5, 1))?;
+    a.add("dev/null", 0o666, Content::CharDev(1, 3))?;
+    a.symlink("var/run", "/run")?;
+    a.bytes("etc/passwd", 0o644, "root:x:0:0:root:/root:/bin/sh\n")?;
+    a.bytes("etc/group", 0o644, "root:x:0:\n")?;
+    a.bytes("etc/hostname", 0o644, "rivet-ramdisk\n")?;
+    a.bytes(
+        "etc/rivet-release",
+        0o644,
+        format!(
+            "RIVET_RAMDISK=1\nKERNEL={}\nMODULES={}\n",
+            kernel.modules.version,
+            selection.order.len()
+        ),
+    )?;
+
+    check_static(&opts.busybox, "busybox")?;
+    a.file("bin/busybox", 0o755, &opts.busybox)?;
+    for applet in busybox_applets(&opts.busybox)? {
+        if applet == "bin/busybox" || applet == "linuxrc" {
+            continue;
+        }
+        a.symlink(&applet, "/bin/busybox")?;
+    }
+
+    a.bytes("init", 0o755, init::init_script(&kernel.modules.version))?;
+    a.bytes(init::DHCP_SCRIPT, 0o755, init::dhcp_script())?;
+
+    check_static(&opts.agent, "agent")?;
+    a.file(init::AGENT_PATH, 0o755, &opts.agent)?;
+
+    let moddir = format!("lib/modules/{}", kernel.modules.version);
+    let mut load = String::new();
+    for m in &selection.order {
+        a.file(&format!("{moddir}/{}", m.rel), 0o644, &m.path)?;
+        load.push_str(&m.rel);
+        load.push('\n');
+    }
+    a.bytes(&format!("{moddir}/{}", init::LOAD_LIST), 0o644, load)?;
+
+    a.dir(init::PLUGIN_DIR, 0o755)?;
+    if let Some(dir) = &opts.plugins {
+        if !dir.is_dir() {
+            return Err(BuildError::Input(format!(
+                "--plugins {}: not a directory",
+                dir.display()
+            )));
+        }
+        add_host_path(&mut a, dir, init::PLUGIN_DIR)?;
+    }
+    for e in &opts.extra {
+        add_host_path(&mut a, &e.src, &e.dest)?;
+    }
+    Ok(a)
+}
+
+/// Write `a` gzip-compressed to `path`; returns (compressed, uncompressed) sizes.
+pub fn write_initramfs(a: &Archive, path: &Path, level: u32) -> Result<(u64, u64), BuildError> {
+    struct Count<W> {
+        inner: W,
+        n: u64,
+    }
+    impl<W: Write> Write for Count<W> {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let k = self.inner.write(b)?;
+            self.n += k as u64;
+            Ok(k)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.inner.flush()
+        }
+    }
+    let f = std::fs::File::create(path).map_err(io("creating", path))?;
+    // No file name and mtime 0 in the gzip header: reproducible.
+    let gz = flate2::GzBuilder::new().mtime(0).write(
+        std::io::BufWriter::new(f),
+        flate2::Compression::new(level.min(9)),
+    );
+    let mut w = Count { inner: gz, n: 0 };
+    a.write_to(&mut w).map_err(io("writing", path))?;
+    let raw = w.n;
+    let buf = w.inner.finish().map_err(io("writing", path))?;
+    let f = buf.into_inner().map_err(|e| BuildError::Io {
+        what: "writing",
+        path: path.to_path_buf(),
+        source: e.into_error(),
+    })?;
+    f.sync_all().map_err(io("writing", path))?;
+    let size = f.metadata().map_err(io("reading", path))?.len();
+    Ok((size, raw))
+}
+
+/// Build everything into `opts.out`. Each artefact is written to a temp name and renamed, so
+/// a reader never sees half a file.
+pub fn build(opts: &Options) -> Result<Report, BuildError> {
+    std::fs::create_dir_all(&opts.out).map_err(io("creating", &opts.out))?;
+    let scratch = tempfile::Builder::new()
+        .prefix(".image-build-")
+        .tempdir_in(&opts.out)
+        .map_err(io("creating a temp dir in", &opts.out))?;
+    let kernel = KernelPackage::open(&opts.kernel_package, scratch.path())?;
+    let selection = kernel.modules.resolve(&opts.modules)?;
+    let archive = ramdisk(opts, &kernel, &selection)?;
+
+    let tmp_initrd = scratch.path().join(names::INITRAMFS);
+    let (initramfs_bytes, initramfs_cpio_bytes) =
+        write_initramfs(&archive, &tmp_initrd, opts.compression)?;
+    let tmp_kernel = scratch.path().join(names::VMLINUZ);
+    std::fs::copy(&kernel.vmlinuz, &tmp_kernel).map_err(io("copying", &kernel.vmlinuz))?;
+
+    let cmdline = opts.kernel_cmdline();
+    let iso = if opts.iso {
+        let tmp_iso = scratch.path().join(names::ISO);
+        let stage = scratch.path().join("iso-stage");
+        std::fs::create_dir_all(&stage).map_err(io("creating", &stage))?;
+        let boot = iso::make_iso(&tmp_kernel, &tmp_initrd, &cmdline, &stage, &tmp_iso)?;
+        Some((tmp_iso, boot))
+    } else {
+        None
+    };
+    let tmp_ipxe = scratch.path().join(names::IPXE);
+    std::fs::write(
+        &tmp_ipxe,
+        ipxe::script(names::VMLINUZ, names::INITRAMFS, &cmdline),
+    )
+    .map_err(io("writing", &tmp_ipxe))?;
+
+    let place = |tmp: &Path, name: &str| -> Result<PathBuf, BuildError> {
+        let dest = opts.out.join(name);
+        std::fs::rename(tmp, &dest).map_err(io("renaming into", &dest))?;
+        Ok(dest)
+    };
+    let vmlinuz = place(&tmp_kernel, names::VMLINUZ)?;
+    let initramfs = place(&tmp_initrd, names::INITRAMFS)?;
+    let ipxe_path = place(&tmp_ipxe, names::IPXE)?;
+    let iso = match iso {
+        Some((tmp, boot)) => Some((place(&tmp, names::ISO)?, boot)),
+        None => {
+            // A stale ISO from an earlier build would not match the new ramdisk.
+            let _ = std::fs::remove_file(opts.out.join(names::ISO));
+            None
+        }
+    };
+    Ok(Report {
+        kernel_version: kernel.modules.version.clone(),
+        modules: selection.order.iter().map(|m| m.name.clone()).collect(),
+        missing_modules: selection.missing,
+        skipped_modules: selection.skipped,
+        vmlinuz,
+        initramfs,
+        initramfs_bytes,
+        initramfs_cpio_bytes,
+        iso,
+        ipxe: ipxe_path,
+    })
+}
+
+/// Run `scripts/build-agent.sh` (profile `agent`, static musl) and return the binary's path
+/// (the script prints it last on stdout).
+pub fn build_agent(script: &Path) -> Result<PathBuf, BuildError> {
+    let out = Command::new("bash")
+        .arg(script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| BuildError::Tool {
+            tool: script.display().to_string(),
+            message: format!("cannot run it: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(BuildError::Tool {
+            tool: script.display().to_string(),
+            message: format!("failed ({})", out.status),
+        });
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| PathBuf::from(l.trim()))
+        .ok_or_else(|| BuildError::Tool {
+            tool: script.display().to_string(),
+            message: "printed no binary path".into(),
+        })?;
+    if !path.is_file() {
+        return Err(BuildError::Tool {
+            tool: script.display().to_string(),
+            message: format!("printed {}, which does not exist", path.display()),
+        });
+    }
+    Ok(path)
+}
+
+/// The newest `linux-image-*.deb` in `dir` (by version-aware name order), if any.
+pub fn newest_kernel_package(dir: &Path) -> Option<PathBuf> {
+    let mut debs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("linux-image-") && n.ends_with(".deb")
+            })
+        })
+        .collect();
+    debs.sort_by(|a, b| version_cmp(&a.to_string_lossy(), &b.to_string_lossy()));
+    debs.pop()
+}
+
+/// Compare strings treating digit runs as numbers (`6.1.0-9` < `6.1.0-26`).
+pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (ca, cb) = (chunks(a), chunks(b));
+    for (x, y) in ca.iter().zip(&cb) {
+        let o = if x.0 && y.0 {
+            let (xt, yt) = (x.1.trim_start_matches('0'), y.1.trim_start_matches('0'));
+            xt.len().cmp(&yt.len()).then_with(|| xt.cmp(yt))
+        } else {
+            x.1.cmp(y.1)
+        };
+        if o != std::cmp::Ordering::Equal {
+            return o;
+        }
+    }
+    ca.len().cmp(&cb.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_parses() {
+        let e: Extra = "/host/a:b:/etc/x".parse().expect("parse");
+        assert_eq!(e.src, PathBuf::from("/host/a:b"));
+        assert_eq!(e.dest, "/etc/x");
+        assert!("nocolon".parse::<Extra>().is_err());
+        assert!("a:relative".parse::<Extra>().is_err());
+        assert!("a:/".parse::<Extra>().is_err());
+    }
+
+    #[test]
+    fn versions_sort_numerically() {
+        let mut v = [
+            "linux-image-6.1.0-26-amd64_6.1.112-1_amd64.deb",
+            "linux-image-6.1.0-9-amd64_6.1.27-1_amd64.deb",
+            "linux-image-6.1.0-56-amd64_6.1.192-2_amd64.deb",
+        ];
+        v.sort_by(|a, b| version_cmp(a, b));
+        assert_eq!(v[2], "linux-image-6.1.0-56-amd64_6.1.192-2_amd64.deb");
+        assert_eq!(v[0], "linux-image-6.1.0-9-amd64_6.1.27-1_amd64.deb");
+    }
+
+    #[test]
+    fn cmdline_ends_with_the_controller() {
+        let mut o = Options::new("o".into(), "k".into(), "a".into());
+        o.controller = "http://10.0.2.100:6385".into();
+        assert_eq!(
+            o.kernel_cmdline(),
+            "console=tty0 console=ttyS0,115200n8 rivet.controller=http://10.0.2.100:6385"
+        );
+        o.cmdline = String::new();
+        assert_eq!(
+            o.kernel_cmdline(),
+            "rivet.controller=http://10.0.2.100:6385"
+        );
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs what image-build and the QEMU end-to-end tests need, idempotently (Debian 12, root):
+# QEMU (TCG is enough), busybox-static for the ramdisk's /init, socat for the guestfwd relay,
+# xorriso + GRUB (BIOS and UEFI) + mtools for the ISO, cpio for inspection, and a Debian
+# kernel package (not installed: downloaded with `apt-get download` into the kernel cache,
+# where image-build and the tests find it).
+#
+#   scripts/setup-qemu.sh            # prints the cached kernel package's path last
+#
+# RIVET_KERNEL_CACHE overrides the cache directory (default: target/kernel-cache).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+log() { echo "setup-qemu: $*" >&2; }
+
+APT_PACKAGES=(qemu-system-x86 busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+updated=0
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    updated=1
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cache="${RIVET_KERNEL_CACHE:-$root/target/kernel-cache}"
+mkdir -p "$cache"
+newest() {
+    apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' 2>/dev/null \
+        | awk '{print $1}' | sort -V | tail -n 1
+}
+pkg="$(newest)"
+if [ -z "$pkg" ] && [ "$updated" = 0 ]; then
+    apt-get update -qq
+    pkg="$(newest)"
+fi
+if [ -z "$pkg" ]; then
+    # No package index: keep whatever is cached.
+    have="$(ls "$cache"/linux-image-6.1.0-*-amd64_*.deb 2>/dev/null | sort -V | tail -n 1 || true)"
+    if [ -n "$have" ]; then
+        log "no linux-image package in the apt index; using cached $have"
+        echo "$have"
+        exit 0
+    fi
+    log "FAIL: no linux-image-6.1.0-*-amd64 package in the apt index"
+    exit 1
+fi
+have="$(ls "$cache/${pkg}"_*.deb 2>/dev/null | head -n 1 || true)"
+if [ -z "$have" ]; then
+    log "downloading $pkg into $cache"
+    (cd "$cache" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2)
+    have="$(ls "$cache/${pkg}"_*.deb | head -n 1)"
+fi
+log "kernel package: $have"
+echo "$have"
