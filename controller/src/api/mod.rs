@@ -7,6 +7,7 @@
 mod agent;
 mod auth;
 mod body;
+mod boot;
 mod nodes;
 mod patch;
 mod ports;
@@ -115,6 +116,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/", get(version::v1))
         .merge(admin)
         .merge(agent::routes())
+        .merge(boot::routes())
         .fallback(not_found)
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))

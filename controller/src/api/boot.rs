@@ -1,0 +1,206 @@
+//! `/boot`: what a network-booting machine fetches. No credentials (a PXE-booting machine has
+//! none), so these endpoints give out only the public ramdisk and, for a machine that is
+//! enrolled, the script that boots it; an unknown node or MAC is a plain 404 that says
+//! nothing more.
+//!
+//! - `GET /boot/{file}`: `vmlinuz`, `rivet.initramfs` or `rivet.iso` from `[boot]
+//!   artefact_dir`, streamed from disk (nothing else in that directory is reachable).
+//! - `GET /boot/ipxe/{node}` and `GET /boot/ipxe?mac=aa:bb:…`: an iPXE script chaining the
+//!   kernel and the initramfs with `rivet.controller=<public_url> rivet.node=<uuid>` when the
+//!   node expects a ramdisk (cleaning, inspection, deployment, rescue), else a script that
+//!   `exit`s so the firmware boots the next device (its disk).
+
+use super::{ApiError, AppState};
+use crate::conductor::agent::LOOKUP_ALLOWED;
+use crate::store::{normalize_mac, Node, StoreError};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use std::io::Read;
+
+/// The only files `GET /boot/{file}` serves (image-build's output names).
+pub const ARTEFACTS: &[&str] = &["vmlinuz", "rivet.initramfs", "rivet.iso"];
+
+/// Bytes read from disk per body chunk.
+const CHUNK: usize = 256 * 1024;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/boot/ipxe", get(ipxe_by_mac))
+        .route("/boot/ipxe/{node}", get(ipxe_for_node))
+        .route("/boot/{file}", get(artefact))
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no boot resource here")
+}
+
+async fn artefact(
+    State(state): State<AppState>,
+    Path(file): Path<String>,
+) -> Result<Response, ApiError> {
+    if !ARTEFACTS.contains(&file.as_str()) {
+        return Err(not_found());
+    }
+    let Some(dir) = state.conductor.config.boot.artefact_dir.clone() else {
+        return Err(not_found());
+    };
+    let path = dir.join(&file);
+    let opened = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&path)?;
+        let len = f.metadata()?.len();
+        Ok::<_, std::io::Error>((f, len))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let (f, len) = match opened {
+        Ok(x) => x,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+        Err(e) => {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot read boot artefact {file}: {e}"),
+            ))
+        }
+    };
+    tracing::info!(file = %file, bytes = len, "serving boot artefact");
+    let mut resp = Body::from_stream(file_stream(f)).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    Ok(resp)
+}
+
+/// The file as a stream of chunks, each read on the blocking pool.
+fn file_stream(
+    f: std::fs::File,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    futures_util::stream::unfold(Some(f), |state| async move {
+        let mut f = state?;
+        let read = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; CHUNK];
+            let r = f.read(&mut buf).map(|n| {
+                buf.truncate(n);
+                buf
+            });
+            (f, r)
+        })
+        .await;
+        match read {
+            Ok((_, Ok(buf))) if buf.is_empty() => None,
+            Ok((f, Ok(buf))) => Some((Ok(Bytes::from(buf)), Some(f))),
+            Ok((_, Err(e))) => Some((Err(e), None)),
+            Err(e) => Some((Err(std::io::Error::other(e)), None)),
+        }
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct MacQuery {
+    mac: Option<String>,
+}
+
+async fn ipxe_by_mac(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<MacQuery>,
+) -> Result<Response, ApiError> {
+    let mac = q
+        .mac
+        .as_deref()
+        .and_then(|m| normalize_mac(&m.replace('-', ":")))
+        .ok_or_else(not_found)?;
+    let uuid = state
+        .conductor
+        .store
+        .node_by_macs(&[mac])
+        .await?
+        .ok_or_else(not_found)?;
+    let node = known(state.conductor.store.get_node(&uuid).await)?;
+    Ok(script_response(&state, &headers, &node))
+}
+
+async fn ipxe_for_node(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(ident): Path<String>,
+) -> Result<Response, ApiError> {
+    let node = known(state.conductor.store.get_node(&ident).await)?;
+    Ok(script_response(&state, &headers, &node))
+}
+
+fn known(r: Result<Node, StoreError>) -> Result<Node, ApiError> {
+    match r {
+        Ok(n) => Ok(n),
+        Err(StoreError::NotFound { .. }) => Err(not_found()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn script_response(state: &AppState, headers: &HeaderMap, node: &Node) -> Response {
+    let boot = &state.conductor.config.boot;
+    let base = match &boot.public_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => format!(
+            "http://{}",
+            headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("127.0.0.1:6385")
+        ),
+    };
+    let body = if LOOKUP_ALLOWED.contains(&node.provision_state) {
+        tracing::info!(node = %node.uuid, state = %node.provision_state, "serving iPXE ramdisk script");
+        ipxe_script(&base, &boot.kernel_append, &node.uuid)
+    } else {
+        tracing::info!(node = %node.uuid, state = %node.provision_state, "iPXE: no ramdisk expected, sending the machine to its next boot device");
+        "#!ipxe\necho Rivet: no ramdisk is expected for this machine now; booting the next device\nexit\n"
+            .to_string()
+    };
+    let mut resp = (StatusCode::OK, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// The per-node script: absolute URLs under `base`, the node's UUID for lookup, and the boot
+/// interface's MAC as `BOOTIF` (`netX` is the device iPXE booted through).
+pub fn ipxe_script(base: &str, append: &str, node: &str) -> String {
+    let append = append.trim();
+    let sep = if append.is_empty() { "" } else { " " };
+    format!(
+        "#!ipxe\n\
+         # Rivet ramdisk for node {node}\n\
+         kernel {base}/boot/vmlinuz initrd=rivet.initramfs BOOTIF=01-${{netX/mac:hexhyp}}{sep}{append} rivet.controller={base} rivet.node={node}\n\
+         initrd --name rivet.initramfs {base}/boot/rivet.initramfs\n\
+         boot\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_chains_kernel_and_initramfs() {
+        let s = ipxe_script("http://10.0.0.1:6385", "console=ttyS0", "n-1");
+        assert!(s.starts_with("#!ipxe\n"));
+        assert!(s.contains(
+            "kernel http://10.0.0.1:6385/boot/vmlinuz initrd=rivet.initramfs BOOTIF=01-${netX/mac:hexhyp} console=ttyS0 rivet.controller=http://10.0.0.1:6385 rivet.node=n-1\n"
+        ));
+        assert!(
+            s.contains("initrd --name rivet.initramfs http://10.0.0.1:6385/boot/rivet.initramfs\n")
+        );
+        assert!(s.ends_with("boot\n"));
+        let s = ipxe_script("http://h", "", "n");
+        assert!(s.contains("hexhyp} rivet.controller=http://h rivet.node=n\n"));
+    }
+}
