@@ -20,8 +20,6 @@ pub struct Config {
     pub log_json: bool,
     /// Boot artefacts and iPXE scripts served to PXE-booting machines.
     pub boot: BootConfig,
-    /// Boot artefacts and iPXE scripts served to PXE-booting machines.
-    pub boot: BootConfig,
     /// Admin credentials.
     pub auth: AuthConfig,
     /// Conductor timing.
@@ -54,31 +52,6 @@ impl Default for CleaningConfig {
         CleaningConfig {
             priority_overrides: Default::default(),
             step_timeout_s: 6 * 3600,
-        }
-    }
-}
-
-/// `[boot]`: what `GET /boot/{file}` and `GET /boot/ipxe/{node}` serve (no credentials: a
-/// PXE-booting machine has none).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct BootConfig {
-    /// Directory holding image-build's output (vmlinuz, rivet.initramfs, rivet.iso). Unset:
-    /// nothing is served.
-    pub artefact_dir: Option<std::path::PathBuf>,
-    /// rivetd's URL as booting machines reach it, used in iPXE scripts for the artefacts and
-    /// as `rivet.controller=`. Unset: `http://` + the request's Host header.
-    pub public_url: Option<String>,
-    /// Kernel arguments added to every iPXE boot (console, log level…).
-    pub kernel_append: String,
-}
-
-impl Default for BootConfig {
-    fn default() -> Self {
-        BootConfig {
-            artefact_dir: None,
-            public_url: None,
-            kernel_append: "console=tty0 console=ttyS0,115200n8".into(),
         }
     }
 }
@@ -184,7 +157,6 @@ impl Default for Config {
             no_auth: false,
             conductor_id: hostname(),
             log_json: false,
-            boot: BootConfig::default(),
             boot: BootConfig::default(),
             auth: AuthConfig::default(),
             conductor: ConductorConfig::default(),
