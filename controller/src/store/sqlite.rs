@@ -262,6 +262,52 @@ fn opt_json(v: &Option<Value>) -> Option<String> {
     v.as_ref().map(|v| v.to_string())
 }
 
+/// A node's values in [`NODE_COLUMNS`] order (one list for INSERT and UPDATE).
+fn node_values(n: &Node) -> Vec<rusqlite::types::Value> {
+    use rusqlite::types::Value as V;
+    let text = |s: Option<String>| s.map(V::Text).unwrap_or(V::Null);
+    let state = |s: Option<&str>| text(s.map(str::to_string));
+    vec![
+        V::Text(n.uuid.clone()),
+        text(n.name.clone()),
+        V::Text(n.driver.clone()),
+        V::Text(map_to_text(&n.driver_info)),
+        V::Text(map_to_text(&n.driver_internal_info)),
+        V::Text(map_to_text(&n.properties)),
+        V::Text(map_to_text(&n.instance_info)),
+        text(n.instance_uuid.clone()),
+        V::Text(map_to_text(&n.extra)),
+        V::Text(n.provision_state.as_str().to_string()),
+        state(n.target_provision_state.map(|s| s.as_str())),
+        text(n.provision_updated_at.as_ref().map(ts)),
+        state(n.power_state.map(|s| s.as_str())),
+        state(n.target_power_state.map(|s| s.as_str())),
+        V::Integer(i64::from(n.maintenance)),
+        text(n.maintenance_reason.clone()),
+        text(n.fault.clone()),
+        text(n.last_error.clone()),
+        text(opt_json(&n.clean_step)),
+        text(opt_json(&n.deploy_step)),
+        text(n.reservation.clone()),
+        text(n.conductor.clone()),
+        n.automated_clean
+            .map(|b| V::Integer(i64::from(b)))
+            .unwrap_or(V::Null),
+        text(n.resource_class.clone()),
+        V::Text(ts(&n.created_at)),
+        text(n.updated_at.as_ref().map(ts)),
+        V::Integer(n.version),
+    ]
+}
+
+/// `?1, ?2, …, ?n`.
+fn placeholders(n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_node(&self, node: &Node) -> Result<Node, StoreError> {
@@ -269,41 +315,13 @@ impl Store for SqliteStore {
         n.version = 1;
         n.updated_at = None;
         self.with(|c| {
+            let values = node_values(&n);
             let r = c.execute(
                 &format!(
-                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
-                     ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, \
-                     ?24, ?25, ?26, ?27)"
+                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({})",
+                    placeholders(values.len())
                 ),
-                params![
-                    n.uuid,
-                    n.name,
-                    n.driver,
-                    map_to_text(&n.driver_info),
-                    map_to_text(&n.driver_internal_info),
-                    map_to_text(&n.properties),
-                    map_to_text(&n.instance_info),
-                    n.instance_uuid,
-                    map_to_text(&n.extra),
-                    n.provision_state.as_str(),
-                    n.target_provision_state.map(|s| s.as_str()),
-                    n.provision_updated_at.as_ref().map(ts),
-                    n.power_state.map(|s| s.as_str()),
-                    n.target_power_state.map(|s| s.as_str()),
-                    n.maintenance,
-                    n.maintenance_reason,
-                    n.fault,
-                    n.last_error,
-                    opt_json(&n.clean_step),
-                    opt_json(&n.deploy_step),
-                    n.reservation,
-                    n.conductor,
-                    n.automated_clean,
-                    n.resource_class,
-                    ts(&n.created_at),
-                    Option::<String>::None,
-                    n.version,
-                ],
+                rusqlite::params_from_iter(values),
             );
             match r {
                 Ok(_) => Ok(n),
@@ -429,45 +447,17 @@ impl Store for SqliteStore {
         n.version += 1;
         n.updated_at = Some(Utc::now());
         self.with(|c| {
+            let mut values = node_values(&n);
+            let count = values.len();
+            values.push(expected.into());
+            // Row-value UPDATE: the same column list and order as INSERT.
             let r = c.execute(
-                "UPDATE nodes SET name = ?2, driver = ?3, driver_info = ?4, \
-                 driver_internal_info = ?5, properties = ?6, instance_info = ?7, \
-                 instance_uuid = ?8, extra = ?9, provision_state = ?10, \
-                 target_provision_state = ?11, provision_updated_at = ?12, power_state = ?13, \
-                 target_power_state = ?14, maintenance = ?15, maintenance_reason = ?16, \
-                 fault = ?17, last_error = ?18, clean_step = ?19, deploy_step = ?20, \
-                 reservation = ?21, conductor = ?22, automated_clean = ?23, \
-                 resource_class = ?24, updated_at = ?25, version = ?26 \
-                 WHERE uuid = ?1 AND version = ?27",
-                params![
-                    n.uuid,
-                    n.name,
-                    n.driver,
-                    map_to_text(&n.driver_info),
-                    map_to_text(&n.driver_internal_info),
-                    map_to_text(&n.properties),
-                    map_to_text(&n.instance_info),
-                    n.instance_uuid,
-                    map_to_text(&n.extra),
-                    n.provision_state.as_str(),
-                    n.target_provision_state.map(|s| s.as_str()),
-                    n.provision_updated_at.as_ref().map(ts),
-                    n.power_state.map(|s| s.as_str()),
-                    n.target_power_state.map(|s| s.as_str()),
-                    n.maintenance,
-                    n.maintenance_reason,
-                    n.fault,
-                    n.last_error,
-                    opt_json(&n.clean_step),
-                    opt_json(&n.deploy_step),
-                    n.reservation,
-                    n.conductor,
-                    n.automated_clean,
-                    n.resource_class,
-                    n.updated_at.as_ref().map(ts),
-                    n.version,
-                    expected,
-                ],
+                &format!(
+                    "UPDATE nodes SET ({NODE_COLUMNS}) = ({}) WHERE uuid = ?1 AND version = ?{}",
+                    placeholders(count),
+                    count + 1
+                ),
+                rusqlite::params_from_iter(values),
             );
             match r {
                 Ok(1) => Ok(n),
