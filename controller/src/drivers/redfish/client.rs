@@ -283,7 +283,9 @@ impl RedfishClient {
     }
 
     /// Send, retrying connection errors (not TLS failures, not timeouts: a request that
-    /// timed out may have been applied) and 5xx answers other than 501.
+    /// timed out may have been applied) and 5xx answers: any but 501 for GET, only 503
+    /// (not processed) for requests that change something, so an action such as a firmware
+    /// update is never sent twice.
     async fn send_with_retries(
         &self,
         method: &Method,
@@ -296,7 +298,7 @@ impl RedfishClient {
         loop {
             let result = self.send_once(method, url, body, auth).await;
             let retry = match &result {
-                Ok(r) => is_retryable_status(r.status()),
+                Ok(r) => is_retryable_status(method, r.status()),
                 Err(e) => is_retryable_error(e),
             };
             if retry && attempt < self.retries {
@@ -480,8 +482,12 @@ impl RedfishClient {
     }
 }
 
-fn is_retryable_status(s: StatusCode) -> bool {
-    s.is_server_error() && s != StatusCode::NOT_IMPLEMENTED
+fn is_retryable_status(method: &Method, s: StatusCode) -> bool {
+    if *method == Method::GET {
+        s.is_server_error() && s != StatusCode::NOT_IMPLEMENTED
+    } else {
+        s == StatusCode::SERVICE_UNAVAILABLE
+    }
 }
 
 fn is_retryable_error(e: &reqwest::Error) -> bool {
@@ -569,9 +575,15 @@ mod tests {
 
     #[test]
     fn retry_policy() {
-        assert!(is_retryable_status(StatusCode::SERVICE_UNAVAILABLE));
-        assert!(is_retryable_status(StatusCode::INTERNAL_SERVER_ERROR));
-        assert!(!is_retryable_status(StatusCode::NOT_IMPLEMENTED));
-        assert!(!is_retryable_status(StatusCode::BAD_REQUEST));
+        let (get, post) = (Method::GET, Method::POST);
+        assert!(is_retryable_status(&get, StatusCode::SERVICE_UNAVAILABLE));
+        assert!(is_retryable_status(&get, StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!is_retryable_status(&get, StatusCode::NOT_IMPLEMENTED));
+        assert!(!is_retryable_status(&get, StatusCode::BAD_REQUEST));
+        assert!(is_retryable_status(&post, StatusCode::SERVICE_UNAVAILABLE));
+        assert!(!is_retryable_status(
+            &post,
+            StatusCode::INTERNAL_SERVER_ERROR
+        ));
     }
 }
