@@ -3,6 +3,7 @@
 //! skips a test (developer machines) or fails it (CI sets `RIVET_REQUIRE_PEERS=1`).
 
 pub mod peers;
+pub mod qemu;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
