@@ -4,6 +4,7 @@
 //! `error: <message>` on stderr with exit status 1.
 
 mod client;
+mod demo;
 mod node;
 mod output;
 mod port;
@@ -37,15 +38,24 @@ enum Command {
     /// Ports: a node's NICs.
     #[command(subcommand)]
     Port(port::PortCmd),
+    /// The whole flow on this machine: rivetd, a fake-hardware node, a local agent on
+    /// sparse-file disks; automated then manual cleaning.
+    Demo(demo::DemoArgs),
+}
+
+/// The admin API client for `--url` / `RIVET_URL`, with `RIVET_TOKEN` when set.
+fn client(url: &str) -> anyhow::Result<client::Client> {
+    let token = std::env::var("RIVET_TOKEN").ok();
+    Ok(client::Client::new(url, token)?)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let token = std::env::var("RIVET_TOKEN").ok();
-    let client = client::Client::new(&cli.url, token)?;
     let out = output::Output { json: cli.json };
     match cli.command {
-        Command::Node(cmd) => node::run(cmd, &client, out).await,
-        Command::Port(cmd) => port::run(cmd, &client, out).await,
+        Command::Node(cmd) => node::run(cmd, &client(&cli.url)?, out).await,
+        Command::Port(cmd) => port::run(cmd, &client(&cli.url)?, out).await,
+        // The demo starts its own rivetd: the caller's URL and token do not apply.
+        Command::Demo(a) => demo::run(a).await,
     }
 }
 
