@@ -332,6 +332,14 @@ impl Sushy {
         })
     }
 
+    /// ComputerSystem.Reset requests the emulator has served (from its access log).
+    pub fn reset_requests(&self) -> usize {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains("POST ") && l.contains("ComputerSystem.Reset"))
+            .count()
+    }
+
     /// Its process id.
     pub fn pid(&self) -> Option<u32> {
         self.guard.pid()

@@ -162,7 +162,9 @@ fn power_on_off_reboot_reach_the_emulator() -> anyhow::Result<()> {
     assert!(n["last_error"].is_null(), "{n}");
     assert_eq!(sushy.power_state(&sys.uuid)?, "On");
 
-    // A reboot: the emulator shows the system off for 1–11 s, then on again.
+    // A reboot: a reset action while the system is on; the emulator shows it off for up
+    // to 11 s, then on again.
+    let resets_before = sushy.reset_requests();
     let done = Arc::new(AtomicBool::new(false));
     let saw_off = {
         let (sushy, uuid, done) = (sushy.clone(), sys.uuid.clone(), done.clone());
@@ -173,7 +175,7 @@ fn power_on_off_reboot_reach_the_emulator() -> anyhow::Result<()> {
                     .power_state(&uuid)
                     .map(|p| p == "Off")
                     .unwrap_or(false);
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(20));
             }
             off
         })
@@ -183,8 +185,14 @@ fn power_on_off_reboot_reach_the_emulator() -> anyhow::Result<()> {
     assert_eq!(n["power_state"], "power on", "{n}");
     assert!(n["last_error"].is_null(), "{n}");
     assert!(
-        saw_off.join().unwrap_or(false),
-        "the emulator never showed the reboot"
+        sushy.reset_requests() > resets_before,
+        "no reset reached the emulator"
+    );
+    // The off phase can be as short as a few ms (the emulator's delay is whole seconds
+    // from a truncated clock), so seeing it is reported, not required.
+    eprintln!(
+        "reboot: emulator seen off in between: {}",
+        saw_off.join().unwrap_or(false)
     );
     assert_eq!(sushy.power_state(&sys.uuid)?, "On");
 
@@ -343,9 +351,13 @@ fn power_sync_records_or_enforces() -> anyhow::Result<()> {
     // enforce: the BMC is turned off again (on shows up within 11 s, then back off).
     sushy.wait_power(&enf.uuid, "On", Duration::from_secs(15))?;
     sushy.wait_power(&enf.uuid, "Off", Duration::from_secs(40))?;
-    let n = enforcer.node("enf")?;
+    // The sync holds target_power_state while it works, and releases it once the BMC
+    // reports the enforced state.
+    let n = enforcer.wait_node("enf", Duration::from_secs(10), |v| {
+        v["target_power_state"].is_null()
+    })?;
     assert_eq!(n["power_state"], "power off", "{n}");
-    assert!(n["target_power_state"].is_null(), "{n}");
+    assert!(n["last_error"].is_null(), "{n}");
     Ok(())
 }
 
