@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what image-build and the QEMU end-to-end tests need, idempotently (Debian 12, root):
-# QEMU (TCG is enough), busybox-static for the ramdisk's /init, socat for the guestfwd relay,
-# xorriso + GRUB (BIOS and UEFI) + mtools for the ISO, cpio for inspection, and a Debian
-# kernel package (not installed: downloaded with `apt-get download` into the kernel cache,
-# where image-build and the tests find it).
+# QEMU (TCG is enough) and OVMF (UEFI firmware for the ISO test), busybox-static for the
+# ramdisk's /init, socat for the guestfwd relay, xorriso + GRUB (BIOS and UEFI) + mtools for
+# the ISO, cpio for inspection, and a Debian kernel package (not installed: downloaded with
+# `apt-get download` into the kernel cache, where image-build and the tests find it).
 #
 #   scripts/setup-qemu.sh            # prints the cached kernel package's path last
 #
@@ -14,7 +14,7 @@ cd "$root"
 
 log() { echo "setup-qemu: $*" >&2; }
 
-APT_PACKAGES=(qemu-system-x86 busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux)
+APT_PACKAGES=(qemu-system-x86 ovmf busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

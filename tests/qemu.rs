@@ -1,6 +1,7 @@
 //! QEMU runner for the boot scenarios: a real Debian kernel and the ramdisk image-build makes,
-//! booted directly (`-kernel/-initrd`), from the ISO (`-cdrom`) or by PXE → iPXE → rivetd,
-//! with raw-file virtio disks and user networking that reaches only rivetd on loopback.
+//! booted directly (`-kernel/-initrd`), from the ISO (SeaBIOS, or OVMF for UEFI) or by
+//! PXE → iPXE → rivetd, with raw-file virtio disks and user networking that reaches only
+//! rivetd on loopback.
 //!
 //! Networking: `-netdev user,restrict=on` keeps the guest off every host and network; one
 //! `guestfwd` maps `10.0.2.100:6385` in the guest to rivetd's loopback port through a
@@ -299,6 +300,8 @@ pub enum Boot {
     },
     /// `-cdrom` (SeaBIOS → GRUB from the ISO's BIOS El Torito image).
     Cdrom(PathBuf),
+    /// The ISO on a q35 machine with OVMF firmware (UEFI → the ISO's EFI El Torito image).
+    CdromUefi(PathBuf),
     /// Network boot: QEMU's iPXE option ROM fetches this URL (the DHCP boot file name).
     Pxe(String),
 }
@@ -320,6 +323,24 @@ pub struct Config {
     pub log_dir: PathBuf,
     /// Acceleration.
     pub accel: Accel,
+}
+
+/// OVMF's firmware code image (Debian `ovmf`), if installed.
+pub fn ovmf_code() -> Option<PathBuf> {
+    [
+        "/usr/share/OVMF/OVMF_CODE_4M.fd",
+        "/usr/share/OVMF/OVMF_CODE.fd",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file() && p.with_file_name(ovmf_vars_name(p)).is_file())
+}
+
+/// The variable-store template that goes with a code image.
+fn ovmf_vars_name(code: &Path) -> String {
+    code.file_name()
+        .map(|n| n.to_string_lossy().replace("_CODE", "_VARS"))
+        .unwrap_or_default()
 }
 
 /// Console lines with the host time they arrived.
@@ -378,6 +399,26 @@ impl Qemu {
                         iso.display()
                     ))
                     .args(["-boot", "order=d"]);
+            }
+            Boot::CdromUefi(iso) => {
+                let code = ovmf_code().context("no OVMF firmware: install Debian ovmf")?;
+                let vars = cfg.log_dir.join("OVMF_VARS.fd");
+                std::fs::copy(code.with_file_name(ovmf_vars_name(&code)), &vars)
+                    .context("copying the OVMF variable store")?;
+                cmd.args(["-machine", "q35"])
+                    .arg("-drive")
+                    .arg(format!(
+                        "if=pflash,format=raw,readonly=on,file={}",
+                        code.display()
+                    ))
+                    .arg("-drive")
+                    .arg(format!("if=pflash,format=raw,file={}", vars.display()))
+                    .arg("-drive")
+                    .arg(format!(
+                        "file={},format=raw,media=cdrom,readonly=on,if=none,id=cd0",
+                        iso.display()
+                    ))
+                    .args(["-device", "ide-cd,drive=cd0,bootindex=1"]);
             }
             Boot::Pxe(_) => bootindex_nic = Some(1),
         }

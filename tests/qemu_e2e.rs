@@ -255,15 +255,36 @@ fn direct_boot_looks_up_reports_inventory_and_cleans_both_disks() -> Result<()> 
 }
 
 #[test]
-fn iso_boot_looks_up_and_reports_inventory() -> Result<()> {
+fn iso_boot_bios_looks_up_and_reports_inventory() -> Result<()> {
     if !ready() {
         return Ok(());
     }
+    iso_boot(false, "52:54:00:e2:e0:02")
+}
+
+#[test]
+fn iso_boot_uefi_looks_up_and_reports_inventory() -> Result<()> {
+    if !ready()
+        || !prerequisite(
+            qemu::ovmf_code().is_some(),
+            "OVMF UEFI firmware (Debian ovmf)",
+        )
+    {
+        return Ok(());
+    }
+    iso_boot(true, "52:54:00:e2:e0:05")
+}
+
+/// Boot the ISO from a CD drive (SeaBIOS or OVMF): GRUB → kernel → agent → inventory.
+fn iso_boot(uefi: bool, mac: &str) -> Result<()> {
     let art = qemu::shared_artefacts()?;
     let Some((iso, boot)) = art.iso.clone() else {
         bail!("image-build made no ISO");
     };
     ensure!(boot.bios, "the ISO has no BIOS El Torito image");
+    if uefi {
+        ensure!(boot.uefi, "the ISO has no UEFI El Torito image");
+    }
     if let Some(report) = rivet_image_build::iso::el_torito(&iso) {
         ensure!(
             report == boot,
@@ -275,10 +296,21 @@ fn iso_boot_looks_up_and_reports_inventory() -> Result<()> {
     let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &[])?;
     let disk = dir.path().join("disk.raw");
     qemu::make_disk(&disk, 16, &[("ext4", 0)])?;
-    let mac = "52:54:00:e2:e0:02";
-    let uuid = node_in_clean_wait(&d, "qemu-iso", mac)?;
+    let uuid = node_in_clean_wait(
+        &d,
+        if uefi {
+            "qemu-iso-uefi"
+        } else {
+            "qemu-iso-bios"
+        },
+        mac,
+    )?;
     let mut vm = Qemu::start(&Config {
-        boot: Boot::Cdrom(iso),
+        boot: if uefi {
+            Boot::CdromUefi(iso)
+        } else {
+            Boot::Cdrom(iso)
+        },
         disks: vec![disk],
         mac: mac.into(),
         rivetd_port: d.port,
@@ -286,7 +318,7 @@ fn iso_boot_looks_up_and_reports_inventory() -> Result<()> {
         log_dir: dir.path().join("vm"),
         accel: qemu::accel(&art.vmlinuz),
     })?;
-    let inv = wait_inventory(&d, &mut vm, &uuid, Duration::from_secs(240))?;
+    let inv = wait_inventory(&d, &mut vm, &uuid, Duration::from_secs(300))?;
     check_inventory(&inv, mac, &[("vda", 16 * MIB)])?;
     // The kernel command line came from the ISO's grub.cfg.
     let text = vm.console_text();
@@ -298,6 +330,14 @@ fn iso_boot_looks_up_and_reports_inventory() -> Result<()> {
         "the console does not show the ISO's kernel command line\n{}",
         vm.diagnostics(40)
     );
+    if uefi {
+        // The EFI stub reports how it was entered; BIOS boots never print it.
+        ensure!(
+            text.contains("efi: EFI v") || text.contains("EFI v2"),
+            "no sign of a UEFI boot on the console\n{}",
+            vm.diagnostics(60)
+        );
+    }
     Ok(())
 }
 
