@@ -633,6 +633,129 @@ mod tests {
         assert_eq!(v[0], "linux-image-6.1.0-9-amd64_6.1.27-1_amd64.deb");
     }
 
+    /// Read back a gzip newc archive: (path, mode, data) per entry.
+    fn unpack(path: &Path) -> Vec<(String, u32, Vec<u8>)> {
+        use std::io::Read;
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(path).expect("open"))
+            .read_to_end(&mut raw)
+            .expect("gunzip");
+        let mut out = Vec::new();
+        let mut pos = 0;
+        loop {
+            let h = std::str::from_utf8(&raw[pos..pos + 110]).expect("header");
+            let f = |i: usize| u32::from_str_radix(&h[6 + i * 8..14 + i * 8], 16).expect("hex");
+            let (mode, size, namesize) = (f(1), f(6) as usize, f(11) as usize);
+            let name =
+                String::from_utf8_lossy(&raw[pos + 110..pos + 110 + namesize - 1]).into_owned();
+            let data_at = (pos + 110 + namesize).div_ceil(4) * 4;
+            let data = raw[data_at..data_at + size].to_vec();
+            pos = (data_at + size).div_ceil(4) * 4;
+            if name == "TRAILER!!!" {
+                return out;
+            }
+            out.push((name, mode, data));
+        }
+    }
+
+    #[test]
+    fn builds_a_reproducible_ramdisk_with_plugins_and_extras() {
+        use std::os::unix::fs::PermissionsExt;
+        let busybox = Path::new("/bin/busybox");
+        let usable = std::fs::read(busybox).is_ok_and(|d| elf::needs_interpreter(&d) == Ok(false));
+        if !usable {
+            eprintln!("skipping: no static /bin/busybox (Debian busybox-static)");
+            return;
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        // A fake kernel package: boot/vmlinuz-V and three modules.
+        let pkg = tmp.path().join("pkg");
+        let kdir = pkg.join("lib/modules/6.1.0-t-amd64/kernel/drivers");
+        std::fs::create_dir_all(&kdir).expect("mkdir");
+        std::fs::create_dir_all(pkg.join("boot")).expect("mkdir");
+        std::fs::write(pkg.join("boot/vmlinuz-6.1.0-t-amd64"), b"kernel").expect("write");
+        for (m, deps) in [
+            ("virtio_ring", ""),
+            ("virtio", "virtio_ring"),
+            ("virtio_blk", "virtio,virtio_ring"),
+        ] {
+            std::fs::write(
+                kdir.join(format!("{m}.ko")),
+                elf::tests::fake_module(&format!("depends={deps};name={m}")),
+            )
+            .expect("write");
+        }
+        let plugins = tmp.path().join("plugins");
+        std::fs::create_dir_all(&plugins).expect("mkdir");
+        std::fs::write(plugins.join("vendor-x"), b"#!/bin/sh\necho {}\n").expect("write");
+        std::fs::set_permissions(
+            plugins.join("vendor-x"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .expect("chmod");
+        let extra = tmp.path().join("motd");
+        std::fs::write(&extra, b"hello\n").expect("write");
+
+        let build_into = |name: &str| {
+            // busybox stands in for the (static) agent.
+            let mut o = Options::new(tmp.path().join(name), pkg.clone(), busybox.to_path_buf());
+            o.iso = false;
+            o.plugins = Some(plugins.clone());
+            o.extra = vec![format!("{}:/etc/motd", extra.display())
+                .parse()
+                .expect("extra")];
+            o.modules = vec!["virtio_blk".into(), "nvme".into()];
+            o.controller = "http://c:6385".into();
+            build(&o).expect("build")
+        };
+        let a = build_into("a");
+        let b = build_into("b");
+        assert_eq!(
+            std::fs::read(&a.initramfs).expect("read"),
+            std::fs::read(&b.initramfs).expect("read"),
+            "same inputs, same bytes"
+        );
+        assert_eq!(a.modules, ["virtio_ring", "virtio", "virtio_blk"]);
+        assert_eq!(a.missing_modules, ["nvme"]);
+        assert!(a.iso.is_none());
+        assert_eq!(std::fs::read(&a.vmlinuz).expect("read"), b"kernel");
+        let ipxe = std::fs::read_to_string(&a.ipxe).expect("read");
+        assert!(
+            ipxe.contains("kernel vmlinuz initrd=rivet.initramfs"),
+            "{ipxe}"
+        );
+        assert!(ipxe.contains("rivet.controller=http://c:6385\n"), "{ipxe}");
+
+        let entries = unpack(&a.initramfs);
+        let get = |p: &str| {
+            entries
+                .iter()
+                .find(|e| e.0 == p)
+                .unwrap_or_else(|| panic!("{p} missing"))
+        };
+        assert_eq!(get("init").1, 0o100755);
+        assert!(String::from_utf8_lossy(&get("init").2).contains("exec /usr/bin/rivet-agent run"));
+        assert_eq!(get("usr/bin/rivet-agent").1, 0o100755);
+        assert_eq!(get("bin/sh").1 & 0o170000, 0o120000);
+        assert_eq!(get("bin/sh").2, b"/bin/busybox");
+        assert_eq!(get("dev/console").1, 0o020600);
+        assert_eq!(get("usr/lib/rivet/managers.d/vendor-x").1, 0o100755);
+        assert_eq!(get("etc/motd").2, b"hello\n");
+        assert_eq!(
+            String::from_utf8_lossy(&get("lib/modules/6.1.0-t-amd64/rivet.load").2),
+            "kernel/drivers/virtio_ring.ko\nkernel/drivers/virtio.ko\nkernel/drivers/virtio_blk.ko\n"
+        );
+        let names: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "entries are in path order");
+        // A dynamically linked agent is refused.
+        let mut o = Options::new(tmp.path().join("c"), pkg.clone(), PathBuf::from("/bin/sh"));
+        o.iso = false;
+        let err = build(&o).expect_err("dynamic agent");
+        assert!(err.to_string().contains("dynamically linked"), "{err}");
+    }
+
     #[test]
     fn cmdline_ends_with_the_controller() {
         let mut o = Options::new("o".into(), "k".into(), "a".into());
