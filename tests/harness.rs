@@ -2,6 +2,7 @@
 //! and a SQLite file, talk to it over HTTP, kill it hard, and decide when a missing peer tool
 //! skips a test (developer machines) or fails it (CI sets `RIVET_REQUIRE_PEERS=1`).
 
+pub mod agentproc;
 pub mod peers;
 pub mod qemu;
 

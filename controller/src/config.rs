@@ -34,6 +34,25 @@ pub struct Config {
     pub power_sync: PowerSyncConfig,
     /// Out-of-band driver timeouts and retries.
     pub drivers: crate::drivers::DriversConfig,
+    /// Inspection.
+    pub inspection: InspectionConfig,
+}
+
+/// Inspection settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InspectionConfig {
+    /// Resource class for nodes that have none, from `{memory_mb}`, `{cpus}`, `{cpu_arch}`,
+    /// `{local_gb}`; empty leaves it unset.
+    pub resource_class_template: String,
+}
+
+impl Default for InspectionConfig {
+    fn default() -> Self {
+        InspectionConfig {
+            resource_class_template: "bm-{memory_mb}-{cpus}-{cpu_arch}".into(),
+        }
+    }
 }
 
 /// Cleaning settings.
@@ -163,6 +182,7 @@ impl Default for Config {
             api: ApiConfig::default(),
             agent: AgentSettings::default(),
             cleaning: CleaningConfig::default(),
+            inspection: InspectionConfig::default(),
             power_sync: PowerSyncConfig::default(),
             drivers: crate::drivers::DriversConfig::default(),
         }

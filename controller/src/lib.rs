@@ -11,5 +11,6 @@ pub mod conductor;
 pub mod config;
 pub mod drivers;
 pub mod fsm;
+pub mod inspection;
 pub mod server;
 pub mod store;

@@ -51,6 +51,10 @@ pub struct NodeCreate {
     /// Accepted for Ironic client compatibility; Rivet has one network model.
     #[serde(default)]
     pub network_interface: Option<String>,
+    /// `agent` (in-band, the default) or the driver's name (`redfish`, `fake`) for
+    /// out-of-band inspection.
+    #[serde(default)]
+    pub inspect_interface: Option<String>,
 }
 
 /// `PUT /v1/nodes/{id}/states/provision`.

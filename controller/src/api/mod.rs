@@ -12,6 +12,7 @@ mod nodes;
 mod patch;
 mod ports;
 mod render;
+mod rules;
 mod version;
 
 pub use body::JsonBody;
@@ -106,6 +107,7 @@ pub fn router(state: AppState) -> Router {
     let admin = Router::new()
         .merge(nodes::routes())
         .merge(ports::routes())
+        .merge(rules::routes())
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,

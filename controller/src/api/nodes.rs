@@ -251,14 +251,8 @@ async fn create(
             .to_string(),
         None => uuid::Uuid::new_v4().to_string(),
     };
-    let bmc = crate::drivers::for_node(
-        &req.driver,
-        &state.conductor.fake,
-        &state.conductor.config.drivers,
-    )
-    .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    bmc.validate(&req.driver_info)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // driver_info is checked by `manage` (verifying), as in Ironic: operators often create a
+    // node first and fill in the BMC details afterwards.
     let mut node = Node::new(uuid, req.driver);
     node.name = req.name;
     node.driver_info = req.driver_info;
@@ -267,6 +261,7 @@ async fn create(
     node.extra = req.extra;
     node.resource_class = req.resource_class;
     node.automated_clean = req.automated_clean;
+    node.inspect_interface = check_inspect_interface(req.inspect_interface)?;
     node.provision_updated_at = Some(node.created_at);
     let node = state.conductor.store.create_node(&node).await?;
     tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
@@ -301,6 +296,21 @@ async fn show(
     Ok(resp)
 }
 
+/// Inspection interfaces: in-band through the agent, or out-of-band through a driver.
+const INSPECT_INTERFACES: &[&str] = &["agent", "fake", "redfish", "no-inspect"];
+
+fn check_inspect_interface(v: Option<String>) -> Result<Option<String>, ApiError> {
+    match v {
+        Some(i) if !INSPECT_INTERFACES.contains(&i.as_str()) => {
+            Err(ApiError::bad_request(format!(
+                "inspect_interface {i:?} is not supported; use one of {}",
+                INSPECT_INTERFACES.join(", ")
+            )))
+        }
+        v => Ok(v),
+    }
+}
+
 const NODE_PATCHABLE: &[&str] = &[
     "name",
     "driver",
@@ -311,6 +321,7 @@ const NODE_PATCHABLE: &[&str] = &[
     "extra",
     "resource_class",
     "automated_clean",
+    "inspect_interface",
 ];
 
 fn check_if_match(headers: &HeaderMap, node: &Node) -> Result<(), ApiError> {
@@ -378,6 +389,7 @@ async fn update(
         "extra": node.extra,
         "resource_class": node.resource_class,
         "automated_clean": node.automated_clean,
+        "inspect_interface": node.inspect_interface,
     });
     patch::apply(&mut doc, &ops, NODE_PATCHABLE)?;
     let Value::Object(mut doc) = doc else {
@@ -406,14 +418,6 @@ async fn update(
             )))
         }
     };
-    let bmc = crate::drivers::for_node(
-        &new.driver,
-        &state.conductor.fake,
-        &state.conductor.config.drivers,
-    )
-    .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    bmc.validate(&new.driver_info)
-        .map_err(|e| ApiError::bad_request(format!("node {}: {e}", node.ident())))?;
     let saved = state.conductor.store.update_node(&new).await?;
     Ok(node_response(StatusCode::OK, &saved, &headers))
 }

@@ -93,14 +93,20 @@ impl Conductor {
         }
     }
 
-    /// Move between cleaning and clean wait as the next action needs.
-    async fn ensure_state(&self, node: Node, want: ProvisionState) -> Result<Node, ConductorError> {
+    /// Move between a busy state and its wait state as the next action needs
+    /// (cleaning ↔ clean wait, inspecting ↔ inspect wait); otherwise just write.
+    pub(crate) async fn ensure_state(
+        &self,
+        node: Node,
+        want: ProvisionState,
+    ) -> Result<Node, ConductorError> {
+        use ProvisionState::*;
         match (node.provision_state, want) {
             (a, b) if a == b => Ok(self.store.update_node(&node).await?),
-            (ProvisionState::Cleaning, ProvisionState::CleanWait) => {
+            (Cleaning, CleanWait) | (Inspecting, InspectWait) => {
                 self.event(node, Event::Wait, None).await
             }
-            (ProvisionState::CleanWait, ProvisionState::Cleaning) => {
+            (CleanWait, Cleaning) | (InspectWait, Inspecting) => {
                 self.event(node, Event::Resume, None).await
             }
             _ => Ok(self.store.update_node(&node).await?),
@@ -397,10 +403,21 @@ impl Conductor {
         }
         if step.step.reboot_requested {
             let bmc = self.bmc(&node)?;
-            if let Err(e) = bmc
-                .set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
-                .await
-            {
+            // A one-time boot override is consumed by each boot: set it again so the
+            // reboot comes back into the ramdisk, not the disk (unless this run has none).
+            let ramdisk = !node
+                .driver_internal_info
+                .contains_key("cleaning_no_ramdisk");
+            let rebooted = async {
+                if ramdisk {
+                    bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
+                        .await?;
+                }
+                bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
+                    .await
+            }
+            .await;
+            if let Err(e) = rebooted {
                 let msg = format!(
                     "failed to reboot node {} after step {}: {e}",
                     node.ident(),

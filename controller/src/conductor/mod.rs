@@ -9,6 +9,7 @@
 pub mod agent;
 mod cleaning;
 mod errors;
+mod inspection;
 mod periodic;
 mod power_sync;
 pub mod steps;
@@ -104,8 +105,11 @@ impl Conductor {
                 tracing::info!(node = %uuid, state = %node.provision_state, "node in maintenance; conductor paused");
                 return Ok(());
             }
-            let cleaning_wait = node.provision_state == ProvisionState::CleanWait;
-            if !node.provision_state.is_conductor_busy() && !cleaning_wait {
+            let agent_wait = matches!(
+                node.provision_state,
+                ProvisionState::CleanWait | ProvisionState::InspectWait
+            );
+            if !node.provision_state.is_conductor_busy() && !agent_wait {
                 return Ok(());
             }
             match self.step(node.clone()).await {
@@ -170,8 +174,9 @@ impl Conductor {
                 node.instance_uuid = None;
                 self.event(node, Event::Clean, None).await.map(Some)
             }
-            // fake-hardware has no deploy, inspect, adopt or rescue work: they succeed at once.
-            Deploying | Inspecting | Adopting | Rescuing | Unrescuing => {
+            Inspecting | InspectWait => self.advance_inspection(node, bmc.as_ref()).await,
+            // fake-hardware has no deploy, adopt or rescue work: they succeed at once.
+            Deploying | Adopting | Rescuing | Unrescuing => {
                 self.event(node, Event::Done, None).await.map(Some)
             }
             _ => Ok(None),

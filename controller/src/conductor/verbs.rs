@@ -112,6 +112,12 @@ impl Conductor {
             node.driver_internal_info.remove("requested_clean_steps");
             node.reservation = Some(self.id().to_string());
         }
+        if verb == Verb::Inspect {
+            super::inspection::clear_run(&mut node);
+            node.inspection_started_at = None;
+            node.inspection_finished_at = None;
+            node.driver_internal_info.remove("agent_token_hash");
+        }
         if verb == Verb::Clean {
             let steps = serde_json::to_value(req.clean_steps.as_deref().unwrap_or_default())
                 .map_err(|e| ConductorError::BadRequest(e.to_string()))?;
@@ -126,6 +132,10 @@ impl Conductor {
         }
         let node = self.store.update_node(&node).await?;
         tracing::info!(node = %node.uuid, from = %state, to = %to, verb = %verb, "provision verb accepted");
+        if verb == Verb::Abort && state == ProvisionState::InspectWait {
+            // Tell the ramdisk to stop: it still holds its token and picks this up.
+            self.send_command(&node.uuid, CommandKind::PowerOff).await?;
+        }
         if to.is_conductor_busy() || to == ProvisionState::CleanWait {
             self.kick(&node.uuid);
         }

@@ -100,6 +100,15 @@ impl Bmc for FakeBmc {
         Ok(())
     }
 
+    async fn inspect(
+        &self,
+        _node: &str,
+        info: &Map<String, Value>,
+    ) -> Result<super::OobInventory, DriverError> {
+        self.behave(info).await?;
+        Ok(fake_inventory(info))
+    }
+
     async fn steps(&self, _node: &str, info: &Map<String, Value>) -> Vec<StepDescriptor> {
         fake_steps(info)
             .into_iter()
@@ -132,6 +141,30 @@ impl Bmc for FakeBmc {
             tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
         }
         Ok(serde_json::json!({"fake_step": step.step, "args": args}))
+    }
+}
+
+/// Out-of-band inspection of a fake node: `driver_info.fake_inventory`
+/// (`{"cpus", "cpu_arch", "memory_mb", "macs"}`), after `fake_delay_ms`.
+pub(crate) fn fake_inventory(info: &Map<String, Value>) -> super::OobInventory {
+    let inv = info.get("fake_inventory").cloned().unwrap_or(Value::Null);
+    super::OobInventory {
+        cpus: inv.get("cpus").and_then(Value::as_u64),
+        cpu_arch: inv
+            .get("cpu_arch")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        memory_mb: inv.get("memory_mb").and_then(Value::as_u64),
+        macs: inv
+            .get("macs")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_ascii_lowercase)
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 

@@ -98,6 +98,14 @@ pub struct Node {
     pub updated_at: Option<DateTime<Utc>>,
     /// Version (ETag); bumped by every write.
     pub version: i64,
+    /// `agent` (in-band, default) or the driver's name for out-of-band inspection.
+    pub inspect_interface: Option<String>,
+    /// When the last inspection started.
+    pub inspection_started_at: Option<DateTime<Utc>>,
+    /// When the last inspection finished.
+    pub inspection_finished_at: Option<DateTime<Utc>>,
+    /// Traits (e.g. from inspection rules).
+    pub traits: Vec<String>,
 }
 
 impl Node {
@@ -131,6 +139,10 @@ impl Node {
             created_at: Utc::now(),
             updated_at: None,
             version: 0,
+            inspect_interface: None,
+            inspection_started_at: None,
+            inspection_finished_at: None,
+            traits: Vec::new(),
         }
     }
 
@@ -286,6 +298,13 @@ pub trait Store: Send + Sync {
     async fn command(&self, node_uuid: &str, id: &str) -> Result<StoredCommand, StoreError>;
     /// Drop a node's queued commands that have no result (a new ramdisk boot starts afresh).
     async fn cancel_pending(&self, node_uuid: &str) -> Result<u64, StoreError>;
+
+    /// Create or replace an inspection rule (its JSON document).
+    async fn put_rule(&self, uuid: &str, priority: i64, body: &Value) -> Result<(), StoreError>;
+    /// Every rule, highest priority first, then oldest first.
+    async fn list_rules(&self) -> Result<Vec<Value>, StoreError>;
+    /// Delete a rule.
+    async fn delete_rule(&self, uuid: &str) -> Result<(), StoreError>;
 
     /// Store the inventory the agent reported.
     async fn save_inventory(&self, node_uuid: &str, inventory: &Value) -> Result<(), StoreError>;

@@ -80,6 +80,19 @@ CREATE TABLE node_inventory (
     collected_at TEXT NOT NULL
 );
 "#,
+    r#"
+ALTER TABLE nodes ADD COLUMN inspect_interface TEXT;
+ALTER TABLE nodes ADD COLUMN inspection_started_at TEXT;
+ALTER TABLE nodes ADD COLUMN inspection_finished_at TEXT;
+ALTER TABLE nodes ADD COLUMN traits TEXT NOT NULL DEFAULT '[]';
+CREATE TABLE inspection_rules (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    uuid TEXT NOT NULL UNIQUE,
+    priority INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+"#,
 ];
 
 /// The schema version this build knows.
@@ -118,7 +131,8 @@ const NODE_COLUMNS: &str = "uuid, name, driver, driver_info, driver_internal_inf
     instance_info, instance_uuid, extra, provision_state, target_provision_state, \
     provision_updated_at, power_state, target_power_state, maintenance, maintenance_reason, \
     fault, last_error, clean_step, deploy_step, reservation, conductor, automated_clean, \
-    resource_class, created_at, updated_at, version";
+    resource_class, created_at, updated_at, version, inspect_interface, inspection_started_at, \
+    inspection_finished_at, traits";
 
 fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
     let state: String = r.get(9)?;
@@ -156,6 +170,10 @@ fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
         created_at: parse_ts(r.get(24)?).unwrap_or_else(Utc::now),
         updated_at: parse_ts(r.get(25)?),
         version: r.get(26)?,
+        inspect_interface: r.get(27)?,
+        inspection_started_at: parse_ts(r.get(28)?),
+        inspection_finished_at: parse_ts(r.get(29)?),
+        traits: serde_json::from_str(&r.get::<_, String>(30)?).unwrap_or_default(),
     })
 }
 
@@ -297,6 +315,10 @@ fn node_values(n: &Node) -> Vec<rusqlite::types::Value> {
         V::Text(ts(&n.created_at)),
         text(n.updated_at.as_ref().map(ts)),
         V::Integer(n.version),
+        text(n.inspect_interface.clone()),
+        text(n.inspection_started_at.as_ref().map(ts)),
+        text(n.inspection_finished_at.as_ref().map(ts)),
+        V::Text(serde_json::to_string(&n.traits).unwrap_or_else(|_| "[]".into())),
     ]
 }
 
@@ -800,6 +822,49 @@ impl Store for SqliteStore {
             )
             .map(|n| n as u64)
             .map_err(backend)
+        })
+    }
+
+    async fn put_rule(&self, uuid: &str, priority: i64, body: &Value) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO inspection_rules (uuid, priority, body, created_at) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT(uuid) DO UPDATE SET priority = excluded.priority, body = excluded.body",
+                params![uuid, priority, body.to_string(), ts(&Utc::now())],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    async fn list_rules(&self) -> Result<Vec<Value>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare_cached("SELECT body FROM inspection_rules ORDER BY priority DESC, seq")
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([], |r| r.get::<_, String>(0))
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(serde_json::from_str(&row.map_err(backend)?).map_err(backend)?);
+            }
+            Ok(out)
+        })
+    }
+
+    async fn delete_rule(&self, uuid: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            let n = c
+                .execute("DELETE FROM inspection_rules WHERE uuid = ?1", [uuid])
+                .map_err(backend)?;
+            if n == 0 {
+                return Err(StoreError::NotFound {
+                    kind: "inspection rule",
+                    ident: uuid.to_string(),
+                });
+            }
+            Ok(())
         })
     }
 
