@@ -2,8 +2,8 @@
 //!
 //! `boot.ipxe` next to the artefacts uses relative URLs (iPXE resolves them against the
 //! script's own URL), so the output directory can be served by any HTTP server as it is.
-//! rivetd serves a per-node variant with absolute URLs and `rivet.node=` (see
-//! `controller/src/api/boot.rs`, which uses [`script`] through its own copy of the format).
+//! rivetd serves a per-node variant with absolute URLs and `rivet.node=`
+//! (`GET /boot/ipxe/{node}`, controller/src/api/boot.rs).
 
 /// The MAC of the interface iPXE booted from, as `BOOTIF` wants it (`01-aa-bb-…`).
 /// `netX` is the most recently opened network device: the one this script came through.
