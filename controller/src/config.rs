@@ -118,6 +118,34 @@ pub struct TokenEntry {
     pub name: String,
     /// `sha256$SALT$HEX`.
     pub hash: String,
+    /// What it may do.
+    #[serde(default)]
+    pub role: Role,
+}
+
+/// What a credential may do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Everything.
+    #[default]
+    Admin,
+    /// Read, provision and power verbs, maintenance; no node/port create, update or delete,
+    /// no inspection-rule changes, and driver_info is not shown.
+    Operator,
+    /// Read only; driver_info is not shown.
+    Reader,
+}
+
+impl Role {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Operator => "operator",
+            Role::Reader => "reader",
+        }
+    }
 }
 
 /// An HTTP basic user.
@@ -128,6 +156,9 @@ pub struct UserEntry {
     pub name: String,
     /// `sha256$SALT$HEX` of the password.
     pub hash: String,
+    /// What the user may do.
+    #[serde(default)]
+    pub role: Role,
 }
 
 /// Conductor timing.

@@ -719,6 +719,7 @@ async fn auth_required_unless_no_auth() {
         c.auth.tokens.push(TokenEntry {
             name: "ops".into(),
             hash: hash_secret("tok-123"),
+            role: Default::default(),
         });
     })
     .await;

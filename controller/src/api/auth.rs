@@ -1,19 +1,29 @@
-//! Admin authentication: a bearer token (`Authorization: Bearer` or Keystone's
-//! `X-Auth-Token`) or HTTP basic credentials, checked against hashes in the config.
+//! Admin authentication and roles: a bearer token (`Authorization: Bearer` or Keystone's
+//! `X-Auth-Token`) or HTTP basic credentials, checked against hashes in the config. Each
+//! credential carries a role (admin, operator, reader); a request the role does not cover is
+//! a 403 naming the role and what it lacks. For non-admin roles `driver_info` is removed from
+//! every node document on the way out — one filter here rather than a rule in each handler.
 
 use super::{ApiError, AppState};
-use crate::config::verify_secret;
+use crate::config::{verify_secret, Role};
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use serde_json::Value;
 
 /// Who made the request.
 #[derive(Debug, Clone)]
-pub struct Caller(pub String);
+pub struct Caller {
+    /// Credential name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+}
 
-fn check(state: &AppState, headers: &HeaderMap) -> Option<String> {
+fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
     let auth = &state.conductor.config.auth;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let token = header("authorization")
@@ -24,7 +34,10 @@ fn check(state: &AppState, headers: &HeaderMap) -> Option<String> {
             .tokens
             .iter()
             .find(|t| verify_secret(token, &t.hash))
-            .map(|t| t.name.clone());
+            .map(|t| Caller {
+                name: t.name.clone(),
+                role: t.role,
+            });
     }
     let basic = header("authorization").and_then(|v| v.strip_prefix("Basic "))?;
     let decoded = base64::engine::general_purpose::STANDARD
@@ -35,7 +48,50 @@ fn check(state: &AppState, headers: &HeaderMap) -> Option<String> {
     auth.users
         .iter()
         .find(|u| u.name == user && verify_secret(password, &u.hash))
-        .map(|u| u.name.clone())
+        .map(|u| Caller {
+            name: u.name.clone(),
+            role: u.role,
+        })
+}
+
+/// What a role lacks for a request, if anything.
+pub fn denied(role: Role, method: &Method, path: &str) -> Option<&'static str> {
+    let read = method == Method::GET || method == Method::HEAD;
+    match role {
+        Role::Admin => None,
+        _ if read => None,
+        Role::Reader => Some("any change (it is read-only)"),
+        Role::Operator => {
+            let verb = method == Method::PUT
+                && (path.ends_with("/states/provision") || path.ends_with("/states/power"));
+            let maintenance = path.ends_with("/maintenance");
+            if verb || maintenance {
+                None
+            } else if path.starts_with("/v1/inspection_rules") {
+                Some("changing inspection rules (needs admin)")
+            } else if method == Method::POST {
+                Some("creating nodes or ports (needs admin)")
+            } else if method == Method::DELETE {
+                Some("deleting nodes or ports (needs admin)")
+            } else {
+                Some("changing node or port records (needs admin)")
+            }
+        }
+    }
+}
+
+/// Remove `driver_info` from node documents (a node, or a `nodes` list).
+fn strip_driver_info(v: &mut Value) {
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("driver_info");
+        if let Some(Value::Array(nodes)) = obj.get_mut("nodes") {
+            for n in nodes {
+                if let Some(o) = n.as_object_mut() {
+                    o.remove("driver_info");
+                }
+            }
+        }
+    }
 }
 
 /// Middleware on admin routes.
@@ -44,28 +100,91 @@ pub async fn require_admin(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if state.conductor.config.no_auth {
-        req.extensions_mut().insert(Caller("anonymous".into()));
-        return next.run(req).await;
+    let caller = if state.conductor.config.no_auth {
+        Caller {
+            name: "anonymous".into(),
+            role: Role::Admin,
+        }
+    } else {
+        match check(&state, req.headers()) {
+            Some(c) => c,
+            None => {
+                let mut resp = ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "authentication required: send Authorization: Bearer TOKEN (or X-Auth-Token), or HTTP basic credentials from rivetd's [auth] config",
+                )
+                .into_response();
+                resp.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static(
+                        "Bearer realm=\"rivet\", Basic realm=\"rivet\"",
+                    ),
+                );
+                return resp;
+            }
+        }
+    };
+    let path = req.uri().path().to_string();
+    if let Some(lacks) = denied(caller.role, req.method(), &path) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} (role {}) may not {} {}: the role does not allow {lacks}",
+                caller.name,
+                caller.role.as_str(),
+                req.method(),
+                path
+            ),
+        )
+        .into_response();
     }
-    match check(&state, req.headers()) {
-        Some(who) => {
-            req.extensions_mut().insert(Caller(who));
-            next.run(req).await
-        }
-        None => {
-            let mut resp = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "authentication required: send Authorization: Bearer TOKEN (or X-Auth-Token), or HTTP basic credentials from rivetd's [auth] config",
-            )
+    let role = caller.role;
+    req.extensions_mut().insert(caller);
+    let resp = next.run(req).await;
+    if role == Role::Admin || !path.starts_with("/v1/nodes") {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed to read response")
             .into_response();
-            resp.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static(
-                    "Bearer realm=\"rivet\", Basic realm=\"rivet\"",
-                ),
-            );
-            resp
+    };
+    let body = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(mut v) => {
+            strip_driver_info(&mut v);
+            Body::from(v.to_string())
         }
+        Err(_) => Body::from(bytes),
+    };
+    let mut parts = parts;
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_matrix() {
+        use Role::*;
+        let p = "/v1/nodes/n1/states/provision";
+        assert_eq!(denied(Admin, &Method::DELETE, "/v1/nodes/n1"), None);
+        assert_eq!(denied(Operator, &Method::PUT, p), None);
+        assert_eq!(
+            denied(Operator, &Method::PUT, "/v1/nodes/n1/states/power"),
+            None
+        );
+        assert_eq!(
+            denied(Operator, &Method::PUT, "/v1/nodes/n1/maintenance"),
+            None
+        );
+        assert_eq!(denied(Operator, &Method::GET, "/v1/nodes"), None);
+        assert!(denied(Operator, &Method::POST, "/v1/nodes").is_some());
+        assert!(denied(Operator, &Method::DELETE, "/v1/nodes/n1").is_some());
+        assert!(denied(Operator, &Method::PATCH, "/v1/nodes/n1").is_some());
+        assert!(denied(Operator, &Method::POST, "/v1/inspection_rules").is_some());
+        assert_eq!(denied(Reader, &Method::GET, "/v1/nodes/n1"), None);
+        assert!(denied(Reader, &Method::PUT, p).is_some());
     }
 }

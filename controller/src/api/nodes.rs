@@ -479,7 +479,7 @@ async fn provision(
     Path(ident): Path<String>,
     JsonBody(req): JsonBody<ProvisionRequest>,
 ) -> ApiResult<Response> {
-    tracing::info!(node = %ident, caller = %caller.0, target = %req.target, "provision request");
+    tracing::info!(node = %ident, caller = %caller.name, role = caller.role.as_str(), target = %req.target, "provision request");
     let node = state.conductor.provision(&ident, &req, version).await?;
     Ok(accepted(&headers, &node))
 }
