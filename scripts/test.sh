@@ -16,4 +16,4 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build (binaries the cross-crate tests run)"
 cargo build --workspace --bins
 echo "== cargo test"
-cargo test --workspace -- --test-threads=2
+cargo test --workspace --no-fail-fast -- --test-threads=2

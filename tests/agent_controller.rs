@@ -1,7 +1,7 @@
 //! The real agent library against the real rivetd binary on loopback: lookup and the one-time
-//! token, refused heartbeats, a controller that is down when the agent starts, a controller
-//! killed with -9 mid-command (result delivered once, step not run twice) and a repeated
-//! command id.
+//! token, refused heartbeats, a controller that is down when the agent starts, and a
+//! controller killed with -9 mid-command (result delivered once, step not run twice).
+//! A repeated command id is covered at the agent level by agent/tests/http_agent.rs.
 
 use rivet_agent::{
     Agent, AgentOptions, BackoffConfig, Executor, ExecutorOptions, HttpTransport, LogRing,
@@ -9,7 +9,7 @@ use rivet_agent::{
 use rivet_controller::store::sqlite::SqliteStore;
 use rivet_controller::store::Store;
 use rivet_hardware_managers::{Dispatcher, HardwareManager, StepContext, StepError, SupportLevel};
-use rivet_protocol::agent::{Command, CommandKind, CommandStatus};
+use rivet_protocol::agent::CommandStatus;
 use rivet_protocol::steps::StepDescriptor;
 use rivet_tests::{free_port, Rivetd};
 use serde_json::{json, Map, Value};
@@ -285,30 +285,34 @@ fn controller_killed_mid_command_gets_result_once_and_step_runs_once() -> anyhow
     let cfg = write_config(dir.path());
     let db = dir.path().join("r.db");
     let mut d = Rivetd::start(&db, 0, &["--config", &cfg])?;
-    let uuid = node_waiting_for_ramdisk(&d, "n1")?;
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(json!({"driver": "fake-hardware", "name": "n1"})),
+    )?;
+    anyhow::ensure!(s == 201, "{v}");
+    let uuid = v["uuid"].as_str().unwrap_or_default().to_string();
+    d.call(
+        "PUT",
+        "/v1/nodes/n1/states/provision",
+        Some(json!({"target": "manage"})),
+    )?;
+    d.wait_node("n1", Duration::from_secs(10), |v| {
+        v["provision_state"] == "manageable"
+    })?;
+    // A manual clean whose one step takes 2 s on the agent.
+    let (s, v) = d.call(
+        "PUT",
+        "/v1/nodes/n1/states/provision",
+        Some(json!({"target": "clean", "clean_steps": [
+            {"interface": "deploy", "step": "slow_count", "args": {"ms": 2000}}]})),
+    )?;
+    anyhow::ensure!(s == 202, "{v}");
     let port = d.port;
     let rt = runtime();
     let agent = Harness::start(&rt, &d.url, &uuid);
-    // The agent's first command is the inventory; wait for it to land.
-    let store = SqliteStore::open(&db.display().to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while rt.block_on(store.get_inventory(&uuid)).is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "no inventory\n{}", d.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-
-    // Queue a 2 s step straight into the store (the cleaning engine's job, later).
-    let cmd = Command {
-        id: "step-1".into(),
-        kind: CommandKind::ExecuteStep {
-            interface: "deploy".into(),
-            step: "slow_count".into(),
-            args: serde_json::from_value(json!({"ms": 2000}))?,
-        },
-    };
-    rt.block_on(store.enqueue_command(&uuid, &cmd))?;
     let started = agent.started.clone();
-    wait_for("the step to start", Duration::from_secs(10), || {
+    wait_for("the step to start", Duration::from_secs(20), || {
         started.load(Ordering::SeqCst) == 1
     });
 
@@ -316,37 +320,33 @@ fn controller_killed_mid_command_gets_result_once_and_step_runs_once() -> anyhow
     d.kill9();
     std::thread::sleep(Duration::from_millis(2500));
     let d = Rivetd::start(&db, port, &["--config", &cfg])?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let result = loop {
-        if let Some(r) = rt.block_on(store.command(&uuid, "step-1"))?.result {
-            break r;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "result never delivered\n{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(result.status, CommandStatus::Succeeded, "{result:?}");
-    assert_eq!(result.result["runs"], 1);
-
-    // A repeated command id: make the controller believe the command is pending again. The
-    // agent must not run it a second time.
-    {
-        let c = rusqlite::Connection::open(&db)?;
-        c.execute(
-            "UPDATE agent_commands SET result = NULL WHERE id = 'step-1'",
-            [],
-        )?;
-    }
-    std::thread::sleep(Duration::from_millis(3000));
+    let node = d
+        .wait_node("n1", Duration::from_secs(30), |v| {
+            v["provision_state"] == "manageable"
+        })
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", d.log_text()))?;
+    assert!(node["last_error"].is_null(), "{node}");
     assert_eq!(agent.runs.load(Ordering::SeqCst), 1, "step ran twice");
     assert_eq!(
         agent.started.load(Ordering::SeqCst),
         1,
         "step started twice"
     );
+
+    // The result was stored exactly once, as delivered after the restart.
+    let store = SqliteStore::open(&db.display().to_string())?;
+    let c = rusqlite::Connection::open(&db)?;
+    let id: String = c.query_row(
+        "SELECT id FROM agent_commands WHERE command LIKE '%slow_count%'",
+        [],
+        |r| r.get(0),
+    )?;
+    let result = rt
+        .block_on(store.command(&uuid, &id))?
+        .result
+        .ok_or_else(|| anyhow::anyhow!("no result stored"))?;
+    assert_eq!(result.status, CommandStatus::Succeeded, "{result:?}");
+    assert_eq!(result.result["runs"], 1);
     agent.stop(&rt);
     drop(d);
     Ok(())
