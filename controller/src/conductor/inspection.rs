@@ -203,7 +203,9 @@ impl Conductor {
             derive::set_capability(p, "boot_mode", &derived.boot_mode);
         }
         let template = &self.config.inspection.resource_class_template;
-        if node.resource_class.is_none() && !template.is_empty() {
+        // Only from a complete picture: "bm-0-0-" would be worse than no class at all.
+        let complete = derived.cpus > 0 && derived.memory_mb > 0 && !derived.cpu_arch.is_empty();
+        if node.resource_class.is_none() && !template.is_empty() && complete {
             node.resource_class = Some(derive::resource_class(template, &derived));
         }
 
