@@ -99,9 +99,26 @@ impl Client {
         let base = base.trim().trim_end_matches('/').to_string();
         Url::parse(&base)
             .map_err(|e| ClientError::Transport(format!("invalid rivetd URL {base:?}: {e}")))?;
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(120))
+            .timeout(Duration::from_secs(120));
+        // A private CA (`rivetd tls init` makes one) for an https rivetd.
+        if let Some(path) = std::env::var_os("RIVET_CA").filter(|p| !p.is_empty()) {
+            let pem = std::fs::read(&path).map_err(|e| {
+                ClientError::Transport(format!(
+                    "cannot read RIVET_CA {}: {e}",
+                    path.to_string_lossy()
+                ))
+            })?;
+            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+                ClientError::Transport(format!(
+                    "RIVET_CA {} is not a PEM certificate: {e}",
+                    path.to_string_lossy()
+                ))
+            })?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder
             .build()
             .map_err(|e| ClientError::Transport(format!("cannot build HTTP client: {e}")))?;
         Ok(Client {

@@ -18,6 +18,12 @@ pub struct Config {
     pub conductor_id: String,
     /// Log as JSON lines instead of human text.
     pub log_json: bool,
+    /// PEM certificate chain to serve HTTPS with (`rivetd tls init DIR` makes one).
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Serve plain HTTP on a non-loopback address (off: the operator must say so).
+    pub allow_plain_http: bool,
     /// Boot artefacts and iPXE scripts served to PXE-booting machines.
     pub boot: BootConfig,
     /// Admin credentials.
@@ -187,6 +193,9 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// Largest page of a listing.
     pub max_limit: usize,
+    /// A client must finish sending its request headers within this time, so slow clients
+    /// cannot pin connections.
+    pub header_read_timeout_s: u64,
 }
 
 /// What agents are told at lookup.
@@ -207,6 +216,9 @@ impl Default for Config {
             no_auth: false,
             conductor_id: hostname(),
             log_json: false,
+            tls_cert: None,
+            tls_key: None,
+            allow_plain_http: false,
             boot: BootConfig::default(),
             auth: AuthConfig::default(),
             conductor: ConductorConfig::default(),
@@ -270,6 +282,7 @@ impl Default for ApiConfig {
         ApiConfig {
             max_body_bytes: 1 << 20,
             max_limit: 1000,
+            header_read_timeout_s: 10,
         }
     }
 }

@@ -14,3 +14,4 @@ pub mod fsm;
 pub mod inspection;
 pub mod server;
 pub mod store;
+pub mod tls;

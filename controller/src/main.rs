@@ -45,10 +45,28 @@ enum Command {
         #[arg(long)]
         dot: bool,
     },
+    /// TLS helpers.
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
+    },
     /// Hash a secret (token or password) for the [auth] config; reads stdin when omitted.
     HashSecret {
         /// The secret.
         secret: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// Make a lab CA and a server certificate in DIR (ca.pem, ca-key.pem, server.pem,
+    /// server-key.pem); point tls_cert/tls_key at the server files and give clients ca.pem.
+    Init {
+        /// Output directory.
+        dir: std::path::PathBuf,
+        /// Extra host names or IP addresses the certificate must name (repeatable).
+        #[arg(long = "name")]
+        names: Vec<String>,
     },
 }
 
@@ -110,6 +128,16 @@ fn main() -> anyhow::Result<()> {
                     );
                 }
             }
+            return Ok(());
+        }
+        Some(Command::Tls {
+            command: TlsCommand::Init { dir, names },
+        }) => {
+            rivet_controller::tls::init(dir, names)?;
+            println!(
+                "wrote {0}/ca.pem, {0}/server.pem and their keys; set tls_cert = \"{0}/server.pem\" and tls_key = \"{0}/server-key.pem\", and give agents and the CLI {0}/ca.pem (rivet.ca=, RIVET_CA)",
+                dir.display()
+            );
             return Ok(());
         }
         Some(Command::HashSecret { secret }) => {

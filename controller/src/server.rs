@@ -6,6 +6,7 @@ use crate::config::Config;
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Check the listen address against the auth mode: `--no-auth` only on loopback.
 pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
@@ -13,6 +14,15 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
         .listen
         .parse()
         .with_context(|| format!("listen address {:?} is not ADDR:PORT", config.listen))?;
+    if config.tls_cert.is_some() != config.tls_key.is_some() {
+        anyhow::bail!("tls_cert and tls_key go together: set both, or neither for plain HTTP");
+    }
+    if config.tls_cert.is_none() && !addr.ip().is_loopback() && !config.allow_plain_http {
+        anyhow::bail!(
+            "refusing plain HTTP on {addr}: agents' tokens and BMC passwords would cross the network in clear. \
+             Set tls_cert/tls_key (`rivetd tls init DIR` makes a lab CA), or allow_plain_http = true if you really mean it"
+        );
+    }
     if config.no_auth && !addr.ip().is_loopback() {
         anyhow::bail!(
             "--no-auth is accepted only on a loopback address, not {addr}; configure [auth] tokens instead"
@@ -44,16 +54,68 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
 /// Serve until the listener fails or a shutdown signal arrives.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let addr = check_listen(&config)?;
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(c), Some(k)) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
+            c, k,
+        )?)),
+        _ => None,
+    };
+    let header_timeout = Duration::from_secs(config.api.header_read_timeout_s.max(1));
     let (conductor, app) = build(config).await?;
     tokio::spawn(conductor.clone().run_periodic());
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    tracing::info!(%addr, conductor = conductor.id(), "rivetd listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("server failed")
+    tracing::info!(%addr, tls = tls.is_some(), conductor = conductor.id(), "rivetd listening");
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: log, breathe, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return Ok(()),
+        };
+        let app = app.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            match tls {
+                Some(acceptor) => {
+                    match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, app, header_timeout).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+                None => serve_connection(tcp, app, header_timeout).await,
+            }
+        });
+    }
+}
+
+/// One HTTP/1.1 connection: keep-alive, and a deadline for each request's headers.
+async fn serve_connection<S>(io: S, app: axum::Router, header_timeout: Duration)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), service)
+        .await;
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
 }
 
 /// SIGINT or SIGTERM.
