@@ -8,6 +8,7 @@ export CARGO_TERM_COLOR=never
 # Peers are installed by setup.sh: a test that finds one missing fails instead of skipping.
 export RIVET_REQUIRE_PEERS=1
 export RIVET_VENV="$PWD/.venv"
+export RIVET_TEST_POSTGRES=${RIVET_TEST_POSTGRES:-postgres://rivet:rivet@127.0.0.1:55432/rivet}  # scripts/setup-postgres.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -15,7 +15,7 @@ struct Cli {
     /// Address to listen on (ADDR:PORT).
     #[arg(long, env = "RIVETD_LISTEN")]
     listen: Option<String>,
-    /// Database URL: sqlite:PATH.
+    /// Database URL: sqlite:PATH or postgres://USER:PASSWORD@HOST:PORT/DB.
     #[arg(long, env = "RIVETD_DB")]
     db: Option<String>,
     /// Serve admin endpoints without credentials (loopback only).
@@ -45,6 +45,11 @@ enum Command {
         #[arg(long)]
         dot: bool,
     },
+    /// Database maintenance.
+    Db {
+        #[command(subcommand)]
+        command: DbCommand,
+    },
     /// TLS helpers.
     Tls {
         #[command(subcommand)]
@@ -54,6 +59,17 @@ enum Command {
     HashSecret {
         /// The secret.
         secret: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum DbCommand {
+    /// Apply pending schema migrations, without serving, and exit. Run it with the services
+    /// stopped or before starting a newer rivetd; refuses a schema newer than this build.
+    Upgrade {
+        /// Database URL (default: --db, RIVETD_DB or the config file's `db`).
+        #[arg(long = "db", value_name = "URL")]
+        url: Option<String>,
     },
 }
 
@@ -150,6 +166,24 @@ fn main() -> anyhow::Result<()> {
                 }
             };
             println!("{}", hash_secret(&secret));
+            return Ok(());
+        }
+        Some(Command::Db {
+            command: DbCommand::Upgrade { url },
+        }) => {
+            let mut config = load(&cli)?;
+            if let Some(url) = url {
+                config.db = url.clone();
+            }
+            init_logging(config.log_json);
+            let shown = rivet_controller::store::redact_url(&config.db);
+            let (before, after) = rivet_controller::store::upgrade(&config.db)
+                .map_err(|e| anyhow::anyhow!("upgrading database {shown}: {e}"))?;
+            if before == after {
+                println!("database {shown} is at schema version {after}: nothing to do");
+            } else {
+                println!("database {shown} upgraded from schema version {before} to {after}");
+            }
             return Ok(());
         }
         None => {}

@@ -1,21 +1,80 @@
-//! API tests against a real rivetd router on a loopback port and a SQLite file: every
-//! endpoint, and every kind of bad input answered with a 4xx that changes nothing.
+//! API tests against a real rivetd router on a loopback port: every endpoint, and every kind
+//! of bad input answered with a 4xx that changes nothing.
+//!
+//! Each test runs twice, on a SQLite file (`NAME::sqlite`) and on a scratch PostgreSQL
+//! database (`NAME::postgres`) when `RIVET_TEST_POSTGRES` names a server
+//! (`scripts/setup-postgres.sh` prints one); without it the PostgreSQL runs skip with a
+//! message, or fail when `RIVET_REQUIRE_PEERS=1` (CI).
 
 use reqwest::StatusCode;
 use rivet_controller::config::{hash_secret, Config, TokenEntry};
+use rivet_controller::store::postgres::ScratchDatabase;
 use serde_json::{json, Value};
 use std::time::Duration;
 
 struct App {
     base: String,
     http: reqwest::Client,
-    _dir: tempfile::TempDir,
+    _db: TestDb,
 }
 
-async fn start(mutate: impl FnOnce(&mut Config)) -> App {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// The database one test runs on, removed when dropped.
+enum TestDb {
+    Sqlite(tempfile::TempDir),
+    Postgres(ScratchDatabase),
+}
+
+impl TestDb {
+    fn sqlite() -> TestDb {
+        TestDb::Sqlite(tempfile::tempdir().expect("tempdir"))
+    }
+
+    /// A scratch PostgreSQL database, or None (after saying why) when there is no server.
+    fn postgres(test: &str) -> Option<TestDb> {
+        let base = std::env::var("RIVET_TEST_POSTGRES").unwrap_or_default();
+        if base.is_empty() {
+            let what = "RIVET_TEST_POSTGRES is not set (run scripts/setup-postgres.sh and export the URL it prints)";
+            if std::env::var("RIVET_REQUIRE_PEERS").as_deref() == Ok("1") {
+                panic!("{test}: missing prerequisite: {what} (RIVET_REQUIRE_PEERS=1)");
+            }
+            eprintln!("skipping {test}: {what}");
+            return None;
+        }
+        let db = ScratchDatabase::create(&base, "rivet_test").expect("create scratch database");
+        Some(TestDb::Postgres(db))
+    }
+
+    fn url(&self) -> String {
+        match self {
+            TestDb::Sqlite(dir) => format!("sqlite:{}", dir.path().join("rivet.db").display()),
+            TestDb::Postgres(db) => db.url().to_string(),
+        }
+    }
+}
+
+/// Runs `async fn $name(db: TestDb)` once per backend, as `$name::sqlite` and
+/// `$name::postgres`.
+macro_rules! on_every_backend {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name(super::TestDb::sqlite()).await
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                if let Some(db) = super::TestDb::postgres(concat!(stringify!($name), "::postgres")) {
+                    super::$name(db).await
+                }
+            }
+        }
+    )+};
+}
+
+async fn start(db: TestDb, mutate: impl FnOnce(&mut Config)) -> App {
     let mut config = Config {
-        db: format!("sqlite:{}", dir.path().join("rivet.db").display()),
+        db: db.url(),
         no_auth: true,
         ..Config::default()
     };
@@ -34,7 +93,7 @@ async fn start(mutate: impl FnOnce(&mut Config)) -> App {
     App {
         base: format!("http://{addr}"),
         http: reqwest::Client::new(),
-        _dir: dir,
+        _db: db,
     }
 }
 
@@ -117,6 +176,18 @@ impl App {
     }
 }
 
+on_every_backend!(
+    version_documents_and_negotiation,
+    node_lifecycle,
+    listing_pages_sorts_and_filters,
+    bad_input_is_refused_and_changes_nothing,
+    patch_with_etag_and_masking,
+    ports_crud,
+    delete_only_in_allowed_states_and_locks,
+    verify_failure_returns_to_enroll_with_last_error,
+    auth_required_unless_no_auth,
+);
+
 /// The error's human message (Ironic nests it as a JSON string).
 fn message(v: &Value) -> String {
     let raw = v["error_message"].as_str().unwrap_or_default();
@@ -126,9 +197,8 @@ fn message(v: &Value) -> String {
         .unwrap_or_else(|| raw.to_string())
 }
 
-#[tokio::test]
-async fn version_documents_and_negotiation() {
-    let app = start(|_| {}).await;
+async fn version_documents_and_negotiation(db: TestDb) {
+    let app = start(db, |_| {}).await;
     let r = app
         .http
         .get(format!("{}/v1", app.base))
@@ -171,9 +241,8 @@ async fn version_documents_and_negotiation() {
     assert_eq!(r.headers()["X-OpenStack-Ironic-API-Version"], "1.20");
 }
 
-#[tokio::test]
-async fn node_lifecycle() {
-    let app = start(|_| {}).await;
+async fn node_lifecycle(db: TestDb) {
+    let app = start(db, |_| {}).await;
     let n = app.create("n1").await;
     assert_eq!(n["provision_state"], "enroll");
     let uuid = n["uuid"].as_str().expect("uuid").to_string();
@@ -272,9 +341,8 @@ async fn node_lifecycle() {
     assert!(message(&v).contains("n1"), "{v}");
 }
 
-#[tokio::test]
-async fn listing_pages_sorts_and_filters() {
-    let app = start(|c| c.api.max_limit = 1000).await;
+async fn listing_pages_sorts_and_filters(db: TestDb) {
+    let app = start(db, |c| c.api.max_limit = 1000).await;
     for i in 0..7 {
         app.create(&format!("node-{i}")).await;
     }
@@ -315,9 +383,8 @@ async fn listing_pages_sorts_and_filters() {
     assert_eq!(s, 400);
 }
 
-#[tokio::test]
-async fn bad_input_is_refused_and_changes_nothing() {
-    let app = start(|_| {}).await;
+async fn bad_input_is_refused_and_changes_nothing(db: TestDb) {
+    let app = start(db, |_| {}).await;
     app.create("n1").await;
     let (_, before) = app.get("/v1/nodes/n1").await;
 
@@ -528,9 +595,8 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(ports["ports"].as_array().expect("arr").len(), 0);
 }
 
-#[tokio::test]
-async fn patch_with_etag_and_masking() {
-    let app = start(|_| {}).await;
+async fn patch_with_etag_and_masking(db: TestDb) {
+    let app = start(db, |_| {}).await;
     let r = app
         .req(reqwest::Method::POST, "/v1/nodes")
         .json(&json!({"driver": "fake-hardware", "name": "n1",
@@ -578,9 +644,8 @@ async fn patch_with_etag_and_masking() {
     assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
 }
 
-#[tokio::test]
-async fn ports_crud() {
-    let app = start(|_| {}).await;
+async fn ports_crud(db: TestDb) {
+    let app = start(db, |_| {}).await;
     let n = app.create("n1").await;
     let (s, p) = app
         .send(
@@ -627,9 +692,8 @@ async fn ports_crud() {
     assert_eq!(s, 404);
 }
 
-#[tokio::test]
-async fn delete_only_in_allowed_states_and_locks() {
-    let app = start(|_| {}).await;
+async fn delete_only_in_allowed_states_and_locks(db: TestDb) {
+    let app = start(db, |_| {}).await;
     app.create("n1").await;
     let (s, _) = app
         .send(
@@ -683,9 +747,8 @@ async fn delete_only_in_allowed_states_and_locks() {
     app.wait_state("slow", "manageable").await;
 }
 
-#[tokio::test]
-async fn verify_failure_returns_to_enroll_with_last_error() {
-    let app = start(|_| {}).await;
+async fn verify_failure_returns_to_enroll_with_last_error(db: TestDb) {
+    let app = start(db, |_| {}).await;
     let (s, _) = app
         .send(
             reqwest::Method::POST,
@@ -712,9 +775,8 @@ async fn verify_failure_returns_to_enroll_with_last_error() {
     assert!(v["reservation"].is_null());
 }
 
-#[tokio::test]
-async fn auth_required_unless_no_auth() {
-    let app = start(|c| {
+async fn auth_required_unless_no_auth(db: TestDb) {
+    let app = start(db, |c| {
         c.no_auth = false;
         c.auth.tokens.push(TokenEntry {
             name: "ops".into(),

@@ -1,9 +1,12 @@
-//! The store: node and port records behind one trait, so a PostgreSQL backend can follow the
-//! SQLite one without changing callers.
+//! The store: node and port records behind one trait, with two backends side by side:
+//! [`sqlite`] (one file, the embedded default) and [`postgres`] (shared by several
+//! controllers). Both keep the same numbered migrations, apply them at open and refuse a
+//! schema newer than the build; `rivetd db upgrade` applies them without serving.
 //!
 //! Every write is optimistic: an update names the `version` it read and fails with
 //! [`StoreError::Conflict`] when someone wrote in between. The version is the node's ETag.
 
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -321,20 +324,62 @@ pub struct StoredCommand {
     pub result: Option<CommandResult>,
 }
 
-/// Open the store named by a `--db` URL (`sqlite:PATH`).
+/// Open the store named by a `--db` URL (`sqlite:PATH` or `postgres://…`), applying pending
+/// migrations.
 pub fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    match backend_of(url)? {
+        Backend::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path)?)),
+        Backend::Postgres => Ok(std::sync::Arc::new(postgres::PostgresStore::open(url)?)),
+    }
+}
+
+/// Apply pending migrations to the database at `url` and return the schema versions before
+/// and after (`rivetd db upgrade`). Refuses a schema newer than this build.
+pub fn upgrade(url: &str) -> Result<(i64, i64), StoreError> {
+    match backend_of(url)? {
+        Backend::Sqlite(path) => sqlite::upgrade(path),
+        Backend::Postgres => postgres::PostgresStore::upgrade(url),
+    }
+}
+
+enum Backend<'a> {
+    Sqlite(&'a str),
+    Postgres,
+}
+
+fn backend_of(url: &str) -> Result<Backend<'_>, StoreError> {
     if let Some(path) = url.strip_prefix("sqlite:") {
-        let path = path.strip_prefix("//").unwrap_or(path);
-        Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path)?))
+        Ok(Backend::Sqlite(path.strip_prefix("//").unwrap_or(path)))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Err(StoreError::Backend(
-            "the PostgreSQL backend is not built yet; use --db sqlite:PATH".into(),
-        ))
+        Ok(Backend::Postgres)
     } else {
         Err(StoreError::Backend(format!(
-            "unsupported database URL {url:?}: expected sqlite:PATH"
+            "unsupported database URL {:?}: expected sqlite:PATH or postgres://USER:PASSWORD@HOST:PORT/DB",
+            redact_url(url)
         )))
     }
+}
+
+/// `url` with any password replaced by `****`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let mut out = url.to_string();
+    // postgres://user:password@host…
+    if let Some(start) = out.find("://").map(|i| i + 3) {
+        let end = out[start..]
+            .find(['/', '?'])
+            .map_or(out.len(), |i| start + i);
+        if let Some(at) = out[start..end].rfind('@').map(|i| start + i) {
+            if let Some(colon) = out[start..at].find(':').map(|i| start + i) {
+                out.replace_range(colon + 1..at, "****");
+            }
+        }
+    }
+    // …?password=… or key=value form
+    if let Some(p) = out.find("password=").map(|i| i + "password=".len()) {
+        let end = out[p..].find(['&', ' ']).map_or(out.len(), |i| p + i);
+        out.replace_range(p..end, "****");
+    }
+    out
 }
 
 /// Lower-case a MAC and check its shape (`aa:bb:cc:dd:ee:ff`).
@@ -349,5 +394,31 @@ pub fn normalize_mac(mac: &str) -> Option<String> {
         Some(m)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://rivet:s3cret@127.0.0.1:5432/rivet"),
+            "postgres://rivet:****@127.0.0.1:5432/rivet"
+        );
+        assert_eq!(
+            redact_url("postgres://h/db?user=u&password=x&sslmode=disable"),
+            "postgres://h/db?user=u&password=****&sslmode=disable"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite:/tmp/x.db"), "sqlite:/tmp/x.db");
+    }
+
+    #[test]
+    fn unknown_scheme_is_refused() {
+        let err = open("mysql://u:pw@h/db").err().expect("refused");
+        assert!(err.to_string().contains("expected sqlite:PATH"), "{err}");
+        assert!(!err.to_string().contains("pw"), "{err}");
     }
 }

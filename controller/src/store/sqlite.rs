@@ -207,14 +207,7 @@ fn unique_violation(e: &rusqlite::Error) -> Option<String> {
 impl SqliteStore {
     /// Open (creating if needed) the database file and bring its schema up to date.
     pub fn open(path: &str) -> Result<SqliteStore, StoreError> {
-        let conn = Connection::open(path)
-            .map_err(|e| StoreError::Backend(format!("cannot open SQLite file {path}: {e}")))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(backend)?;
-        conn.execute_batch(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
-        )
-        .map_err(backend)?;
+        let conn = connect(path)?;
         migrate(&conn)?;
         Ok(SqliteStore {
             conn: Mutex::new(conn),
@@ -233,8 +226,29 @@ impl SqliteStore {
     }
 }
 
-/// Apply pending migrations; refuse a schema newer than this build.
-fn migrate(conn: &Connection) -> Result<(), StoreError> {
+fn connect(path: &str) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)
+        .map_err(|e| StoreError::Backend(format!("cannot open SQLite file {path}: {e}")))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(backend)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
+    )
+    .map_err(backend)?;
+    Ok(conn)
+}
+
+/// Apply pending migrations to the file at `path` (creating it if needed) and return the
+/// schema versions before and after (`rivetd db upgrade`).
+pub fn upgrade(path: &str) -> Result<(i64, i64), StoreError> {
+    let conn = connect(path)?;
+    let before = migrate(&conn)?;
+    Ok((before, SCHEMA_VERSION))
+}
+
+/// Apply pending migrations; refuse a schema newer than this build. Returns the version
+/// found.
+fn migrate(conn: &Connection) -> Result<i64, StoreError> {
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         .map_err(backend)?;
     let current: i64 = conn
@@ -262,7 +276,7 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
         tx.commit().map_err(backend)?;
         tracing::info!(version, "applied database migration");
     }
-    Ok(())
+    Ok(current)
 }
 
 fn sort_column(key: &str) -> Result<&'static str, StoreError> {
