@@ -256,8 +256,15 @@ fn slow_clients_are_cut_off() -> Result<()> {
 #[test]
 fn plain_http_off_loopback_is_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
+    // Credentials configured (so --no-auth's own loopback rule is not what refuses it).
+    let cfg = dir.path().join("rivetd.toml");
+    std::fs::write(
+        &cfg,
+        "[auth]\ntokens = [{ name = \"ops\", hash = \"sha256$salt$00\" }]\n",
+    )?;
     let out = Command::new(bin("rivetd"))
-        .args(["--listen", "0.0.0.0:6399", "--no-auth"])
+        .args(["--listen", "0.0.0.0:6399", "--config"])
+        .arg(&cfg)
         .arg("--db")
         .arg(format!("sqlite:{}", dir.path().join("r.db").display()))
         .output()?;

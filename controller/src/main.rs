@@ -190,7 +190,10 @@ fn main() -> anyhow::Result<()> {
     }
     let config = load(&cli)?;
     if cli.print_config {
-        print!("{}", config.to_toml());
+        // The database URL may carry a password: show it redacted, like every other output.
+        let mut shown = config.clone();
+        shown.db = rivet_controller::store::redact_url(&shown.db);
+        print!("{}", shown.to_toml());
         return Ok(());
     }
     init_logging(config.log_json);

@@ -14,6 +14,11 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
         .listen
         .parse()
         .with_context(|| format!("listen address {:?} is not ADDR:PORT", config.listen))?;
+    if config.no_auth && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "--no-auth is accepted only on a loopback address, not {addr}; configure [auth] tokens instead"
+        );
+    }
     if config.tls_cert.is_some() != config.tls_key.is_some() {
         anyhow::bail!("tls_cert and tls_key go together: set both, or neither for plain HTTP");
     }
@@ -21,11 +26,6 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
         anyhow::bail!(
             "refusing plain HTTP on {addr}: agents' tokens and BMC passwords would cross the network in clear. \
              Set tls_cert/tls_key (`rivetd tls init DIR` makes a lab CA), or allow_plain_http = true if you really mean it"
-        );
-    }
-    if config.no_auth && !addr.ip().is_loopback() {
-        anyhow::bail!(
-            "--no-auth is accepted only on a loopback address, not {addr}; configure [auth] tokens instead"
         );
     }
     if !config.no_auth && config.auth.tokens.is_empty() && config.auth.users.is_empty() {
@@ -39,7 +39,7 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
 /// Build the conductor and the router for `config` (used by main and by tests).
 pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Router)> {
     let store = crate::store::open(&config.db)
-        .with_context(|| format!("opening database {}", config.db))?;
+        .with_context(|| format!("opening database {}", crate::store::redact_url(&config.db)))?;
     let conductor = Conductor::new(store, config);
     let resumed = conductor.recover().await?;
     if resumed > 0 {
