@@ -421,7 +421,7 @@ fn abort_during_non_abortable_step_waits_for_it() -> Result<()> {
 
 #[test]
 fn agent_killed_mid_step_fails_on_heartbeat_timeout() -> Result<()> {
-    let scene = Scene::new(4)?;
+    let scene = Scene::new(6)?;
     let disk = scene.path("disk0.img");
     sparse(&disk, 16 << 20)?;
     let (s, v) = scene.provision(json!({"target": "clean", "clean_steps": [

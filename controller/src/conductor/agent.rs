@@ -17,6 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// How often an agent's liveness is written when nothing else changed.
+const LIVENESS_WRITE_EVERY: chrono::Duration = chrono::Duration::seconds(2);
+
 /// States in which a ramdisk is expected and may look up.
 pub const LOOKUP_ALLOWED: &[ProvisionState] = &[
     ProvisionState::Cleaning,
@@ -261,9 +264,33 @@ impl Conductor {
         Self::check_token(&node, token)?;
         let uuid = node.uuid.clone();
         let acks = self.intake(&node, &req.results).await?;
+        if !acks.is_empty() {
+            // Results may move the node's operation on: start deciding now, while this
+            // request records liveness, so the next command is ready sooner.
+            self.on_results(&uuid);
+        }
 
-        // Record liveness; in a wait state a heartbeat also keeps the timeout away.
+        // Record liveness; in a wait state a heartbeat also keeps the timeout away. A node
+        // heartbeating several times a second (step after step) is written at most every
+        // LIVENESS_WRITE_EVERY unless its progress changed.
         for _ in 0..5 {
+            let progress = req.running.as_ref().and_then(|r| r.progress.as_ref());
+            let shown = node.clean_step.as_ref().and_then(|s| s.get("progress"));
+            let progress_changed = match (progress, shown) {
+                (Some(p), Some(s)) => serde_json::to_value(p).ok().as_ref() != Some(s),
+                (Some(_), None) => node.clean_step.is_some(),
+                _ => false,
+            };
+            let recent = node
+                .driver_internal_info
+                .get("agent_last_heartbeat")
+                .and_then(Value::as_str)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| Utc::now().signed_duration_since(t) < LIVENESS_WRITE_EVERY)
+                .unwrap_or(false);
+            if recent && !progress_changed {
+                break;
+            }
             node.driver_internal_info.insert(
                 "agent_last_heartbeat".into(),
                 Value::from(Utc::now().to_rfc3339()),
@@ -275,8 +302,8 @@ impl Conductor {
             if node.provision_state.is_wait() {
                 node.provision_updated_at = Some(Utc::now());
             }
-            if let (Some(step), Some(running)) = (node.clean_step.as_mut(), req.running.as_ref()) {
-                if let (Some(obj), Some(p)) = (step.as_object_mut(), running.progress.as_ref()) {
+            if let (Some(step), Some(p)) = (node.clean_step.as_mut(), progress) {
+                if let Some(obj) = step.as_object_mut() {
                     obj.insert(
                         "progress".into(),
                         serde_json::to_value(p).unwrap_or(Value::Null),
@@ -291,10 +318,6 @@ impl Conductor {
                 }
                 Err(e) => return Err(e.into()),
             }
-        }
-        if !acks.is_empty() {
-            // Results may move the node's operation on.
-            self.on_results(&uuid);
         }
 
         let wake = self.wakeup(&uuid);
@@ -315,6 +338,13 @@ impl Conductor {
         }
         let long_poll = Duration::from_secs(self.config.agent.long_poll_s);
         let _ = tokio::time::timeout(long_poll, notified).await;
+        // The operation may have ended while we waited (the token goes with it): tell the
+        // agent now rather than at its next heartbeat.
+        match self.store.get_node(&uuid).await {
+            Ok(n) => Self::check_token(&n, token)?,
+            Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
+            Err(e) => return Err(e.into()),
+        }
         let command = self.next_command(&uuid, &req).await?;
         Ok(HeartbeatResponse { command, acks })
     }

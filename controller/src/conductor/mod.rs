@@ -23,7 +23,7 @@ use crate::fsm::{self, Event};
 use crate::store::{Node, Store, StoreError};
 use chrono::Utc;
 use rivet_protocol::states::{PowerState, ProvisionState};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The conductor and everything it needs.
@@ -35,7 +35,9 @@ pub struct Conductor {
     /// The in-memory BMCs of `fake-hardware` nodes.
     pub fake: Arc<FakeBmc>,
     /// Nodes with a task running in this process.
-    running: Mutex<HashSet<String>>,
+    /// Value: kicked again while running, so the task decides once more before it ends (a
+    /// result that lands just after the task's last look must not wait for the next scan).
+    running: Mutex<HashMap<String, bool>>,
     /// Per-node wake-ups of agent long polls.
     wakeups: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
@@ -47,7 +49,7 @@ impl Conductor {
             store,
             config,
             fake: Arc::new(FakeBmc::default()),
-            running: Mutex::new(HashSet::new()),
+            running: Mutex::new(HashMap::new()),
             wakeups: Mutex::new(HashMap::new()),
         })
     }
@@ -71,7 +73,7 @@ impl Conductor {
     pub fn is_running(&self, uuid: &str) -> bool {
         self.running
             .lock()
-            .map(|r| r.contains(uuid))
+            .map(|r| r.contains_key(uuid))
             .unwrap_or(false)
     }
 
@@ -81,18 +83,29 @@ impl Conductor {
             let Ok(mut running) = self.running.lock() else {
                 return;
             };
-            if !running.insert(uuid.to_string()) {
+            if let Some(again) = running.get_mut(uuid) {
+                *again = true;
                 return;
             }
+            running.insert(uuid.to_string(), false);
         }
         let this = self.clone();
         let uuid = uuid.to_string();
         tokio::spawn(async move {
-            if let Err(e) = this.drive(&uuid).await {
-                tracing::error!(node = %uuid, error = %e, "conductor task failed");
-            }
-            if let Ok(mut running) = this.running.lock() {
-                running.remove(&uuid);
+            loop {
+                if let Err(e) = this.drive(&uuid).await {
+                    tracing::error!(node = %uuid, error = %e, "conductor task failed");
+                }
+                let Ok(mut running) = this.running.lock() else {
+                    return;
+                };
+                match running.get_mut(&uuid) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        running.remove(&uuid);
+                        return;
+                    }
+                }
             }
         });
     }
@@ -231,7 +244,12 @@ impl Conductor {
             node.driver_internal_info.remove("agent_token_hash");
         }
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
-        Ok(self.store.update_node(&node).await?)
+        let node = self.store.update_node(&node).await?;
+        if to.is_stable() {
+            // The agent's token is gone: release its long poll so it hears so at once.
+            self.wakeup(&node.uuid).notify_waiters();
+        }
+        Ok(node)
     }
 
     /// Fire `fail` with a message.
