@@ -93,6 +93,22 @@ impl Conductor {
         }
     }
 
+    /// Boot the node into the ramdisk: one-time network boot, then reboot. A new boot means a
+    /// new agent token, so the old one is forgotten here.
+    pub(crate) async fn boot_ramdisk(
+        &self,
+        node: &mut Node,
+        bmc: &dyn Bmc,
+    ) -> Result<(), crate::drivers::DriverError> {
+        bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
+            .await?;
+        bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
+            .await?;
+        node.power_state = Some(PowerState::On);
+        node.driver_internal_info.remove("agent_token_hash");
+        Ok(())
+    }
+
     /// Move between a busy state and its wait state as the next action needs
     /// (cleaning ↔ clean wait, inspecting ↔ inspect wait); otherwise just write.
     pub(crate) async fn ensure_state(
@@ -145,22 +161,13 @@ impl Conductor {
                     return Ok(Some(self.store.update_node(&node).await?));
                 }
             }
-            let booted = async {
-                bmc.set_boot_device(&uuid, &node.driver_info, BootDevice::Pxe)
-                    .await?;
-                bmc.set_power(&uuid, &node.driver_info, PowerState::Rebooting)
-                    .await
-            }
-            .await;
-            if let Err(e) = booted {
+            if let Err(e) = self.boot_ramdisk(&mut node, bmc).await {
                 let msg = format!(
                     "failed to boot the cleaning ramdisk on node {}: {e}",
                     node.ident()
                 );
                 return self.fail(node, &msg).await.map(Some);
             }
-            node.power_state = Some(PowerState::On);
-            node.driver_internal_info.remove("agent_token_hash");
             set(&mut node, "cleaning_booted", json!(true));
             tracing::info!(node = %uuid, manual, "cleaning ramdisk booting; waiting for the agent");
             return self

@@ -5,7 +5,7 @@
 //! `driver_internal_info` bookkeeping and writes it before acting.
 
 use super::{Conductor, ConductorError};
-use crate::drivers::{Bmc, BootDevice, OobInventory};
+use crate::drivers::{Bmc, OobInventory};
 use crate::fsm::Event;
 use crate::inspection::{derive, rules};
 use crate::store::{Node, Port, PortQuery, StoreError};
@@ -60,23 +60,14 @@ impl Conductor {
         }
 
         if !node.driver_internal_info.contains_key("inspect_booted") {
-            let booted = async {
-                bmc.set_boot_device(&uuid, &node.driver_info, BootDevice::Pxe)
-                    .await?;
-                bmc.set_power(&uuid, &node.driver_info, PowerState::Rebooting)
-                    .await
-            }
-            .await;
-            if let Err(e) = booted {
+            if let Err(e) = self.boot_ramdisk(&mut node, bmc).await {
                 let msg = format!(
                     "failed to boot the inspection ramdisk on node {}: {e}",
                     node.ident()
                 );
                 return self.fail(node, &msg).await.map(Some);
             }
-            node.power_state = Some(PowerState::On);
             node.inspection_started_at = Some(Utc::now());
-            node.driver_internal_info.remove("agent_token_hash");
             node.driver_internal_info
                 .insert("inspect_booted".into(), json!(true));
             tracing::info!(node = %uuid, "inspection ramdisk booting; waiting for the agent");
