@@ -1,0 +1,216 @@
+//! rivet-bench: whole-system benchmarks of Rivet, each printing markdown rows for the README's
+//! "Numbers" table (`| What | Result | Command |`).
+//!
+//! - `fleet`: N simulated agents heartbeating against a release rivetd at offered rates;
+//! - `clean-fleet`: automated cleaning of N nodes whose agents offer no-op steps;
+//! - `api`: node listing and GET latency with N nodes in the store, rivetd RSS;
+//! - `agent`: static agent size, inventory time and peak RSS.
+//!
+//! rivetd runs as a child (`target/release/rivetd` next to this binary, or `--rivetd`) on a
+//! free 127.0.0.1 port with a SQLite file in a temporary directory; it is killed at the end.
+//! All traffic stays on loopback; every load loop is bounded in count and time.
+
+mod agent;
+mod api;
+mod fleet;
+mod procstat;
+mod rivetd;
+mod sim;
+mod stats;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "rivet-bench", version, about = "Rivet whole-system benchmarks")]
+struct Cli {
+    /// Print the table header before the rows.
+    #[arg(long, global = true)]
+    header: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// rivetd binary (default: `rivetd` next to this binary).
+    #[arg(long, value_name = "PATH")]
+    rivetd: Option<PathBuf>,
+    /// Keep the temporary directory (rivetd.log, rivet.db).
+    #[arg(long)]
+    keep: bool,
+    /// Load-generator threads (tokio workers); it shares the machine with rivetd.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+#[derive(Args, Clone)]
+struct FleetArgs {
+    /// Nodes (one simulated agent each).
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Admin API requests in flight during set-up.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// `[agent] long_poll_s` of rivetd.
+    #[arg(long, default_value_t = 30)]
+    long_poll_s: u64,
+    /// `[agent] heartbeat_timeout_s` of rivetd.
+    #[arg(long, default_value_t = 300)]
+    heartbeat_timeout_s: u64,
+    /// `[conductor] check_interval_s` of rivetd.
+    #[arg(long, default_value_t = 10)]
+    check_interval_s: u64,
+    /// Upper bound of the set-up (enrol, provide, agents booted), seconds.
+    #[arg(long, default_value_t = 600)]
+    setup_limit_s: u64,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Sustained heartbeats/s, latency, rivetd CPU and RSS with N agents at offered rates.
+    Fleet {
+        #[command(flatten)]
+        fleet: FleetArgs,
+        /// Offered heartbeat rates of the whole fleet (per second), tried in order; stops
+        /// after the first one not sustained (≥ 95 % delivered, no errors).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1000,2500,5000,7500,10000"
+        )]
+        rates: Vec<f64>,
+        /// Recorded seconds per rate.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Unrecorded seconds at each rate first.
+        #[arg(long, default_value_t = 5)]
+        warmup: u64,
+        /// Also measure every agent long-polling (`wait: true`), the production loop.
+        #[arg(long)]
+        long_poll_phase: bool,
+        /// Try every rate even after one was not sustained.
+        #[arg(long)]
+        no_stop: bool,
+        /// Agents report no progress for their running step (by default every heartbeat
+        /// carries growing erase progress, so rivetd writes it).
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Automated cleaning of N nodes with no-op steps: provide → all available.
+    CleanFleet {
+        #[command(flatten)]
+        fleet: FleetArgs,
+    },
+    /// Listing and GET latency with N nodes in the store; rivetd RSS.
+    Api {
+        /// Nodes in the store.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        /// Requests per page measurement.
+        #[arg(long, default_value_t = 30)]
+        page_requests: usize,
+        /// Single-node GETs.
+        #[arg(long, default_value_t = 200)]
+        get_requests: usize,
+        /// Skip the second rivetd run that measures peak RSS during a power-sync pass.
+        #[arg(long)]
+        no_power_sync_pass: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Static agent size, `rivet-agent inventory` time and peak RSS.
+    Agent {
+        /// The agent binary (default: built by scripts/build-agent.sh).
+        #[arg(long, value_name = "PATH")]
+        agent_bin: Option<PathBuf>,
+        /// Timed inventory runs.
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+    },
+}
+
+fn fleet_opts(f: &FleetArgs) -> fleet::FleetOpts {
+    fleet::FleetOpts {
+        nodes: f.nodes,
+        concurrency: f.concurrency,
+        rivetd: f.common.rivetd.clone(),
+        settings: rivetd::Settings {
+            long_poll_s: f.long_poll_s,
+            heartbeat_timeout_s: f.heartbeat_timeout_s,
+            check_interval_s: f.check_interval_s,
+            ..Default::default()
+        },
+        keep: f.common.keep,
+        setup_limit: Duration::from_secs(f.setup_limit_s),
+    }
+}
+
+fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?)
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    procstat::raise_nofile();
+    let load = procstat::loadavg();
+    if load > 1.0 {
+        eprintln!(
+            "warning: load average {load:.2}: other processes compete for the CPU; latency and rate numbers will be pessimistic (see \"other processes\" in each row)"
+        );
+    }
+    let rows = match cli.cmd {
+        Cmd::Fleet {
+            fleet,
+            rates,
+            seconds,
+            warmup,
+            long_poll_phase,
+            no_stop,
+            no_progress,
+        } => runtime(fleet.common.threads)?.block_on(fleet::fleet(
+            fleet_opts(&fleet),
+            fleet::RateOpts {
+                rates: rates.into_iter().filter(|r| *r > 0.0).collect(),
+                seconds,
+                warmup,
+                long_poll_phase,
+                no_stop,
+                progress: !no_progress,
+            },
+        ))?,
+        Cmd::CleanFleet { fleet } => {
+            runtime(fleet.common.threads)?.block_on(fleet::clean_fleet(fleet_opts(&fleet)))?
+        }
+        Cmd::Api {
+            nodes,
+            page_requests,
+            get_requests,
+            no_power_sync_pass,
+            common,
+        } => runtime(common.threads)?.block_on(api::run(api::ApiOpts {
+            nodes,
+            page_requests: page_requests.max(1),
+            get_requests: get_requests.max(1),
+            power_sync_pass: !no_power_sync_pass,
+            rivetd: common.rivetd,
+            keep: common.keep,
+        }))?,
+        Cmd::Agent { agent_bin, runs } => agent::run(agent::AgentOpts { agent_bin, runs })?,
+    };
+    if cli.header {
+        println!("| What | Result | Command |");
+        println!("|---|---|---|");
+    }
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(())
+}
