@@ -150,7 +150,7 @@ async fn list_inner(
             }
         })
         .collect();
-    let mut body = json!({ "nodes": docs });
+    let mut body = Value::Object(Map::from_iter([("nodes".to_string(), Value::Array(docs))]));
     if nodes.len() == q.limit {
         if let Some(last) = nodes.last() {
             let path = if detail {

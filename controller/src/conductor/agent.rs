@@ -310,7 +310,7 @@ impl Conductor {
                     );
                 }
             }
-            match self.store.update_node(&node).await {
+            match self.store.update_heartbeat(&node).await {
                 Ok(_) => break,
                 Err(StoreError::Conflict { .. }) => {
                     node = self.store.get_node(&uuid).await?;
@@ -320,6 +320,7 @@ impl Conductor {
             }
         }
 
+        drop(node);
         let wake = self.wakeup(&uuid);
         let notified = wake.notified();
         tokio::pin!(notified);

@@ -262,6 +262,12 @@ pub trait Store: Send + Sync {
     /// Write `node` if its version is still `node.version`; returns the stored node with the
     /// new version and `updated_at`.
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError>;
+    /// Write only what a heartbeat changes (driver_internal_info, clean_step,
+    /// provision_updated_at), with the same version check as [`Store::update_node`]. Backends
+    /// may keep the default, a full update.
+    async fn update_heartbeat(&self, node: &Node) -> Result<Node, StoreError> {
+        self.update_node(node).await
+    }
     /// Delete a node (and its ports) if its version is still `version`.
     async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError>;
     /// Clear reservations held by `conductor` (a restart drops its old claims).

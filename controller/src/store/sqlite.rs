@@ -378,11 +378,11 @@ impl Store for SqliteStore {
 
     async fn get_node(&self, ident: &str) -> Result<Node, StoreError> {
         self.with(|c| {
-            c.query_row(
-                &format!("SELECT {NODE_COLUMNS} FROM nodes WHERE uuid = ?1 OR name = ?1 LIMIT 1"),
-                [ident],
-                node_from_row,
-            )
+            c.prepare_cached(&format!(
+                "SELECT {NODE_COLUMNS} FROM nodes WHERE uuid = ?1 OR name = ?1 LIMIT 1"
+            ))
+            .map_err(backend)?
+            .query_row([ident], node_from_row)
             .optional()
             .map_err(backend)?
             .ok_or_else(|| StoreError::NotFound {
@@ -416,12 +416,17 @@ impl Store for SqliteStore {
                     ident: marker.clone(),
                 })?;
                 let op = if q.sort_dir == SortDir::Asc { ">" } else { "<" };
-                wheres.push(format!(
-                    "({sort_expr} {op} ? OR ({sort_expr} = ? AND id {op} ?))"
-                ));
-                args.push(value.clone());
-                args.push(value);
-                args.push(id.into());
+                if col == "id" {
+                    wheres.push(format!("id {op} ?"));
+                    args.push(id.into());
+                } else {
+                    wheres.push(format!(
+                        "({sort_expr} {op} ? OR ({sort_expr} = ? AND id {op} ?))"
+                    ));
+                    args.push(value.clone());
+                    args.push(value);
+                    args.push(id.into());
+                }
             }
             if let Some(s) = q.provision_state {
                 wheres.push("provision_state = ?".into());
@@ -487,14 +492,17 @@ impl Store for SqliteStore {
             let count = values.len();
             values.push(expected.into());
             // Row-value UPDATE: the same column list and order as INSERT.
-            let r = c.execute(
-                &format!(
-                    "UPDATE nodes SET ({NODE_COLUMNS}) = ({}) WHERE uuid = ?1 AND version = ?{}",
-                    placeholders(count),
+            let set_cols = &NODE_COLUMNS["uuid, ".len()..];
+            let marks = (2..=count)
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let r = c
+                .prepare_cached(&format!(
+                    "UPDATE nodes SET ({set_cols}) = ({marks}) WHERE uuid = ?1 AND version = ?{}",
                     count + 1
-                ),
-                rusqlite::params_from_iter(values),
-            );
+                ))
+                .and_then(|mut st| st.execute(rusqlite::params_from_iter(values)));
             match r {
                 Ok(1) => Ok(n),
                 Ok(_) => {
@@ -523,6 +531,42 @@ impl Store for SqliteStore {
                     ))),
                     None => Err(backend(e)),
                 },
+            }
+        })
+    }
+
+    async fn update_heartbeat(&self, node: &Node) -> Result<Node, StoreError> {
+        let mut n = node.clone();
+        let expected = n.version;
+        n.version += 1;
+        n.updated_at = Some(Utc::now());
+        self.with(|c| {
+            let r = c
+                .prepare_cached(
+                    "UPDATE nodes SET driver_internal_info = ?2, clean_step = ?3, \
+                     provision_updated_at = ?4, updated_at = ?5, version = ?6 \
+                     WHERE uuid = ?1 AND version = ?7",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        n.uuid,
+                        map_to_text(&n.driver_internal_info),
+                        opt_json(&n.clean_step),
+                        n.provision_updated_at.as_ref().map(ts),
+                        n.updated_at.as_ref().map(ts),
+                        n.version,
+                        expected
+                    ])
+                })
+                .map_err(backend)?;
+            if r == 1 {
+                Ok(n)
+            } else {
+                Err(StoreError::Conflict {
+                    kind: "node",
+                    ident: n.uuid.clone(),
+                    expected,
+                })
             }
         })
     }
