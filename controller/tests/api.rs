@@ -188,13 +188,11 @@ on_every_backend!(
     auth_required_unless_no_auth,
 );
 
-/// The error's human message (Ironic nests it as a JSON string).
+/// The error's human message (Ironic nests it as a JSON string): the protocol's own decoder.
 fn message(v: &Value) -> String {
-    let raw = v["error_message"].as_str().unwrap_or_default();
-    serde_json::from_str::<Value>(raw)
-        .ok()
-        .and_then(|i| i["faultstring"].as_str().map(str::to_string))
-        .unwrap_or_else(|| raw.to_string())
+    serde_json::from_value::<rivet_protocol::api::ErrorBody>(v.clone())
+        .map(|b| b.message())
+        .unwrap_or_default()
 }
 
 async fn version_documents_and_negotiation(db: TestDb) {

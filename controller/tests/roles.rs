@@ -55,12 +55,11 @@ async fn call(
     (s, resp.json().await.unwrap_or(Value::Null))
 }
 
+/// The error's human message (Ironic nests it as a JSON string): the protocol's own decoder.
 fn message(v: &Value) -> String {
-    let raw = v["error_message"].as_str().unwrap_or_default();
-    serde_json::from_str::<Value>(raw)
-        .ok()
-        .and_then(|i| i["faultstring"].as_str().map(str::to_string))
-        .unwrap_or_else(|| raw.to_string())
+    serde_json::from_value::<rivet_protocol::api::ErrorBody>(v.clone())
+        .map(|b| b.message())
+        .unwrap_or_default()
 }
 
 #[tokio::test]
