@@ -121,6 +121,30 @@ CREATE TABLE inspection_rules (
     created_at TIMESTAMPTZ NOT NULL
 );
 "#,
+    r#"
+CREATE TABLE audit_log (
+    seq BIGSERIAL PRIMARY KEY,
+    created_at TIMESTAMPTZ NOT NULL,
+    actor TEXT NOT NULL,
+    source TEXT,
+    method TEXT,
+    path TEXT,
+    node_uuid TEXT,
+    action TEXT NOT NULL,
+    status BIGINT,
+    detail TEXT
+);
+CREATE INDEX audit_log_node ON audit_log(node_uuid, seq);
+"#,
+    r#"
+CREATE TABLE conductors (
+    id TEXT PRIMARY KEY,
+    hostname TEXT NOT NULL,
+    started_at TIMESTAMPTZ NOT NULL,
+    last_seen TIMESTAMPTZ NOT NULL
+);
+ALTER TABLE nodes ADD COLUMN reservation_expires_at TIMESTAMPTZ;
+"#,
 ];
 
 /// The schema version this build knows.

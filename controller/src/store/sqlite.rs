@@ -93,6 +93,34 @@ CREATE TABLE inspection_rules (
     created_at TEXT NOT NULL
 );
 "#,
+    // The audit trail: state-changing admin requests and the provision transitions they (or
+    // the conductor) cause. Append-only.
+    r#"
+CREATE TABLE audit_log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    source TEXT,
+    method TEXT,
+    path TEXT,
+    node_uuid TEXT,
+    action TEXT NOT NULL,
+    status INTEGER,
+    detail TEXT
+);
+CREATE INDEX audit_log_node ON audit_log(node_uuid, seq);
+"#,
+    // Several controllers on one database: their registration heartbeats, and the expiry of
+    // a node's reservation lease.
+    r#"
+CREATE TABLE conductors (
+    id TEXT PRIMARY KEY,
+    hostname TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    last_seen TEXT NOT NULL
+);
+ALTER TABLE nodes ADD COLUMN reservation_expires_at TEXT;
+"#,
 ];
 
 /// The schema version this build knows.
