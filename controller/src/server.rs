@@ -89,24 +89,31 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             match tls {
                 Some(acceptor) => {
                     match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, app, header_timeout).await,
+                        Ok(Ok(stream)) => serve_connection(stream, peer, app, header_timeout).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 }
-                None => serve_connection(tcp, app, header_timeout).await,
+                None => serve_connection(tcp, peer, app, header_timeout).await,
             }
         });
     }
 }
 
-/// One HTTP/1.1 connection: keep-alive, and a deadline for each request's headers.
-async fn serve_connection<S>(io: S, app: axum::Router, header_timeout: Duration)
+/// One HTTP/1.1 connection: keep-alive, and a deadline for each request's headers. Every
+/// request carries the peer address as a [`PeerAddr`] extension (rate limits, audit).
+async fn serve_connection<S>(io: S, peer: SocketAddr, app: axum::Router, header_timeout: Duration)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let service = hyper_util::service::TowerToHyperService::new(app);
+    use tower_service::Service;
+    let service =
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
+            let mut app = app.clone();
+            async move { app.call(req).await }
+        });
     let result = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
@@ -114,9 +121,14 @@ where
         .serve_connection(TokioIo::new(io), service)
         .await;
     if let Err(e) = result {
-        tracing::debug!(error = %e, "connection ended with an error");
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }
+
+/// The TCP peer of a request, set by [`serve`]. Absent when the router is driven in-process
+/// (tests), so users of it must treat it as optional.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// SIGINT or SIGTERM.
 async fn shutdown_signal() {
