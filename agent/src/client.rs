@@ -23,6 +23,15 @@ pub enum TransportError {
         /// Start of the response body.
         body: String,
     },
+    /// The controller is rate-limiting this address (HTTP 429): wait `retry_after` before
+    /// the next request to it.
+    #[error("controller answered HTTP 429 (retry after {} s): {body}", retry_after.as_secs())]
+    RateLimited {
+        /// How long the controller asked us to wait (its `Retry-After`, bounded).
+        retry_after: Duration,
+        /// Start of the response body (says which limit was hit).
+        body: String,
+    },
     /// No answer: connection refused, DNS, TLS, timeout.
     #[error("cannot reach the controller: {0}")]
     Connect(String),
@@ -36,9 +45,32 @@ impl TransportError {
     pub fn status(&self) -> Option<u16> {
         match self {
             TransportError::Status { status, .. } => Some(*status),
+            TransportError::RateLimited { .. } => Some(429),
             _ => None,
         }
     }
+
+    /// How long to stay away, when the controller said so (HTTP 429).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            TransportError::RateLimited { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+/// Longest `Retry-After` honoured: a controller (or a proxy) asking for more is not allowed to
+/// park the agent for longer than this.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// `Retry-After` in delta-seconds (what rivetd sends), bounded by [`MAX_RETRY_AFTER`]. An
+/// HTTP-date or garbage falls back to one second rather than being ignored.
+pub fn parse_retry_after(value: Option<&str>) -> Duration {
+    value
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1))
+        .clamp(Duration::from_secs(1), MAX_RETRY_AFTER)
 }
 
 /// Errors building the HTTP client.
@@ -139,6 +171,18 @@ impl HttpTransport {
             .await
             .map_err(|e| TransportError::Connect(format!("{url}: {}", error_chain(&e))))?;
         let status = resp.status();
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            let retry_after = parse_retry_after(
+                resp.headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()),
+            );
+            let body = resp.text().await.unwrap_or_default();
+            return Err(TransportError::RateLimited {
+                retry_after,
+                body: body.chars().take(500).collect(),
+            });
+        }
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();
             return Err(TransportError::Status {
@@ -199,7 +243,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Look up until a controller answers. Tries every URL in turn starting at `start`, sleeps
 /// with backoff after a full round fails; 404 (unknown hardware) is retried like any error.
-/// Returns the index of the controller that answered. Cancel by dropping the future.
+/// A 429 makes the pause at least the controller's `Retry-After`. Returns the index of the
+/// controller that answered. Cancel by dropping the future.
 pub async fn lookup_until_found<T: Transport>(
     transport: &T,
     controllers: &[String],
@@ -208,6 +253,7 @@ pub async fn lookup_until_found<T: Transport>(
     backoff: &mut Backoff,
 ) -> (usize, LookupResponse) {
     loop {
+        let mut asked_to_wait = Duration::ZERO;
         for i in 0..controllers.len() {
             let idx = (start + i) % controllers.len();
             let url = &controllers[idx];
@@ -221,11 +267,41 @@ pub async fn lookup_until_found<T: Transport>(
                     macs = ?req.macs,
                     "controller does not know this machine (404); enrol it with one of these MACs"
                 ),
-                Err(e) => tracing::warn!(controller = %url, error = %e, "lookup failed"),
+                Err(e) => {
+                    if let Some(wait) = e.retry_after() {
+                        asked_to_wait = asked_to_wait.max(wait);
+                    }
+                    tracing::warn!(controller = %url, error = %e, "lookup failed")
+                }
             }
         }
-        let delay = backoff.next_delay();
+        let delay = backoff.next_delay().max(asked_to_wait);
         tracing::debug!(?delay, attempt = backoff.attempts(), "retrying lookup");
         tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_parsed_and_bounded() {
+        assert_eq!(parse_retry_after(Some("7")), Duration::from_secs(7));
+        assert_eq!(parse_retry_after(Some(" 12 ")), Duration::from_secs(12));
+        assert_eq!(parse_retry_after(Some("0")), Duration::from_secs(1));
+        assert_eq!(parse_retry_after(Some("999999")), MAX_RETRY_AFTER);
+        assert_eq!(
+            parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")),
+            Duration::from_secs(1)
+        );
+        assert_eq!(parse_retry_after(None), Duration::from_secs(1));
+        let e = TransportError::RateLimited {
+            retry_after: Duration::from_secs(3),
+            body: "slow down".into(),
+        };
+        assert_eq!(e.status(), Some(429));
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+        assert!(e.to_string().contains("retry after 3 s"), "{e}");
     }
 }

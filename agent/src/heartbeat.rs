@@ -38,6 +38,9 @@ pub struct AgentOptions {
     pub request_margin: Duration,
     /// Inventory settings (MACs and DMI ids for lookup).
     pub inventory: InventoryOptions,
+    /// This boot's id, sent at lookup and with every heartbeat (the controller ties the token
+    /// to it). `None`: read `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: Option<String>,
 }
 
 impl Default for AgentOptions {
@@ -50,6 +53,7 @@ impl Default for AgentOptions {
             min_interval: Duration::from_secs(1),
             request_margin: Duration::from_secs(10),
             inventory: InventoryOptions::default(),
+            boot_id: None,
         }
     }
 }
@@ -64,6 +68,20 @@ pub struct Agent<T: Transport> {
     token: Option<String>,
     /// Index of the controller that answered last.
     current: usize,
+    /// This boot's id (see [`AgentOptions::boot_id`]); `None` when the kernel has none.
+    boot_id: Option<String>,
+}
+
+/// Where Linux keeps the id of the current boot (a random UUID per boot).
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The kernel's boot id, or `None` (not Linux, no procfs): the controller then accepts the
+/// token without a boot id, as for older agents.
+pub fn read_boot_id() -> Option<String> {
+    std::fs::read_to_string(BOOT_ID_PATH)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty() && s.len() <= rivet_protocol::agent::MAX_BOOT_ID_LEN)
 }
 
 /// Why the heartbeat phase ended.
@@ -82,6 +100,7 @@ impl<T: Transport> Agent<T> {
         dispatcher: Arc<Dispatcher>,
         executor: Executor,
     ) -> Self {
+        let boot_id = opts.boot_id.clone().or_else(read_boot_id);
         Agent {
             opts,
             transport,
@@ -89,6 +108,7 @@ impl<T: Transport> Agent<T> {
             dispatcher,
             token: None,
             current: 0,
+            boot_id,
         }
     }
 
@@ -175,6 +195,7 @@ impl<T: Transport> Agent<T> {
             system_serial: Some(inv.system_vendor.serial_number).filter(|s| !s.is_empty()),
             node_uuid: self.opts.node.clone(),
             agent_version: rivet_protocol::VERSION.to_string(),
+            boot_id: self.boot_id.clone(),
         }
     }
 
@@ -196,6 +217,7 @@ impl<T: Transport> Agent<T> {
                 running,
                 results: self.executor.pending_results(),
                 wait,
+                boot_id: self.boot_id.clone(),
             };
             let timeout = if wait { long_poll } else { Duration::ZERO } + self.opts.request_margin;
             let base = &self.opts.controllers[self.current];
@@ -221,6 +243,16 @@ impl<T: Transport> Agent<T> {
                     } else {
                         Duration::ZERO
                     }
+                }
+                Err(e) if e.retry_after().is_some() => {
+                    // Rate-limited: the controller is up and said how long to stay away;
+                    // another controller would not help, so stay with this one.
+                    let asked = e.retry_after().unwrap_or_default();
+                    tracing::warn!(
+                        node = %node, controller = %base, error = %e,
+                        "controller is rate-limiting this address; waiting as asked"
+                    );
+                    backoff.next_delay().max(asked)
                 }
                 Err(e) if matches!(e.status(), Some(401) | Some(404)) => {
                     tracing::warn!(
@@ -562,6 +594,57 @@ mod tests {
         assert!(beats[last_with + 1..]
             .iter()
             .all(|(_, _, r)| r.results.is_empty() && r.running.is_none()));
+    }
+
+    fn limited(ms: u64) -> TransportError {
+        TransportError::RateLimited {
+            retry_after: Duration::from_millis(ms),
+            body: "too many agent lookups from this address".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn lookup_429_waits_retry_after_not_just_backoff() {
+        let t = FakeTransport::default();
+        {
+            let mut l = t.0.lookups.lock().unwrap();
+            l.push_back(Err(limited(300)));
+            l.push_back(found(Some("tok")));
+        }
+        let a = agent(&t, &["http://c1"]);
+        let started = Instant::now();
+        run_until(a, &t, |f| !f.seen_beats.lock().unwrap().is_empty()).await;
+        // Backoff alone is 1–4 ms here.
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(t.0.seen_lookups.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn heartbeat_429_waits_retry_after_and_keeps_controller_and_boot_id() {
+        let t = FakeTransport::default();
+        t.0.lookups.lock().unwrap().push_back(found(Some("tok")));
+        t.0.beats.lock().unwrap().push_back(Err(limited(300)));
+        let mut a = agent(&t, &["http://c1", "http://c2"]);
+        a.boot_id = Some("boot-a".into());
+        let started = Instant::now();
+        run_until(a, &t, |f| f.seen_beats.lock().unwrap().len() >= 2).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        let beats = t.0.seen_beats.lock().unwrap();
+        assert_eq!(beats[0].0, "http://c1");
+        assert_eq!(beats[1].0, "http://c1", "a 429 is not a dead controller");
+        assert!(beats
+            .iter()
+            .all(|(_, _, r)| r.boot_id.as_deref() == Some("boot-a")));
+        let lookups = t.0.seen_lookups.lock().unwrap();
+        assert_eq!(lookups[0].1.boot_id.as_deref(), Some("boot-a"));
     }
 
     #[tokio::test]

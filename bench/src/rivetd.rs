@@ -38,8 +38,10 @@ impl Default for Settings {
 
 impl Settings {
     fn toml(&self) -> String {
+        // Every simulated agent speaks from 127.0.0.1, so the per-source agent limits (sized
+        // for real sources) are off: the benchmark measures throughput, not the limiter.
         format!(
-            "[agent]\nlong_poll_s = {}\nheartbeat_timeout_s = {}\n\n[conductor]\ncheck_interval_s = {}\n\n[power_sync]\ninterval_s = {}\n",
+            "[agent]\nlong_poll_s = {}\nheartbeat_timeout_s = {}\nlookup_per_minute = 0\nfailed_auth_per_minute = 0\n\n[conductor]\ncheck_interval_s = {}\n\n[power_sync]\ninterval_s = {}\n",
             self.long_poll_s, self.heartbeat_timeout_s, self.check_interval_s, self.power_sync_interval_s
         )
     }

@@ -240,6 +240,7 @@ impl SimAgent {
             running: self.running.clone(),
             results: self.results.clone(),
             wait,
+            boot_id: None,
         };
         let body = serde_json::to_vec(&req)?;
         let timeout = if wait {

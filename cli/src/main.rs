@@ -3,6 +3,7 @@
 //! Thin: parse the command line, build the client, dispatch to `node`/`port`. Errors print as
 //! `error: <message>` on stderr with exit status 1.
 
+mod audit;
 mod client;
 mod demo;
 mod node;
@@ -38,6 +39,8 @@ enum Command {
     /// Ports: a node's NICs.
     #[command(subcommand)]
     Port(port::PortCmd),
+    /// The audit trail (admin only): requests, refusals and provision transitions.
+    Audit(audit::AuditArgs),
     /// The whole flow on this machine: rivetd, a fake-hardware node, a local agent on
     /// sparse-file disks; automated then manual cleaning.
     Demo(demo::DemoArgs),
@@ -54,6 +57,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(cmd) => node::run(cmd, &client(&cli.url)?, out).await,
         Command::Port(cmd) => port::run(cmd, &client(&cli.url)?, out).await,
+        Command::Audit(a) => audit::run(a, &client(&cli.url)?, out).await,
         // The demo starts its own rivetd: the caller's URL and token do not apply.
         Command::Demo(a) => demo::run(a).await,
     }

@@ -196,6 +196,10 @@ pub struct ApiConfig {
     /// A client must finish sending its request headers within this time, so slow clients
     /// cannot pin connections.
     pub header_read_timeout_s: u64,
+    /// After this many requests on one keep-alive connection the answer carries
+    /// `Connection: close`, so one client cannot hold a connection (and its worker) forever
+    /// and load spreads when clients reconnect; 0 = no limit.
+    pub max_requests_per_connection: u64,
 }
 
 /// What agents are told at lookup.
@@ -206,6 +210,13 @@ pub struct AgentSettings {
     pub long_poll_s: u64,
     /// No heartbeat for this long fails the node's wait state.
     pub heartbeat_timeout_s: u64,
+    /// Lookups accepted per source address per minute (also the burst); beyond it 429 with
+    /// `Retry-After`. 0 = no limit. See the default for the reasoning.
+    pub lookup_per_minute: u32,
+    /// Failed agent-token checks (heartbeat with a wrong or missing token, or for an unknown
+    /// node) per source address per minute before they are answered 429. Successful
+    /// heartbeats are never limited. 0 = no limit.
+    pub failed_auth_per_minute: u32,
 }
 
 impl Default for Config {
@@ -283,6 +294,7 @@ impl Default for ApiConfig {
             max_body_bytes: 1 << 20,
             max_limit: 1000,
             header_read_timeout_s: 10,
+            max_requests_per_connection: 1000,
         }
     }
 }
@@ -292,6 +304,18 @@ impl Default for AgentSettings {
         AgentSettings {
             long_poll_s: 30,
             heartbeat_timeout_s: 300,
+            // Sized for the worst honest case: 1,000 machines PXE-booting at once behind one
+            // NAT (a DHCP relay only relays DHCP; HTTP normally comes from each machine's own
+            // address, which is the easy case). Each looks up once when it is expected, and
+            // one that is not expected yet retries at most twice a minute (agent backoff cap
+            // 30 s): 1,000 × 2 = 2,000/min, so 3,000 of burst and 50/s of refill leave
+            // headroom. A stranger guessing MACs still needs days for one vendor's 2^24.
+            lookup_per_minute: 3000,
+            // Honest failures are rare: one 401 per agent when its operation ends (the held
+            // heartbeat learns the token is gone), so a 1,000-node batch finishing together
+            // behind one NAT needs 1,000 at once. Tokens are 256-bit, so this limit is about
+            // the cost of hammering (a store read per attempt) and log noise, not guessing.
+            failed_auth_per_minute: 1200,
         }
     }
 }

@@ -61,6 +61,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         _ => None,
     };
     let header_timeout = Duration::from_secs(config.api.header_read_timeout_s.max(1));
+    let max_requests = config.api.max_requests_per_connection;
     let (conductor, app) = build(config).await?;
     tokio::spawn(conductor.clone().run_periodic());
     let listener = tokio::net::TcpListener::bind(addr)
@@ -89,31 +90,60 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             match tls {
                 Some(acceptor) => {
                     match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, peer, app, header_timeout).await,
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, peer, app, header_timeout, max_requests).await
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 }
-                None => serve_connection(tcp, peer, app, header_timeout).await,
+                None => serve_connection(tcp, peer, app, header_timeout, max_requests).await,
             }
         });
     }
 }
 
 /// One HTTP/1.1 connection: keep-alive, and a deadline for each request's headers. Every
-/// request carries the peer address as a [`PeerAddr`] extension (rate limits, audit).
-async fn serve_connection<S>(io: S, peer: SocketAddr, app: axum::Router, header_timeout: Duration)
-where
+/// request carries the peer address as a [`PeerAddr`] extension (rate limits, audit). The
+/// `max_requests`-th answer on the connection carries `Connection: close` (hyper then closes
+/// it after that answer), so a client reconnects now and then: one client cannot hold a
+/// connection forever, and behind a load balancer its requests spread. 0 = no limit.
+async fn serve_connection<S>(
+    io: S,
+    peer: SocketAddr,
+    app: axum::Router,
+    header_timeout: Duration,
+    max_requests: u64,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     use hyper_util::rt::{TokioIo, TokioTimer};
+    use std::sync::atomic::{AtomicU64, Ordering};
     use tower_service::Service;
-    let service =
-        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+    // hyper calls the service through `&self`, hence an atomic for a per-connection count.
+    let served = AtomicU64::new(0);
+    let service = hyper::service::service_fn(
+        move |mut req: hyper::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
             let mut app = app.clone();
-            async move { app.call(req).await }
-        });
+            // HTTP/1.1 answers in order, so counting at arrival numbers the answers too.
+            let n = served.fetch_add(1, Ordering::Relaxed) + 1;
+            let last = max_requests > 0 && n >= max_requests;
+            async move {
+                let mut resp = app.call(req).await?;
+                if last {
+                    resp.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                    if n == max_requests {
+                        tracing::debug!(%peer, requests = n, "request limit of this connection reached; closing it after this answer");
+                    }
+                }
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        },
+    );
     let result = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)

@@ -34,7 +34,14 @@ pub struct LookupRequest {
     /// Agent version.
     #[serde(default)]
     pub agent_version: String,
+    /// The ramdisk's boot id (`/proc/sys/kernel/random/boot_id`): the token issued by this
+    /// lookup belongs to this boot only. Optional so older agents still look up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
+
+/// Longest `boot_id` accepted (the kernel's is a 36-character UUID).
+pub const MAX_BOOT_ID_LEN: usize = 64;
 
 /// Timing and behaviour the controller hands the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,6 +141,9 @@ pub struct HeartbeatRequest {
     /// When false the controller answers at once instead of holding the request.
     #[serde(default = "default_true")]
     pub wait: bool,
+    /// The ramdisk's boot id, as sent at lookup; a heartbeat from another boot is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 fn default_true() -> bool {

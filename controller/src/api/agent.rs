@@ -1,25 +1,91 @@
 //! `/agent/v1`: the ramdisk's endpoints. No admin credentials; the heartbeat needs the node's
 //! agent token (`Authorization: Bearer`).
+//!
+//! Both are open to anyone on the provisioning network, so: a lookup that finds nothing and a
+//! lookup for a node that expects no ramdisk get the same 404; a heartbeat for an unknown node
+//! gets the same 401 as a wrong token; and lookups and failed token checks are rate-limited
+//! per source address ([`super::ratelimit`], `[agent] lookup_per_minute`,
+//! `failed_auth_per_minute`). The limits apply only when the request carries its TCP peer
+//! ([`PeerAddr`], set by the server for every connection); a router driven in-process (tests)
+//! has no peer and is not limited.
 
+use super::ratelimit::{Decision, RateLimiter, SourceKey};
 use super::{ApiError, AppState, JsonBody};
 use crate::conductor::agent::AgentError;
+use crate::config::AgentSettings;
+use crate::server::PeerAddr;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
-use rivet_protocol::agent::{HeartbeatRequest, HeartbeatResponse, LookupRequest, LookupResponse};
+use axum::{Extension, Json, Router};
+use rivet_protocol::agent::{HeartbeatRequest, LookupRequest};
+use std::sync::Arc;
+use std::time::Duration;
 
-pub fn routes() -> Router<AppState> {
+/// The per-source limits of the agent endpoints.
+struct AgentLimits {
+    lookup: RateLimiter,
+    failed_auth: RateLimiter,
+}
+
+pub fn routes(settings: &AgentSettings) -> Router<AppState> {
+    let limits = Arc::new(AgentLimits {
+        lookup: RateLimiter::new(settings.lookup_per_minute),
+        failed_auth: RateLimiter::new(settings.failed_auth_per_minute),
+    });
     Router::new()
         .route("/agent/v1/lookup", post(lookup))
         .route("/agent/v1/heartbeat/{node}", post(heartbeat))
+        .layer(Extension(limits))
+}
+
+/// Take one unit of `limiter` for the request's source; the 429 to answer when over.
+fn over_limit(
+    limiter: &RateLimiter,
+    peer: Option<&PeerAddr>,
+    key: &str,
+    what: &str,
+) -> Option<Response> {
+    let ip = peer?.0.ip();
+    let Decision::Limited { retry_after, warn } = limiter.take(ip) else {
+        return None;
+    };
+    let per_minute = limiter.per_minute();
+    if warn {
+        tracing::warn!(
+            source = %SourceKey::of(ip),
+            limit = key,
+            per_minute,
+            "{what} from this source are over the limit; answering 429 (logged once a minute per source)"
+        );
+    }
+    Some(too_many(key, per_minute, what, retry_after))
+}
+
+/// 429 with `Retry-After`, naming the limit and nothing about nodes.
+fn too_many(key: &str, per_minute: u32, what: &str, retry_after: Duration) -> Response {
+    let secs = retry_after.as_secs().max(1);
+    let mut resp = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!(
+            "too many {what} from this address: the limit is {per_minute} per minute \
+             ([agent] {key}); retry after {secs} s"
+        ),
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+    resp
 }
 
 impl From<AgentError> for ApiError {
     fn from(e: AgentError) -> Self {
         match e {
             AgentError::NotFound => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
-            AgentError::Unauthorized => ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()),
+            AgentError::Unauthorized | AgentError::OtherBoot => {
+                ApiError::new(StatusCode::UNAUTHORIZED, e.to_string())
+            }
             AgentError::BadRequest(m) => ApiError::bad_request(m),
             AgentError::Conductor(c) => c.into(),
         }
@@ -28,21 +94,60 @@ impl From<AgentError> for ApiError {
 
 async fn lookup(
     State(state): State<AppState>,
+    Extension(limits): Extension<Arc<AgentLimits>>,
+    peer: Option<Extension<PeerAddr>>,
     JsonBody(req): JsonBody<LookupRequest>,
-) -> Result<Json<LookupResponse>, ApiError> {
-    Ok(Json(state.conductor.lookup(&req).await?))
+) -> Response {
+    let peer = peer.map(|Extension(p)| p);
+    if let Some(refused) = over_limit(
+        &limits.lookup,
+        peer.as_ref(),
+        "lookup_per_minute",
+        "agent lookups",
+    ) {
+        return refused;
+    }
+    match state.conductor.lookup(&req).await {
+        Ok(resp) => Json(resp).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
 async fn heartbeat(
     State(state): State<AppState>,
+    Extension(limits): Extension<Arc<AgentLimits>>,
+    peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
     Path(node): Path<String>,
     JsonBody(req): JsonBody<HeartbeatRequest>,
-) -> Result<Json<HeartbeatResponse>, ApiError> {
+) -> Response {
     let token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    Ok(Json(state.conductor.heartbeat(&node, token, req).await?))
+    let err = match state.conductor.heartbeat(&node, token, req).await {
+        Ok(resp) => return Json(resp).into_response(),
+        Err(e) => e,
+    };
+    // A failed token check is charged to its source; only once the source is over its limit
+    // does the answer change (to 429), so an honest agent still hears 401 and looks up again.
+    let err = match err {
+        // Unknown node: the same answer as a wrong token, so heartbeats cannot probe which
+        // node names or UUIDs exist.
+        AgentError::NotFound => AgentError::Unauthorized,
+        e => e,
+    };
+    if matches!(err, AgentError::Unauthorized | AgentError::OtherBoot) {
+        let peer = peer.map(|Extension(p)| p);
+        if let Some(refused) = over_limit(
+            &limits.failed_auth,
+            peer.as_ref(),
+            "failed_auth_per_minute",
+            "failed agent token checks",
+        ) {
+            return refused;
+        }
+    }
+    ApiError::from(err).into_response()
 }

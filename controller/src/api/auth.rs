@@ -23,7 +23,8 @@ pub struct Caller {
     pub role: Role,
 }
 
-fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
+/// The caller a request's credentials name, if any (also used by the audit trail).
+pub(super) fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
     let auth = &state.conductor.config.auth;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let token = header("authorization")
@@ -59,6 +60,9 @@ pub fn denied(role: Role, method: &Method, path: &str) -> Option<&'static str> {
     let read = method == Method::GET || method == Method::HEAD;
     match role {
         Role::Admin => None,
+        _ if path == "/v1/audit" || path.starts_with("/v1/audit/") => {
+            Some("reading the audit log (needs admin)")
+        }
         _ if read => None,
         Role::Reader => Some("any change (it is read-only)"),
         Role::Operator => {
@@ -126,7 +130,7 @@ pub async fn require_admin(
     };
     let path = req.uri().path().to_string();
     if let Some(lacks) = denied(caller.role, req.method(), &path) {
-        return ApiError::new(
+        let mut resp = ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
                 "{} (role {}) may not {} {}: the role does not allow {lacks}",
@@ -137,10 +141,15 @@ pub async fn require_admin(
             ),
         )
         .into_response();
+        // The audit trail names who was refused.
+        resp.extensions_mut().insert(caller);
+        return resp;
     }
     let role = caller.role;
-    req.extensions_mut().insert(caller);
-    let resp = next.run(req).await;
+    req.extensions_mut().insert(caller.clone());
+    let mut resp = next.run(req).await;
+    // The audit trail (an outer layer) names the caller from the response.
+    resp.extensions_mut().insert(caller);
     if role == Role::Admin || !path.starts_with("/v1/nodes") {
         return resp;
     }
@@ -186,5 +195,8 @@ mod tests {
         assert!(denied(Operator, &Method::POST, "/v1/inspection_rules").is_some());
         assert_eq!(denied(Reader, &Method::GET, "/v1/nodes/n1"), None);
         assert!(denied(Reader, &Method::PUT, p).is_some());
+        assert_eq!(denied(Admin, &Method::GET, "/v1/audit"), None);
+        assert!(denied(Operator, &Method::GET, "/v1/audit").is_some());
+        assert!(denied(Reader, &Method::GET, "/v1/audit").is_some());
     }
 }

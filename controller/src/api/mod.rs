@@ -5,6 +5,7 @@
 //! state and what to do. Request bodies are size-limited and strictly typed.
 
 mod agent;
+mod audit;
 mod auth;
 mod body;
 mod boot;
@@ -108,6 +109,7 @@ pub fn router(state: AppState) -> Router {
         .merge(nodes::routes())
         .merge(ports::routes())
         .merge(rules::routes())
+        .merge(audit::routes())
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,
@@ -122,6 +124,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), audit::record))
         .with_state(state)
 }
 

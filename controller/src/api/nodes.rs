@@ -480,7 +480,11 @@ async fn provision(
     JsonBody(req): JsonBody<ProvisionRequest>,
 ) -> ApiResult<Response> {
     tracing::info!(node = %ident, caller = %caller.name, role = caller.role.as_str(), target = %req.target, "provision request");
-    let node = state.conductor.provision(&ident, &req, version).await?;
+    let by = super::audit::actor_of(&state, &caller);
+    let node = state
+        .conductor
+        .provision(&ident, &req, version, &by)
+        .await?;
     Ok(accepted(&headers, &node))
 }
 

@@ -42,6 +42,9 @@ pub enum AgentError {
     /// Missing or wrong token.
     #[error("agent token missing or invalid for this node; look up again after a fresh boot")]
     Unauthorized,
+    /// The right token, sent by another boot than the one it was issued to.
+    #[error("agent token belongs to another boot of this ramdisk; the agent must look up again")]
+    OtherBoot,
     /// Malformed request.
     #[error("{0}")]
     BadRequest(String),
@@ -53,6 +56,31 @@ pub enum AgentError {
 impl From<StoreError> for AgentError {
     fn from(e: StoreError) -> Self {
         AgentError::Conductor(e.into())
+    }
+}
+
+/// Forget a node's agent token and the boot it belongs to: whatever ends or starts a boot
+/// (the conductor's reboots and power actions, the end of an operation) calls this, since a
+/// new boot must earn a new token at lookup.
+pub(crate) fn forget_agent_token(node: &mut Node) {
+    node.driver_internal_info.remove("agent_token_hash");
+    node.driver_internal_info.remove("agent_boot_id");
+}
+
+/// A boot id as the kernel writes it: hex digits and dashes, not too long.
+fn check_boot_id(boot_id: Option<&str>) -> Result<(), AgentError> {
+    match boot_id {
+        Some(b)
+            if b.is_empty()
+                || b.len() > rivet_protocol::agent::MAX_BOOT_ID_LEN
+                || !b.chars().all(|c| c.is_ascii_hexdigit() || c == '-') =>
+        {
+            Err(AgentError::BadRequest(format!(
+                "boot_id must be the kernel's boot id (/proc/sys/kernel/random/boot_id): hex digits and dashes, 1 to {} characters",
+                rivet_protocol::agent::MAX_BOOT_ID_LEN
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -133,6 +161,7 @@ impl Conductor {
                 "lookup needs at least one of macs, system_uuid, system_serial, node_uuid".into(),
             ));
         }
+        check_boot_id(req.boot_id.as_deref())?;
         for _ in 0..5 {
             let Some(mut node) = self.find_for_lookup(req).await? else {
                 return Err(AgentError::NotFound);
@@ -141,12 +170,22 @@ impl Conductor {
                 tracing::info!(node = %node.uuid, state = %node.provision_state, "lookup refused: node expects no ramdisk");
                 return Err(AgentError::NotFound);
             }
+            // Once per boot, as Ironic does: a later lookup (even one claiming another boot
+            // id) gets no token, or anyone who knows a MAC could take over the node's agent
+            // session. The conductor forgets the token when it reboots or powers the node.
             let token = if node.driver_internal_info.contains_key("agent_token_hash") {
                 None
             } else {
                 let t = new_token();
                 node.driver_internal_info
                     .insert("agent_token_hash".into(), Value::from(token_hash(&t)));
+                // The token belongs to this boot; heartbeats must come from it.
+                match &req.boot_id {
+                    Some(b) => node
+                        .driver_internal_info
+                        .insert("agent_boot_id".into(), Value::from(b.clone())),
+                    None => node.driver_internal_info.remove("agent_boot_id"),
+                };
                 Some(t)
             };
             node.driver_internal_info.insert(
@@ -195,6 +234,22 @@ impl Conductor {
             Ok(())
         } else {
             Err(AgentError::Unauthorized)
+        }
+    }
+
+    /// After a good token: the heartbeat must come from the boot the token was issued to.
+    /// A token issued to an agent that sent no boot id (older agents) is not tied to a boot.
+    fn check_boot(node: &Node, boot_id: Option<&str>) -> Result<(), AgentError> {
+        match node
+            .driver_internal_info
+            .get("agent_boot_id")
+            .and_then(Value::as_str)
+        {
+            Some(stored) if Some(stored) != boot_id => {
+                tracing::debug!(node = %node.uuid, "heartbeat with this node's token from another boot refused");
+                Err(AgentError::OtherBoot)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -262,6 +317,7 @@ impl Conductor {
             Err(e) => return Err(e.into()),
         };
         Self::check_token(&node, token)?;
+        Self::check_boot(&node, req.boot_id.as_deref())?;
         let uuid = node.uuid.clone();
         let acks = self.intake(&node, &req.results).await?;
         if !acks.is_empty() {

@@ -105,7 +105,7 @@ impl Conductor {
         bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
             .await?;
         node.power_state = Some(PowerState::On);
-        node.driver_internal_info.remove("agent_token_hash");
+        super::agent::forget_agent_token(node);
         Ok(())
     }
 
@@ -433,7 +433,7 @@ impl Conductor {
                 return self.fail(node, &msg).await;
             }
             // The rebooted ramdisk looks up again and gets a new token.
-            node.driver_internal_info.remove("agent_token_hash");
+            super::agent::forget_agent_token(&mut node);
             let _ = self.store.cancel_pending(&node.uuid).await;
         }
         Ok(self.store.update_node(&node).await?)
@@ -477,6 +477,11 @@ impl Conductor {
                 if let Err(e) = bmc.set_power(&uuid, &node.driver_info, target).await {
                     let msg = format!("clean step {other} failed on node {}: {e}", node.ident());
                     return self.fail(node, &msg).await;
+                }
+                // Off or a reboot ends the running boot, and switching on a machine that was
+                // off starts one: either way the old token is void.
+                if target != PowerState::On || node.power_state != Some(PowerState::On) {
+                    super::agent::forget_agent_token(&mut node);
                 }
                 node.power_state = Some(if target == PowerState::Off {
                     PowerState::Off

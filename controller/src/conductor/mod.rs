@@ -245,6 +245,8 @@ impl Conductor {
         }
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
         let node = self.store.update_node(&node).await?;
+        self.record_transition(&node, from, &format!("event: {}", event.as_str()))
+            .await;
         if to.is_stable() {
             // The agent's token is gone: release its long poll so it hears so at once.
             self.wakeup(&node.uuid).notify_waiters();

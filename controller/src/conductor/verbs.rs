@@ -4,7 +4,7 @@
 use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use crate::fsm::{self, Event};
-use crate::store::Node;
+use crate::store::{AuditEntry, Node};
 use chrono::Utc;
 use rivet_protocol::agent::CommandKind;
 use rivet_protocol::api::ProvisionRequest;
@@ -12,6 +12,15 @@ use rivet_protocol::states::{PowerState, ProvisionState, Verb};
 use rivet_protocol::steps::RequestedStep;
 use serde_json::Value;
 use std::sync::Arc;
+
+/// driver_internal_info key: the verb and caller that started the node's current operation,
+/// the cause its transitions record in the audit trail.
+const CAUSE_KEY: &str = "provision_cause";
+
+/// At most `max` characters of `s`.
+fn truncate_chars(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
 
 /// Microversion a verb needs (Ironic's milestones).
 fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
@@ -28,12 +37,14 @@ fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
 }
 
 impl Conductor {
-    /// `PUT /v1/nodes/{id}/states/provision`: check, move the node, start the work.
+    /// `PUT /v1/nodes/{id}/states/provision`: check, move the node, start the work. `by`
+    /// names the caller for the audit trail (the cause of the transitions that follow).
     pub async fn provision(
         self: &Arc<Self>,
         ident: &str,
         req: &ProvisionRequest,
         version: (u32, u32),
+        by: &str,
     ) -> Result<Node, ConductorError> {
         let mut node = self.store.get_node(ident).await?;
         let verb = req.target;
@@ -83,6 +94,11 @@ impl Conductor {
             self.check_manual_steps(&node, req.clean_steps.as_deref().unwrap_or_default())
                 .await?;
         }
+        // Every transition of the operation this verb starts names it as its cause.
+        node.driver_internal_info.insert(
+            CAUSE_KEY.into(),
+            Value::from(format!("{verb} by {}", truncate_chars(by, 200))),
+        );
         if verb == Verb::Abort
             && matches!(state, ProvisionState::CleanWait | ProvisionState::CleanHold)
         {
@@ -131,6 +147,8 @@ impl Conductor {
             node.driver_internal_info.remove("agent_token_hash");
         }
         let node = self.store.update_node(&node).await?;
+        self.record_transition(&node, state, &format!("verb: {verb}"))
+            .await;
         tracing::info!(node = %node.uuid, from = %state, to = %to, verb = %verb, "provision verb accepted");
         if verb == Verb::Abort && state == ProvisionState::InspectWait {
             // Tell the ramdisk to stop: it still holds its token and picks this up.
@@ -313,6 +331,42 @@ impl Conductor {
             self.kick(&node.uuid);
         }
         Ok(node)
+    }
+
+    /// Append the audit row of a provision transition just written: `from -> to (how;
+    /// cause: …)`, the cause being the verb and caller that started the operation, and the
+    /// error when the node failed. A failed insert is a warning, never a failed transition.
+    pub(super) async fn record_transition(&self, node: &Node, from: ProvisionState, how: &str) {
+        let to = node.provision_state;
+        let origin = node
+            .driver_internal_info
+            .get(CAUSE_KEY)
+            .and_then(Value::as_str);
+        let error = node.last_error.as_deref().filter(|_| to.is_failed());
+        let cause = match (error, origin) {
+            (Some(e), Some(o)) => format!("{e}; during {o}"),
+            (Some(e), None) => e.to_string(),
+            (None, Some(o)) => o.to_string(),
+            (None, None) => "conductor".to_string(),
+        };
+        let entry = AuditEntry {
+            seq: 0,
+            created_at: Utc::now(),
+            actor: format!("conductor:{}", self.id()),
+            source: None,
+            method: None,
+            path: None,
+            node_uuid: Some(node.uuid.clone()),
+            action: "transition".into(),
+            status: None,
+            detail: Some(truncate_chars(
+                &format!("{from} -> {to} ({how}; cause: {cause})"),
+                1000,
+            )),
+        };
+        if let Err(e) = self.store.append_audit(&entry).await {
+            tracing::warn!(node = %node.uuid, error = %e, "could not record a provision transition in the audit log");
+        }
     }
 
     /// Whether a node may be deleted now.

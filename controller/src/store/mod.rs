@@ -248,6 +248,57 @@ pub struct PortQuery {
     pub marker: Option<String>,
 }
 
+/// One row of the audit trail: a state-changing (or refused) admin request, or a provision
+/// state transition and its cause. Append-only; never holds request bodies or secrets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditEntry {
+    /// Position in the trail, assigned by the store (ignored on append).
+    pub seq: i64,
+    /// When it happened.
+    pub created_at: DateTime<Utc>,
+    /// Who: `NAME (role ROLE)`, `anonymous (--no-auth)`, `unauthenticated (…)` or
+    /// `conductor:ID`.
+    pub actor: String,
+    /// Peer address of the request, when known.
+    pub source: Option<String>,
+    /// HTTP method of the request (None for transitions).
+    pub method: Option<String>,
+    /// Request path (None for transitions).
+    pub path: Option<String>,
+    /// Node concerned: its UUID, or the identifier as given when it did not resolve.
+    pub node_uuid: Option<String>,
+    /// What: `node:create`, `provision:provide`, `transition`…
+    pub action: String,
+    /// HTTP status of the answer (None for transitions).
+    pub status: Option<u16>,
+    /// Short detail: an error message, the paths a patch changed, `from -> to (cause)`.
+    pub detail: Option<String>,
+}
+
+/// An audit listing request.
+#[derive(Debug, Clone)]
+pub struct AuditQuery {
+    /// Only rows about this node UUID (or identifier as recorded).
+    pub node_uuid: Option<String>,
+    /// Page size.
+    pub limit: usize,
+    /// `seq` of the last row of the previous page.
+    pub marker: Option<i64>,
+    /// `Desc` (newest first) or `Asc` (oldest first).
+    pub sort_dir: SortDir,
+}
+
+impl Default for AuditQuery {
+    fn default() -> Self {
+        AuditQuery {
+            node_uuid: None,
+            limit: 1000,
+            marker: None,
+            sort_dir: SortDir::Desc,
+        }
+    }
+}
+
 /// The store interface.
 #[async_trait]
 pub trait Store: Send + Sync {
@@ -319,6 +370,10 @@ pub trait Store: Send + Sync {
     async fn save_inventory(&self, node_uuid: &str, inventory: &Value) -> Result<(), StoreError>;
     /// The last inventory and when it was collected.
     async fn get_inventory(&self, node_uuid: &str) -> Result<(Value, DateTime<Utc>), StoreError>;
+    /// Append a row to the audit trail.
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
+    /// A page of the audit trail in `query.sort_dir` order of `seq`.
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError>;
 }
 
 /// A queued agent command and its result.

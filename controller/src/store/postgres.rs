@@ -1305,6 +1305,79 @@ impl Store for PostgresStore {
             get(&row, 1)?,
         ))
     }
+    async fn append_audit(&self, e: &super::AuditEntry) -> Result<(), StoreError> {
+        // Details quote error text from agents and BMCs: NULs would make the INSERT fail.
+        let detail = free_text(&e.detail);
+        self.conn()
+            .await?
+            .execute(
+                "INSERT INTO audit_log (created_at, actor, source, method, path, node_uuid, \
+                 action, status, detail) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                &[
+                    &e.created_at,
+                    &e.actor.replace('\0', "\u{FFFD}"),
+                    &e.source,
+                    &e.method,
+                    &free_text(&e.path),
+                    &free_text(&e.node_uuid),
+                    &e.action.replace('\0', "\u{FFFD}"),
+                    &e.status.map(i64::from),
+                    &detail,
+                ],
+            )
+            .await?
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn list_audit(
+        &self,
+        q: &super::AuditQuery,
+    ) -> Result<Vec<super::AuditEntry>, StoreError> {
+        let (cmp, dir) = match q.sort_dir {
+            SortDir::Asc => (">", "ASC"),
+            SortDir::Desc => ("<", "DESC"),
+        };
+        let mut wheres: Vec<String> = Vec::new();
+        let mut args: Vec<Param> = Vec::new();
+        if let Some(n) = &q.node_uuid {
+            args.push(Box::new(n.clone()));
+            wheres.push(format!("node_uuid = ${}", args.len()));
+        }
+        if let Some(m) = q.marker {
+            args.push(Box::new(m));
+            wheres.push(format!("seq {cmp} ${}", args.len()));
+        }
+        let where_sql = if wheres.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", wheres.join(" AND "))
+        };
+        let limit = if q.limit == 0 { 1000 } else { q.limit };
+        args.push(Box::new(i64::try_from(limit).ok()));
+        let sql = format!(
+            "SELECT seq, created_at, actor, source, method, path, node_uuid, action, status, \
+             detail FROM audit_log {where_sql} ORDER BY seq {dir} LIMIT ${}",
+            args.len()
+        );
+        let rows = self.conn().await?.query(&sql, &refs(&args)).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(super::AuditEntry {
+                    seq: get(r, 0)?,
+                    created_at: get(r, 1)?,
+                    actor: get(r, 2)?,
+                    source: get(r, 3)?,
+                    method: get(r, 4)?,
+                    path: get(r, 5)?,
+                    node_uuid: get(r, 6)?,
+                    action: get(r, 7)?,
+                    status: get::<Option<i64>>(r, 8)?.and_then(|s| u16::try_from(s).ok()),
+                    detail: get(r, 9)?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// A throw-away database on a PostgreSQL server, for tests and benchmarks that each need an

@@ -987,6 +987,81 @@ impl Store for SqliteStore {
             ))
         })
     }
+    async fn append_audit(&self, e: &super::AuditEntry) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.prepare_cached(
+                "INSERT INTO audit_log (created_at, actor, source, method, path, node_uuid, \
+                 action, status, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )
+            .map_err(backend)?
+            .execute(params![
+                ts(&e.created_at),
+                e.actor,
+                e.source,
+                e.method,
+                e.path,
+                e.node_uuid,
+                e.action,
+                e.status.map(i64::from),
+                e.detail,
+            ])
+            .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    async fn list_audit(
+        &self,
+        q: &super::AuditQuery,
+    ) -> Result<Vec<super::AuditEntry>, StoreError> {
+        let (cmp, dir) = match q.sort_dir {
+            SortDir::Asc => (">", "ASC"),
+            SortDir::Desc => ("<", "DESC"),
+        };
+        let mut wheres: Vec<String> = Vec::new();
+        let mut args: Vec<rusqlite::types::Value> = Vec::new();
+        if let Some(n) = &q.node_uuid {
+            wheres.push("node_uuid = ?".into());
+            args.push(n.clone().into());
+        }
+        if let Some(m) = q.marker {
+            wheres.push(format!("seq {cmp} ?"));
+            args.push(m.into());
+        }
+        let where_sql = if wheres.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", wheres.join(" AND "))
+        };
+        let limit = if q.limit == 0 { 1000 } else { q.limit };
+        args.push((limit as i64).into());
+        let sql = format!(
+            "SELECT seq, created_at, actor, source, method, path, node_uuid, action, status, \
+             detail FROM audit_log {where_sql} ORDER BY seq {dir} LIMIT ?"
+        );
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), |r| {
+                    Ok(super::AuditEntry {
+                        seq: r.get(0)?,
+                        created_at: parse_ts(r.get(1)?).unwrap_or_else(Utc::now),
+                        actor: r.get(2)?,
+                        source: r.get(3)?,
+                        method: r.get(4)?,
+                        path: r.get(5)?,
+                        node_uuid: r.get(6)?,
+                        action: r.get(7)?,
+                        status: r
+                            .get::<_, Option<i64>>(8)?
+                            .and_then(|s| u16::try_from(s).ok()),
+                        detail: r.get(9)?,
+                    })
+                })
+                .map_err(backend)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        })
+    }
 }
 
 #[cfg(test)]
