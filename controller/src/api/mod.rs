@@ -12,6 +12,7 @@ mod boot;
 mod nodes;
 mod patch;
 mod ports;
+pub mod ratelimit;
 mod render;
 mod rules;
 mod version;
@@ -119,7 +120,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1", get(version::v1))
         .route("/v1/", get(version::v1))
         .merge(admin)
-        .merge(agent::routes())
+        .merge(agent::routes(&state.conductor.config.agent))
         .merge(boot::routes())
         .fallback(not_found)
         .layer(middleware::from_fn(version::negotiate))

@@ -241,7 +241,7 @@ impl Conductor {
         if to.is_stable() {
             // The ramdisk's token belongs to one boot and one operation. A failed node keeps
             // it so the agent can still collect an abort for the step it may be running.
-            node.driver_internal_info.remove("agent_token_hash");
+            agent::forget_agent_token(&mut node);
         }
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
         let node = self.store.update_node(&node).await?;

@@ -132,7 +132,7 @@ impl Conductor {
             super::inspection::clear_run(&mut node);
             node.inspection_started_at = None;
             node.inspection_finished_at = None;
-            node.driver_internal_info.remove("agent_token_hash");
+            super::agent::forget_agent_token(&mut node);
         }
         if verb == Verb::Clean {
             let steps = serde_json::to_value(req.clean_steps.as_deref().unwrap_or_default())
@@ -144,7 +144,7 @@ impl Conductor {
             node.target_provision_state = None;
         }
         if to.is_stable() {
-            node.driver_internal_info.remove("agent_token_hash");
+            super::agent::forget_agent_token(&mut node);
         }
         let node = self.store.update_node(&node).await?;
         self.record_transition(&node, state, &format!("verb: {verb}"))
@@ -285,6 +285,7 @@ impl Conductor {
         tokio::spawn(async move {
             let result = async {
                 let mut n = this.store.get_node(&uuid).await?;
+                let was_on = n.power_state == Some(PowerState::On);
                 let outcome = match bmc.set_power(&n.uuid, &n.driver_info, target).await {
                     Ok(()) => bmc.get_power(&n.uuid, &n.driver_info).await,
                     Err(e) => Err(e),
@@ -293,8 +294,16 @@ impl Conductor {
                 // fresh copy.
                 n = this.store.get_node(&uuid).await?;
                 n.target_power_state = None;
+                // Anything but switching on a running machine ends or starts a boot: the
+                // ramdisk's token (if any) belonged to the old one.
+                let new_boot = target != PowerState::On || !was_on;
                 match outcome {
-                    Ok(p) => n.power_state = Some(p),
+                    Ok(p) => {
+                        n.power_state = Some(p);
+                        if new_boot {
+                            super::agent::forget_agent_token(&mut n);
+                        }
+                    }
                     Err(e) => {
                         n.last_error = Some(format!(
                             "failed to set power state of node {} to \"{target}\": {e}",
@@ -303,6 +312,10 @@ impl Conductor {
                     }
                 }
                 this.store.update_node(&n).await?;
+                if new_boot {
+                    // A held heartbeat of the old boot hears at once that its token is gone.
+                    this.wakeup(&uuid).notify_waiters();
+                }
                 Ok::<_, ConductorError>(())
             }
             .await;
