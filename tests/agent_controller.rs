@@ -334,7 +334,11 @@ fn controller_killed_mid_command_gets_result_once_and_step_runs_once() -> anyhow
     );
 
     // The result was stored exactly once, as delivered after the restart.
-    let store = SqliteStore::open(&db.display().to_string())?;
+    // Only commands are read back: no secret to open.
+    let store = SqliteStore::open(
+        &db.display().to_string(),
+        rivet_controller::secrets::Secrets::ephemeral(),
+    )?;
     let c = rusqlite::Connection::open(&db)?;
     let id: String = c.query_row(
         "SELECT id FROM agent_commands WHERE command LIKE '%slow_count%'",

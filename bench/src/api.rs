@@ -90,7 +90,9 @@ async fn prefill(db: &Path, n: usize) -> Result<Vec<String>> {
     let path = db.to_str().context("database path is not UTF-8")?;
     let first = uuid::Uuid::new_v4().to_string();
     {
-        let store = rivet_controller::store::open(&format!("sqlite:{path}"))
+        // The template node holds no secret: any key will do.
+        let secrets = rivet_controller::secrets::Secrets::ephemeral();
+        let store = rivet_controller::store::open(&format!("sqlite:{path}"), secrets)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         store
             .create_node(&template(&first))
@@ -324,8 +326,11 @@ mod tests {
         let db = dir.path().join("t.db");
         let uuids = prefill(&db, 50).await.expect("prefill");
         assert_eq!(uuids.len(), 50);
-        let store =
-            rivet_controller::store::open(&format!("sqlite:{}", db.display())).expect("open");
+        let store = rivet_controller::store::open(
+            &format!("sqlite:{}", db.display()),
+            rivet_controller::secrets::Secrets::ephemeral(),
+        )
+        .expect("open");
         let n = store.get_node(&uuids[49]).await.expect("read back");
         assert_eq!(n.name.as_deref(), Some("node-000049"));
         assert_eq!(n.provision_state, ProvisionState::Available);

@@ -42,6 +42,8 @@ pub struct Config {
     pub drivers: crate::drivers::DriversConfig,
     /// Inspection.
     pub inspection: InspectionConfig,
+    /// The key BMC passwords are sealed with in the store.
+    pub secrets: crate::secrets::SecretsConfig,
 }
 
 /// Inspection settings.
@@ -237,6 +239,7 @@ impl Default for Config {
             agent: AgentSettings::default(),
             cleaning: CleaningConfig::default(),
             inspection: InspectionConfig::default(),
+            secrets: crate::secrets::SecretsConfig::default(),
             power_sync: PowerSyncConfig::default(),
             drivers: crate::drivers::DriversConfig::default(),
         }

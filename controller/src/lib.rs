@@ -12,6 +12,7 @@ pub mod config;
 pub mod drivers;
 pub mod fsm;
 pub mod inspection;
+pub mod secrets;
 pub mod server;
 pub mod store;
 pub mod tls;

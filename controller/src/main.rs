@@ -60,6 +60,33 @@ enum Command {
         /// The secret.
         secret: Option<String>,
     },
+    /// The key that seals BMC passwords in the database.
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Write a new random key (64 hex characters) to PATH with mode 0600, for [secrets]
+    /// key_file. Never overwrites a file.
+    InitKey {
+        /// Where to write it.
+        path: std::path::PathBuf,
+    },
+    /// Re-seal every node's driver_info secrets with the key in NEW_KEY_FILE (the configured
+    /// key, or previous_key_file, opens the old values; values still in clear are sealed
+    /// too). Run it with rivetd stopped, then set key_file to the new file. Running it again
+    /// changes nothing.
+    Rotate {
+        /// The new key.
+        #[arg(long, value_name = "PATH")]
+        new_key_file: std::path::PathBuf,
+        /// Database URL (default: --db, RIVETD_DB or the config file's `db`).
+        #[arg(long = "db", value_name = "URL")]
+        url: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -187,6 +214,7 @@ fn main() -> anyhow::Result<()> {
             }
             return Ok(());
         }
+        Some(Command::Secrets { command }) => return secrets(&cli, command),
         None => {}
     }
     let config = load(&cli)?;
@@ -203,4 +231,54 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(rivet_controller::server::serve(config))
+}
+
+/// `rivetd secrets …`.
+fn secrets(cli: &Cli, command: &SecretsCommand) -> anyhow::Result<()> {
+    use rivet_controller::secrets::{rotate, Key, Secrets};
+    match command {
+        SecretsCommand::InitKey { path } => {
+            let key = Key::generate()?;
+            key.write_new(path)?;
+            println!(
+                "wrote key {} to {} (mode 0600); set [secrets] key_file = {:?} and keep a copy \
+                 with the database backups",
+                key.id(),
+                path.display(),
+                path.display().to_string()
+            );
+        }
+        SecretsCommand::Rotate { new_key_file, url } => {
+            let mut config = load(cli)?;
+            if let Some(url) = url {
+                config.db = url.clone();
+            }
+            init_logging(config.log_json);
+            let shown = rivet_controller::store::redact_url(&config.db);
+            // The old key must exist already: rotating never makes one up.
+            let old = Secrets::from_config(&config.secrets, &config.db, false)?;
+            let new = Key::load(new_key_file)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            let r = runtime
+                .block_on(rotate(&config.db, &old, &new))
+                .map_err(|e| anyhow::anyhow!("rotating the secrets of {shown}: {e}"))?;
+            println!(
+                "re-sealed {} secrets in {} of {} nodes with key {} ({} of them were stored in clear)",
+                r.fields_resealed,
+                r.nodes_changed,
+                r.nodes_checked,
+                new.id(),
+                r.fields_were_clear
+            );
+            println!(
+                "now set [secrets] key_file = {:?} (or RIVET_SECRETS_KEY) and start rivetd; \
+                 keep the old key until then",
+                new_key_file.display().to_string()
+            );
+        }
+    }
+    Ok(())
 }

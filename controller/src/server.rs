@@ -38,7 +38,8 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
 
 /// Build the conductor and the router for `config` (used by main and by tests).
 pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Router)> {
-    let store = crate::store::open(&config.db)
+    let secrets = crate::secrets::Secrets::from_config(&config.secrets, &config.db, true)?;
+    let store = crate::store::open(&config.db, Arc::new(secrets))
         .with_context(|| format!("opening database {}", crate::store::redact_url(&config.db)))?;
     let conductor = Conductor::new(store, config);
     let resumed = conductor.recover().await?;

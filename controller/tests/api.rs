@@ -16,6 +16,7 @@ struct App {
     base: String,
     http: reqwest::Client,
     _db: TestDb,
+    _key_dir: tempfile::TempDir,
 }
 
 /// The database one test runs on, removed when dropped.
@@ -79,6 +80,14 @@ async fn start(db: TestDb, mutate: impl FnOnce(&mut Config)) -> App {
         ..Config::default()
     };
     config.api.max_body_bytes = 64 * 1024;
+    // PostgreSQL needs a configured secrets key (SQLite makes one next to its file).
+    let key_dir = tempfile::tempdir().expect("tempdir");
+    if let TestDb::Postgres(_) = db {
+        let path = key_dir.path().join("secrets.key");
+        let key = rivet_controller::secrets::Key::generate().expect("key");
+        key.write_new(&path).expect("key file");
+        config.secrets.key_file = Some(path);
+    }
     mutate(&mut config);
     let (_conductor, app) = rivet_controller::server::build(config)
         .await
@@ -94,6 +103,7 @@ async fn start(db: TestDb, mutate: impl FnOnce(&mut Config)) -> App {
         base: format!("http://{addr}"),
         http: reqwest::Client::new(),
         _db: db,
+        _key_dir: key_dir,
     }
 }
 

@@ -55,12 +55,20 @@ impl TestDb {
     }
 
     fn open(&self) -> Arc<dyn Store> {
-        store::open(&self.url).expect("open store")
+        store::open(&self.url, secrets()).expect("open store")
     }
 
     fn is_postgres(&self) -> bool {
         self.url.starts_with("postgres")
     }
+}
+
+/// One sealing key for the whole run, so a test may reopen a store and read its secrets.
+fn secrets() -> Arc<rivet_controller::secrets::Secrets> {
+    static KEY: std::sync::OnceLock<Arc<rivet_controller::secrets::Secrets>> =
+        std::sync::OnceLock::new();
+    KEY.get_or_init(rivet_controller::secrets::Secrets::ephemeral)
+        .clone()
 }
 
 /// Runs `async fn $name(db: TestDb)` once per backend, as `$name::sqlite` and
@@ -1026,7 +1034,9 @@ async fn migrations_and_newer_schema(db: TestDb) {
         "database schema version {} is newer than this rivetd knows ({after}); run a newer rivetd",
         after + 1
     );
-    let err = store::open(&db.url).err().expect("open must refuse");
+    let err = store::open(&db.url, secrets())
+        .err()
+        .expect("open must refuse");
     assert!(err.to_string().contains(&want), "{err}");
     let err = store::upgrade(&db.url).expect_err("upgrade must refuse");
     assert!(err.to_string().contains(&want), "{err}");
@@ -1082,6 +1092,7 @@ fn rivetd(args: &[&str]) -> (bool, String, String) {
         .args(args)
         .env_remove("RIVETD_DB")
         .env("RUST_BACKTRACE", "0")
+        .env("RIVET_SECRETS_KEY", "5e".repeat(32))
         .output()
         .expect("run rivetd");
     (
@@ -1115,6 +1126,8 @@ async fn rivetd_db_upgrade_serve_and_refuse(db: TestDb) {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rivetd"))
         .args(["--db", &url, "--listen", &listen, "--no-auth"])
         .env("RIVET_LOG", "warn")
+        // PostgreSQL needs a configured key to seal BMC passwords with.
+        .env("RIVET_SECRETS_KEY", "5e".repeat(32))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -1172,7 +1185,7 @@ async fn postgres_concurrent_first_open_migrates_once() {
     let threads: Vec<_> = (0..4)
         .map(|_| {
             let url = db.url.clone();
-            std::thread::spawn(move || store::open(&url).map(|_| ()))
+            std::thread::spawn(move || store::open(&url, secrets()).map(|_| ()))
         })
         .collect();
     for t in threads {

@@ -81,7 +81,7 @@ impl From<StoreError> for ApiError {
         let status = match &e {
             StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
             StoreError::Duplicate(_) | StoreError::Conflict { .. } => StatusCode::CONFLICT,
-            StoreError::Backend(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            StoreError::Backend(_) | StoreError::Secrets(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())
     }

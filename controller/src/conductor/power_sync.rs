@@ -280,7 +280,11 @@ mod tests {
     async fn conductor(policy: PowerSyncPolicy) -> (Arc<Conductor>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("rivet.db");
-        let store = SqliteStore::open(&path.to_string_lossy()).expect("store");
+        let store = SqliteStore::open(
+            &path.to_string_lossy(),
+            crate::secrets::Secrets::ephemeral(),
+        )
+        .expect("store");
         let mut config = Config {
             conductor_id: "c1".into(),
             ..Config::default()

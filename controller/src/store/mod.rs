@@ -42,6 +42,9 @@ pub enum StoreError {
     /// The database failed.
     #[error("database error: {0}")]
     Backend(String),
+    /// A sealed driver_info secret could not be opened (wrong key, altered value).
+    #[error(transparent)]
+    Secrets(#[from] crate::secrets::SecretsError),
 }
 
 /// A node record. Field names are Ironic's.
@@ -386,11 +389,19 @@ pub struct StoredCommand {
 }
 
 /// Open the store named by a `--db` URL (`sqlite:PATH` or `postgres://…`), applying pending
-/// migrations.
-pub fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+/// migrations. `secrets` seals driver_info secrets on write and opens them on read
+/// ([`crate::secrets::Secrets::ephemeral`] for a throwaway store).
+pub fn open(
+    url: &str,
+    secrets: std::sync::Arc<crate::secrets::Secrets>,
+) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     match backend_of(url)? {
-        Backend::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path)?)),
-        Backend::Postgres => Ok(std::sync::Arc::new(postgres::PostgresStore::open(url)?)),
+        Backend::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open(
+            path, secrets,
+        )?)),
+        Backend::Postgres => Ok(std::sync::Arc::new(postgres::PostgresStore::open(
+            url, secrets,
+        )?)),
     }
 }
 
@@ -478,7 +489,9 @@ mod tests {
 
     #[test]
     fn unknown_scheme_is_refused() {
-        let err = open("mysql://u:pw@h/db").err().expect("refused");
+        let err = open("mysql://u:pw@h/db", crate::secrets::Secrets::ephemeral())
+            .err()
+            .expect("refused");
         assert!(err.to_string().contains("expected sqlite:PATH"), "{err}");
         assert!(!err.to_string().contains("pw"), "{err}");
     }

@@ -249,6 +249,8 @@ pub struct PostgresStore {
     next: AtomicUsize,
     /// Drives the connections.
     runtime: OwnedRuntime,
+    /// Seals driver_info secrets on write, opens them on read.
+    secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
 
 /// A runtime that shuts down without blocking when dropped, so it may be dropped from async
@@ -477,14 +479,15 @@ fn free_text(s: &Option<String>) -> Option<String> {
     s.as_ref().map(|s| s.replace('\0', "\u{FFFD}"))
 }
 
-/// A node's values in [`NODE_COLUMNS`] order (one list for INSERT and UPDATE).
-fn node_values(n: &Node) -> Vec<Param> {
+/// A node's values in [`NODE_COLUMNS`] order (one list for INSERT and UPDATE), with its
+/// `driver_info` as sealed text ([`crate::secrets::Secrets::seal_info`]).
+fn node_values(n: &Node, driver_info: String) -> Vec<Param> {
     let state = |s: Option<&str>| -> Param { Box::new(s.map(str::to_string)) };
     vec![
         Box::new(n.uuid.clone()),
         Box::new(n.name.clone()),
         Box::new(n.driver.clone()),
-        Box::new(map_to_text(&n.driver_info)),
+        Box::new(driver_info),
         Box::new(map_to_text(&n.driver_internal_info)),
         Box::new(map_to_text(&n.properties)),
         Box::new(map_to_text(&n.instance_info)),
@@ -658,14 +661,19 @@ fn on_own_thread<T: Send + 'static>(
 impl PostgresStore {
     /// Connect to `url` (`postgres://user:password@host:port/db`) and bring its schema up to
     /// date. Refuses a schema newer than this build.
-    pub fn open(url: &str) -> Result<PostgresStore, StoreError> {
-        Self::open_migrated(url).map(|(store, _)| store)
+    pub fn open(
+        url: &str,
+        secrets: std::sync::Arc<crate::secrets::Secrets>,
+    ) -> Result<PostgresStore, StoreError> {
+        Self::open_migrated(url, secrets).map(|(store, _)| store)
     }
 
     /// Apply pending migrations and return the schema versions before and after (for
     /// `rivetd db upgrade`).
     pub fn upgrade(url: &str) -> Result<(i64, i64), StoreError> {
-        Self::open_migrated(url).map(|(_, versions)| versions)
+        // Migrations touch no node: nothing is sealed or opened.
+        let secrets = std::sync::Arc::new(crate::secrets::Secrets::passthrough());
+        Self::open_migrated(url, secrets).map(|(_, versions)| versions)
     }
 
     /// The schema version of the database at `url` (0 when empty), without migrating.
@@ -696,7 +704,10 @@ impl PostgresStore {
         })
     }
 
-    fn open_migrated(url: &str) -> Result<(PostgresStore, (i64, i64)), StoreError> {
+    fn open_migrated(
+        url: &str,
+        secrets: std::sync::Arc<crate::secrets::Secrets>,
+    ) -> Result<(PostgresStore, (i64, i64)), StoreError> {
         let config = parse_url(url)?;
         let target = describe(&config);
         let runtime = OwnedRuntime::new()?;
@@ -717,6 +728,7 @@ impl PostgresStore {
                 slots,
                 next: AtomicUsize::new(0),
                 runtime,
+                secrets,
             },
             versions,
         ))
@@ -748,7 +760,7 @@ impl Store for PostgresStore {
         let mut n = node.clone();
         n.version = 1;
         n.updated_at = None;
-        let values = node_values(&n);
+        let values = node_values(&n, self.secrets.seal_info(&n.uuid, &n.driver_info));
         let sql = format!(
             "INSERT INTO nodes ({}) VALUES ({})",
             *NODE_NAMES, *NODE_PLACEHOLDERS
@@ -777,7 +789,7 @@ impl Store for PostgresStore {
         );
         let row = self.conn().await?.query_opt(&sql, &[&ident]).await?;
         match row {
-            Some(r) => node_from_row(&r),
+            Some(r) => node_from_row(&r).and_then(|n| self.secrets.open_node(n)),
             None => Err(StoreError::NotFound {
                 kind: "node",
                 ident: ident.to_string(),
@@ -844,7 +856,9 @@ impl Store for PostgresStore {
             args.len()
         );
         let rows = c.query(&sql, &refs(&args)).await?;
-        rows.iter().map(node_from_row).collect()
+        rows.iter()
+            .map(|r| node_from_row(r).and_then(|n| self.secrets.open_node(n)))
+            .collect()
     }
 
     async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError> {
@@ -857,7 +871,9 @@ impl Store for PostgresStore {
             *NODE_SELECT
         );
         let rows = self.conn().await?.query(&sql, &[&names]).await?;
-        rows.iter().map(node_from_row).collect()
+        rows.iter()
+            .map(|r| node_from_row(r).and_then(|n| self.secrets.open_node(n)))
+            .collect()
     }
 
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
@@ -865,7 +881,7 @@ impl Store for PostgresStore {
         let expected = n.version;
         n.version += 1;
         n.updated_at = Some(Utc::now());
-        let mut values = node_values(&n);
+        let mut values = node_values(&n, self.secrets.seal_info(&n.uuid, &n.driver_info));
         values.push(Box::new(expected));
         // Row-value UPDATE: the same column list and order as INSERT.
         let sql = format!(
@@ -1495,7 +1511,7 @@ mod tests {
     #[test]
     fn column_lists_agree() {
         let n = Node::new("u".into(), "d".into());
-        assert_eq!(node_values(&n).len(), NODE_COLUMNS.len());
+        assert_eq!(node_values(&n, String::new()).len(), NODE_COLUMNS.len());
         assert!(NODE_PLACEHOLDERS.contains("$31::text::json"));
     }
 }

@@ -129,6 +129,8 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// A SQLite-backed store.
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    /// Seals driver_info secrets on write, opens them on read.
+    secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -234,11 +236,15 @@ fn unique_violation(e: &rusqlite::Error) -> Option<String> {
 
 impl SqliteStore {
     /// Open (creating if needed) the database file and bring its schema up to date.
-    pub fn open(path: &str) -> Result<SqliteStore, StoreError> {
+    pub fn open(
+        path: &str,
+        secrets: std::sync::Arc<crate::secrets::Secrets>,
+    ) -> Result<SqliteStore, StoreError> {
         let conn = connect(path)?;
         migrate(&conn)?;
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            secrets,
         })
     }
 
@@ -322,8 +328,9 @@ fn opt_json(v: &Option<Value>) -> Option<String> {
     v.as_ref().map(|v| v.to_string())
 }
 
-/// A node's values in [`NODE_COLUMNS`] order (one list for INSERT and UPDATE).
-fn node_values(n: &Node) -> Vec<rusqlite::types::Value> {
+/// A node's values in [`NODE_COLUMNS`] order (one list for INSERT and UPDATE), with its
+/// `driver_info` as sealed text ([`crate::secrets::Secrets::seal_info`]).
+fn node_values(n: &Node, driver_info: String) -> Vec<rusqlite::types::Value> {
     use rusqlite::types::Value as V;
     let text = |s: Option<String>| s.map(V::Text).unwrap_or(V::Null);
     let state = |s: Option<&str>| text(s.map(str::to_string));
@@ -331,7 +338,7 @@ fn node_values(n: &Node) -> Vec<rusqlite::types::Value> {
         V::Text(n.uuid.clone()),
         text(n.name.clone()),
         V::Text(n.driver.clone()),
-        V::Text(map_to_text(&n.driver_info)),
+        V::Text(driver_info),
         V::Text(map_to_text(&n.driver_internal_info)),
         V::Text(map_to_text(&n.properties)),
         V::Text(map_to_text(&n.instance_info)),
@@ -378,8 +385,9 @@ impl Store for SqliteStore {
         let mut n = node.clone();
         n.version = 1;
         n.updated_at = None;
+        let driver_info = self.secrets.seal_info(&n.uuid, &n.driver_info);
         self.with(|c| {
-            let values = node_values(&n);
+            let values = node_values(&n, driver_info);
             let r = c.execute(
                 &format!(
                     "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({})",
@@ -418,6 +426,7 @@ impl Store for SqliteStore {
                 ident: ident.to_string(),
             })
         })
+        .and_then(|n| self.secrets.open_node(n))
     }
 
     async fn list_nodes(&self, q: &NodeQuery) -> Result<Vec<Node>, StoreError> {
@@ -488,6 +497,7 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(backend)
         })
+        .and_then(|nodes| self.secrets.open_nodes(nodes))
     }
 
     async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError> {
@@ -508,6 +518,7 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(backend)
         })
+        .and_then(|nodes| self.secrets.open_nodes(nodes))
     }
 
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
@@ -515,8 +526,9 @@ impl Store for SqliteStore {
         let expected = n.version;
         n.version += 1;
         n.updated_at = Some(Utc::now());
+        let driver_info = self.secrets.seal_info(&n.uuid, &n.driver_info);
         self.with(|c| {
-            let mut values = node_values(&n);
+            let mut values = node_values(&n, driver_info);
             let count = values.len();
             values.push(expected.into());
             // Row-value UPDATE: the same column list and order as INSERT.
@@ -1071,7 +1083,11 @@ mod tests {
     fn store() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.db");
-        let s = SqliteStore::open(path.to_str().expect("utf8")).expect("open");
+        let s = SqliteStore::open(
+            path.to_str().expect("utf8"),
+            crate::secrets::Secrets::ephemeral(),
+        )
+        .expect("open");
         (dir, s)
     }
 
@@ -1172,12 +1188,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.db");
         let p = path.to_str().expect("utf8");
-        drop(SqliteStore::open(p).expect("open"));
+        drop(SqliteStore::open(p, crate::secrets::Secrets::ephemeral()).expect("open"));
         let c = Connection::open(p).expect("raw");
         c.execute("INSERT INTO schema_version (version) VALUES (999)", [])
             .expect("bump");
         drop(c);
-        let err = SqliteStore::open(p).err().expect("must refuse");
+        let err = SqliteStore::open(p, crate::secrets::Secrets::ephemeral())
+            .err()
+            .expect("must refuse");
         assert!(err.to_string().contains("newer"), "{err}");
     }
 }
