@@ -104,6 +104,14 @@ async fn start(db: TestDb) -> App {
             role,
         });
     }
+    // PostgreSQL needs a configured secrets key (SQLite makes one next to its file).
+    let key_dir = tempfile::tempdir().expect("tempdir");
+    if let TestDb::Postgres(_) = db {
+        let path = key_dir.path().join("secrets.key");
+        let key = rivet_controller::secrets::Key::generate().expect("key");
+        key.write_new(&path).expect("key file");
+        config.secrets.key_file = Some(path);
+    }
     let (_conductor, app) = rivet_controller::server::build(config)
         .await
         .expect("build");
