@@ -18,3 +18,5 @@ echo "== cargo build (binaries the cross-crate tests run)"
 cargo build --workspace --bins
 echo "== cargo test"
 cargo test --workspace --no-fail-fast -- --test-threads=2
+echo "== fuzz targets (bounded; scripts/fuzz.sh SECONDS runs them longer)"
+bash scripts/fuzz.sh 10

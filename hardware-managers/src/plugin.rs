@@ -10,6 +10,7 @@
 //! what it printed; it never panics and never blocks past the limits.
 
 use crate::{HardwareManager, ManagerConfig, StepContext, StepError, SupportLevel};
+use rivet_protocol::limits::{self, parse_strict};
 use rivet_protocol::steps::StepDescriptor;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -349,13 +350,13 @@ fn check_status(plugin: &str, call: &str, out: &CallOutput) -> Result<(), Plugin
 fn parse_json<T: for<'de> Deserialize<'de>>(
     plugin: &str,
     call: &str,
-    out: &CallOutput,
+    stdout: &[u8],
 ) -> Result<T, PluginError> {
-    serde_json::from_slice(&out.stdout).map_err(|e| PluginError::BadOutput {
+    serde_json::from_slice(stdout).map_err(|e| PluginError::BadOutput {
         plugin: plugin.into(),
         call: call.into(),
         reason: e.to_string(),
-        output: quote(&out.stdout),
+        output: quote(stdout),
     })
 }
 
@@ -366,6 +367,64 @@ struct Describe {
     support_level: u8,
     #[serde(default)]
     version: Option<String>,
+}
+
+/// What a plugin's `describe` says about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Description {
+    /// Manager name (not blank).
+    pub name: String,
+    /// Support level.
+    pub level: SupportLevel,
+    /// Version (`1.0` when the plugin gives none).
+    pub version: String,
+}
+
+/// Parse the stdout of `PLUGIN describe` (`file_name` names the plugin in errors).
+pub fn parse_describe(file_name: &str, stdout: &[u8]) -> Result<Description, PluginError> {
+    let d: Describe = parse_json(file_name, "describe", stdout)?;
+    let bad = |reason: String| PluginError::BadOutput {
+        plugin: file_name.into(),
+        call: "describe".into(),
+        reason,
+        output: quote(stdout),
+    };
+    if d.name.trim().is_empty() {
+        return Err(bad("empty \"name\"".into()));
+    }
+    let level = match d.support_level {
+        0 => SupportLevel::None,
+        1 => SupportLevel::Generic,
+        2 => SupportLevel::Mainline,
+        3 => SupportLevel::Vendor,
+        n => return Err(bad(format!("support_level {n} is not 0-3"))),
+    };
+    Ok(Description {
+        name: d.name,
+        level,
+        version: d.version.unwrap_or_else(|| "1.0".into()),
+    })
+}
+
+/// Parse the stdout of `PLUGIN steps`.
+pub fn parse_steps(plugin: &str, stdout: &[u8]) -> Result<Vec<StepDescriptor>, PluginError> {
+    parse_json(plugin, "steps", stdout)
+}
+
+/// Parse the stdout of `PLUGIN execute` for `call` (`execute STEP`); empty output is a null
+/// result. The result travels to the controller inside a heartbeat, so it is held to
+/// [`limits::Limits::STEP_RESULT`]: output the controller would refuse fails the step here,
+/// with the reason, instead of leaving the agent resending a heartbeat that is never accepted.
+pub fn parse_execute_output(plugin: &str, call: &str, stdout: &[u8]) -> Result<Value, PluginError> {
+    if stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    parse_strict(stdout, &limits::Limits::STEP_RESULT).map_err(|e| PluginError::BadOutput {
+        plugin: plugin.into(),
+        call: call.into(),
+        reason: e.to_string(),
+        output: quote(stdout),
+    })
 }
 
 /// An exec plugin adapted into a [`HardwareManager`]. Its description and steps are read
@@ -397,32 +456,16 @@ impl ExecPlugin {
         };
         let out = run_call(path, &file_name, &["describe"], None, &limits)?;
         check_status(&file_name, "describe", &out)?;
-        let d: Describe = parse_json(&file_name, "describe", &out)?;
-        let bad = |reason: String| PluginError::BadOutput {
-            plugin: file_name.clone(),
-            call: "describe".into(),
-            reason,
-            output: quote(&out.stdout),
-        };
-        if d.name.trim().is_empty() {
-            return Err(bad("empty \"name\"".into()));
-        }
-        let level = match d.support_level {
-            0 => SupportLevel::None,
-            1 => SupportLevel::Generic,
-            2 => SupportLevel::Mainline,
-            3 => SupportLevel::Vendor,
-            n => return Err(bad(format!("support_level {n} is not 0-3"))),
-        };
+        let d = parse_describe(&file_name, &out.stdout)?;
         let name = d.name;
         let out = run_call(path, &name, &["steps"], None, &limits)?;
         check_status(&name, "steps", &out)?;
-        let steps: Vec<StepDescriptor> = parse_json(&name, "steps", &out)?;
+        let steps = parse_steps(&name, &out.stdout)?;
         Ok(ExecPlugin {
             path: path.to_path_buf(),
             name,
-            version: d.version.unwrap_or_else(|| "1.0".into()),
-            level,
+            version: d.version,
+            level: d.level,
             steps,
             describe_timeout: cfg.plugin_describe_timeout,
             execute_timeout: cfg.plugin_execute_timeout,
@@ -544,10 +587,7 @@ impl HardwareManager for ExecPlugin {
             },
         )?;
         check_status(&self.name, &call, &out)?;
-        if out.stdout.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Value::Null);
-        }
-        Ok(parse_json(&self.name, &call, &out)?)
+        Ok(parse_execute_output(&self.name, &call, &out.stdout)?)
     }
 }
 
@@ -572,5 +612,42 @@ mod tests {
         let q = quote(long.as_bytes());
         assert_eq!(q.chars().count(), QUOTE_CHARS + 1);
         assert_eq!(quote(b"  hi \n"), "hi");
+    }
+
+    #[test]
+    fn describe_and_steps_output() {
+        let d = parse_describe("p", br#"{"name": "acme", "support_level": 3}"#).expect("accepted");
+        assert_eq!(
+            (d.name.as_str(), d.level, d.version.as_str()),
+            ("acme", SupportLevel::Vendor, "1.0")
+        );
+        let e = parse_describe("p", br#"{"name": " ", "support_level": 3}"#).expect_err("refused");
+        assert!(e.to_string().contains("empty \"name\""), "{e}");
+        let e = parse_describe("p", br#"{"name": "a", "support_level": 9}"#).expect_err("refused");
+        assert!(e.to_string().contains("support_level 9 is not 0-3"), "{e}");
+        assert!(parse_steps("p", b"[]").expect("accepted").is_empty());
+        assert!(parse_steps("p", b"nope").is_err());
+    }
+
+    // Regression: a plugin's step output nested deeper than the controller accepts in a
+    // heartbeat left the agent resending a result that was refused every time; it is now a
+    // failed step that says why.
+    #[test]
+    fn execute_output_within_heartbeat_limits() {
+        assert_eq!(
+            parse_execute_output("p", "execute s", b" \n").expect("accepted"),
+            Value::Null
+        );
+        let ok = parse_execute_output("p", "execute s", br#"{"flashed": ["bank a"]}"#)
+            .expect("accepted");
+        assert_eq!(ok, json!({"flashed": ["bank a"]}));
+        let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));
+        let e = parse_execute_output("p", "execute s", deep.as_bytes()).expect_err("refused");
+        let m = e.to_string();
+        assert!(
+            m.contains("plugin p: `execute s` printed invalid output"),
+            "{m}"
+        );
+        assert!(m.contains("nested deeper than 32 levels"), "{m}");
     }
 }

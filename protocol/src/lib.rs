@@ -11,6 +11,8 @@
 pub mod agent;
 pub mod api;
 pub mod inventory;
+pub mod limits;
+pub mod patch;
 pub mod states;
 pub mod steps;
 

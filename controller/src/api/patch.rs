@@ -1,93 +1,23 @@
-//! RFC 6902 JSON patch as Ironic applies it: `add`, `replace`, `remove` (and `test`) on a
-//! document of the patchable fields; anything else is refused with the path named.
+//! JSON patch for the admin API: the pure applier lives in `rivet_protocol::patch`; here its
+//! errors become HTTP answers and the patched document is held to the admin body limits, so
+//! patches applied one after another cannot nest a node deeper than one body may.
 
 use super::ApiError;
+use axum::http::StatusCode;
 use rivet_protocol::api::PatchOp;
+use rivet_protocol::limits::{check_value, Limits};
+use rivet_protocol::patch::PatchError;
 use serde_json::Value;
 
-fn unescape(token: &str) -> String {
-    token.replace("~1", "/").replace("~0", "~")
-}
-
-fn split(path: &str) -> Result<Vec<String>, ApiError> {
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| ApiError::bad_request(format!("patch path {path:?} must start with '/'")))?;
-    Ok(rest.split('/').map(unescape).collect())
-}
-
-/// Apply `ops` to `doc`, allowing only top-level keys in `patchable`.
+/// Apply `ops` to `doc`, allowing only top-level keys in `patchable`; 400 (409 for a failed
+/// `test`) naming the path otherwise.
 pub fn apply(doc: &mut Value, ops: &[PatchOp], patchable: &[&str]) -> Result<(), ApiError> {
-    if ops.is_empty() {
-        return Err(ApiError::bad_request(
-            "patch is empty: send a list of operations",
-        ));
-    }
-    for op in ops {
-        let parts = split(&op.path)?;
-        let top = parts.first().map(String::as_str).unwrap_or("");
-        if !patchable.contains(&top) {
-            return Err(ApiError::bad_request(format!(
-                "cannot patch {}: it is read-only or unknown (patchable: {})",
-                op.path,
-                patchable.join(", ")
-            )));
-        }
-        let (parent_path, last) = parts.split_at(parts.len() - 1);
-        let last = &last[0];
-        let mut parent = &mut *doc;
-        for p in parent_path {
-            parent = parent.get_mut(p.as_str()).ok_or_else(|| {
-                ApiError::bad_request(format!("patch path {} does not exist", op.path))
-            })?;
-        }
-        let obj = parent.as_object_mut().ok_or_else(|| {
-            ApiError::bad_request(format!("patch path {}: parent is not an object", op.path))
-        })?;
-        match op.op.as_str() {
-            "add" | "replace" => {
-                let value = op.value.clone().ok_or_else(|| {
-                    ApiError::bad_request(format!("patch {} {} needs a value", op.op, op.path))
-                })?;
-                if op.op == "replace" && !obj.contains_key(last) {
-                    return Err(ApiError::bad_request(format!(
-                        "cannot replace {}: it does not exist (use add)",
-                        op.path
-                    )));
-                }
-                obj.insert(last.clone(), value);
-            }
-            "remove" => {
-                if parent_path.is_empty() {
-                    // Removing a top-level field resets it.
-                    let reset = match obj.get(last) {
-                        Some(Value::Object(_)) => Value::Object(Default::default()),
-                        _ => Value::Null,
-                    };
-                    obj.insert(last.clone(), reset);
-                } else if obj.remove(last).is_none() {
-                    return Err(ApiError::bad_request(format!(
-                        "cannot remove {}: it does not exist",
-                        op.path
-                    )));
-                }
-            }
-            "test" => {
-                if obj.get(last) != op.value.as_ref() {
-                    return Err(ApiError::new(
-                        axum::http::StatusCode::CONFLICT,
-                        format!("patch test failed at {}", op.path),
-                    ));
-                }
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "patch op {other:?} is not supported (use add, replace, remove or test)"
-                )))
-            }
-        }
-    }
-    Ok(())
+    rivet_protocol::patch::apply(doc, ops, patchable).map_err(|e| match e {
+        PatchError::Invalid(m) => ApiError::bad_request(m),
+        PatchError::TestFailed(m) => ApiError::new(StatusCode::CONFLICT, m),
+    })?;
+    check_value(doc, &Limits::ADMIN)
+        .map_err(|e| ApiError::bad_request(format!("after the patch, {e}")))
 }
 
 #[cfg(test)]
@@ -95,47 +25,33 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn op(op: &str, path: &str, value: Option<Value>) -> PatchOp {
-        PatchOp {
-            op: op.into(),
-            path: path.into(),
-            value,
+    fn nested(depth: usize) -> Value {
+        let mut v = json!(1);
+        for _ in 0..depth {
+            v = json!({ "a": v });
         }
+        v
     }
 
+    // Regression: each patch body was within limits, but adding nested values under nested
+    // values grew `extra` past serde_json's recursion limit (128), and the stored node could
+    // no longer be read back.
     #[test]
-    fn add_replace_remove() {
-        let mut doc = json!({"name": "a", "extra": {"x": 1}});
-        apply(
-            &mut doc,
-            &[
-                op("replace", "/name", Some(json!("b"))),
-                op("add", "/extra/y", Some(json!(2))),
-                op("remove", "/extra/x", None),
-            ],
-            &["name", "extra"],
-        )
-        .expect("patch");
-        assert_eq!(doc, json!({"name": "b", "extra": {"y": 2}}));
-    }
-
-    #[test]
-    fn refuses_read_only_and_missing() {
-        let mut doc = json!({"name": "a", "extra": {}});
-        let e = apply(
-            &mut doc,
-            &[op("replace", "/provision_state", Some(json!("x")))],
-            &["name", "extra"],
-        )
-        .expect_err("read-only");
-        assert!(e.message.contains("/provision_state"));
-        assert!(apply(&mut doc, &[op("remove", "/extra/nope", None)], &["extra"]).is_err());
-        assert!(apply(&mut doc, &[op("move", "/name", None)], &["name"]).is_err());
-        assert!(apply(
-            &mut doc,
-            &[op("replace", "/extra/x", Some(json!(1)))],
-            &["extra"]
-        )
-        .is_err());
+    fn patches_cannot_nest_past_the_limit() {
+        let mut doc = json!({"extra": nested(20)});
+        let path = format!("/extra{}", "/a".repeat(20));
+        let op = PatchOp {
+            op: "add".into(),
+            path,
+            value: Some(nested(20)),
+        };
+        let e = apply(&mut doc, &[op], &["extra"]).expect_err("too deep");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.message.contains("nested deeper than 32 levels"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("extra.a.a"), "{}", e.message);
     }
 }

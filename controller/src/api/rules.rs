@@ -11,6 +11,9 @@ use axum::{Json, Router};
 use rivet_protocol::api::PatchOp;
 use serde_json::{json, Value};
 
+// Rules are admin bodies: admin limits.
+impl rivet_protocol::limits::Limited for Rule {}
+
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/inspection_rules", get(list).post(create))

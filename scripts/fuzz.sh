@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the cargo-fuzz targets in fuzz/ for a bounded time each and reports what ran.
+#   bash scripts/fuzz.sh [SECONDS] [TARGET...]    (default: 10 s each, every target)
+# Seeds are fuzz/corpus/<target>/ (committed); inputs a run finds interesting go to
+# fuzz/work/<target>/ (git-ignored) and are reused by the next run; a crash stops the run
+# and is saved under fuzz/artifacts/<target>/ with the command that reproduces it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+secs=${1:-10}
+shift || true
+if ! cargo +nightly --version >/dev/null 2>&1 || ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+  what="the nightly toolchain or cargo-fuzz is missing (scripts/setup.sh installs cargo-fuzz)"
+  if [ "${RIVET_REQUIRE_PEERS:-}" = 1 ]; then
+    echo "fuzz: $what (RIVET_REQUIRE_PEERS=1)" >&2
+    exit 1
+  fi
+  echo "fuzz: skipping: $what"
+  exit 0
+fi
+
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir fuzz)
+fi
+
+echo "fuzz: building ${#targets[@]} targets"
+start=$(date +%s)
+cargo +nightly fuzz build --fuzz-dir fuzz
+echo "fuzz: built in $(( $(date +%s) - start )) s"
+
+for t in "${targets[@]}"; do
+  mkdir -p "fuzz/work/$t"
+  log=$(mktemp)
+  # -timeout: one input taking over 10 s is a finding (a parser must be linear);
+  # -rss_limit_mb: so must be memory.
+  if ! cargo +nightly fuzz run --fuzz-dir fuzz "$t" "fuzz/work/$t" "fuzz/corpus/$t" -- \
+      -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
+    tail -n 60 "$log" >&2
+    rm -f "$log"
+    echo "fuzz: $t FAILED; the input is under fuzz/artifacts/$t/" >&2
+    exit 1
+  fi
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  corpus=$(ls "fuzz/work/$t" | wc -l)
+  echo "fuzz: $t: ${secs} s, $runs runs, no crash ($corpus inputs in fuzz/work/$t)"
+  rm -f "$log"
+done
