@@ -183,7 +183,11 @@ fn failed_token_checks_beyond_the_limit_get_429_and_change_nothing() -> Result<(
     let d = start(&dir, "failed_auth_per_minute = 3", "")?;
     let uuid = manageable(&d, "n1", "52:54:00:aa:00:02")?;
     let token = enrolled(&d, "n1", &uuid, BOOT_A)?;
-    let before = d.node("n1")?;
+    // The conductor answers the lookup by queueing its first commands: let it settle, so
+    // what is compared below can only change through the refused heartbeats.
+    let before = d.wait_node("n1", std::time::Duration::from_secs(10), |n| {
+        n["driver_internal_info"]["clean_steps_command"].is_string()
+    })?;
     // Three failures are answered 401 — a missing token, a wrong one, an unknown node (the
     // same answer as a wrong token, so heartbeats cannot probe which nodes exist)…
     let a = heartbeat(&d, &uuid, None, Some(BOOT_A))?;
@@ -257,7 +261,10 @@ fn token_belongs_to_the_boot_that_looked_up() -> Result<()> {
         node["driver_internal_info"]["agent_boot_id"] == BOOT_A,
         "{node}"
     );
-    let before = d.node("n1")?;
+    // Let the conductor's answer to the lookup settle first (see above).
+    let before = d.wait_node("n1", std::time::Duration::from_secs(10), |n| {
+        n["driver_internal_info"]["clean_steps_command"].is_string()
+    })?;
     for other in [Some(BOOT_B), None] {
         let a = heartbeat(&d, &uuid, Some(&token), other)?;
         ensure!(a.status == 401, "{other:?}: {} {}", a.status, a.message());

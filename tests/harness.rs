@@ -50,7 +50,7 @@ pub struct Rivetd {
     pub url: String,
     /// Port it listens on.
     pub port: u16,
-    /// The SQLite file.
+    /// The SQLite file (or, on another database, the directory of its log).
     pub db: PathBuf,
     /// Where its log goes.
     pub log: PathBuf,
@@ -60,6 +60,34 @@ pub struct Rivetd {
 impl Rivetd {
     /// Start rivetd with `--no-auth` on `db`, on `port` (0 = pick one), and wait until it serves.
     pub fn start(db: &Path, port: u16, extra: &[&str]) -> Result<Rivetd> {
+        let port = if port == 0 { free_port()? } else { port };
+        let log = db.with_extension(format!("rivetd-{port}.log"));
+        let url = format!("sqlite:{}", db.display());
+        Self::spawn(&url, db, log, "test-conductor", port, extra)
+    }
+
+    /// Start rivetd with `--no-auth` on database `db_url` (PostgreSQL: several may share
+    /// it) as controller `conductor`, logging to `dir/rivetd-{conductor}.log`.
+    pub fn start_url(
+        db_url: &str,
+        dir: &Path,
+        conductor: &str,
+        port: u16,
+        extra: &[&str],
+    ) -> Result<Rivetd> {
+        let port = if port == 0 { free_port()? } else { port };
+        let log = dir.join(format!("rivetd-{conductor}.log"));
+        Self::spawn(db_url, dir, log, conductor, port, extra)
+    }
+
+    fn spawn(
+        db_url: &str,
+        db: &Path,
+        log: PathBuf,
+        conductor: &str,
+        port: u16,
+        extra: &[&str],
+    ) -> Result<Rivetd> {
         let exe = bin("rivetd");
         if !exe.exists() {
             bail!(
@@ -67,8 +95,6 @@ impl Rivetd {
                 exe.display()
             );
         }
-        let port = if port == 0 { free_port()? } else { port };
-        let log = db.with_extension(format!("rivetd-{port}.log"));
         let logf = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -77,10 +103,10 @@ impl Rivetd {
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--db")
-            .arg(format!("sqlite:{}", db.display()))
+            .arg(db_url)
             .arg("--no-auth")
             .arg("--conductor-id")
-            .arg("test-conductor")
+            .arg(conductor)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(logf)

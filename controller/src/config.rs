@@ -185,6 +185,12 @@ pub struct ConductorConfig {
     pub rescue_wait_timeout_s: u64,
     /// Run automated cleaning on provide / after tear-down (a node's `automated_clean` wins).
     pub automated_clean: bool,
+    /// How often this controller writes its registration heartbeat and renews its node
+    /// leases (several rivetd on one database).
+    pub heartbeat_interval_s: u64,
+    /// A controller silent for this long is dead: its leases have expired and the hash ring
+    /// hands its nodes to the others. Keep it several heartbeat intervals.
+    pub dead_after_s: u64,
 }
 
 /// API limits.
@@ -287,6 +293,8 @@ impl Default for ConductorConfig {
             deploy_wait_timeout_s: 1800,
             rescue_wait_timeout_s: 1800,
             automated_clean: true,
+            heartbeat_interval_s: 2,
+            dead_after_s: 10,
         }
     }
 }
@@ -323,7 +331,8 @@ impl Default for AgentSettings {
     }
 }
 
-fn hostname() -> String {
+/// This host's name (the default conductor id and its registered hostname).
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()

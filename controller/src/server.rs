@@ -28,6 +28,15 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
              Set tls_cert/tls_key (`rivetd tls init DIR` makes a lab CA), or allow_plain_http = true if you really mean it"
         );
     }
+    let c = &config.conductor;
+    if c.dead_after_s < 2 * c.heartbeat_interval_s.max(1) {
+        anyhow::bail!(
+            "[conductor] dead_after_s = {} must be at least twice heartbeat_interval_s = {}: \
+             otherwise one late heartbeat declares a live controller dead and its nodes move",
+            c.dead_after_s,
+            c.heartbeat_interval_s
+        );
+    }
     if !config.no_auth && config.auth.tokens.is_empty() && config.auth.users.is_empty() {
         anyhow::bail!(
             "no admin credentials configured: add [auth] tokens/users to the config (hash with `rivetd hash-secret`), or run with --no-auth on a loopback address"
@@ -42,6 +51,25 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     let store = crate::store::open(&config.db, Arc::new(secrets))
         .with_context(|| format!("opening database {}", crate::store::redact_url(&config.db)))?;
     let conductor = Conductor::new(store, config);
+    // Register first, so recovery already knows which nodes are this controller's.
+    conductor.refresh_membership(true).await?;
+    let others: Vec<String> = conductor
+        .ring()
+        .members()
+        .iter()
+        .filter(|m| m.as_str() != conductor.id())
+        .cloned()
+        .collect();
+    if !others.is_empty() && !conductor.store.is_shared() {
+        anyhow::bail!(
+            "controller(s) {} heartbeat on this SQLite database within the last {} s: SQLite serves one rivetd. \
+             Stop the other one (or wait {} s if it was this host under another --conductor-id), \
+             or move the fleet to PostgreSQL to run several",
+            others.join(", "),
+            conductor.config.conductor.dead_after_s,
+            conductor.config.conductor.dead_after_s
+        );
+    }
     let resumed = conductor.recover().await?;
     if resumed > 0 {
         tracing::warn!(count = resumed, "resumed nodes left in transient states");

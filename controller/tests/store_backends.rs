@@ -105,6 +105,7 @@ on_every_backend!(
     migrations_and_newer_schema,
     survives_lost_connections,
     rivetd_db_upgrade_serve_and_refuse,
+    conductors_and_leases,
 );
 
 /// Times as the store keeps them (microseconds).
@@ -584,6 +585,88 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     let z3 = s.get_node("z3").await.expect("z3");
     assert_eq!(z3.reservation.as_deref(), Some("c2"));
     assert_eq!(z3.version, 1);
+}
+
+/// Registration heartbeats, liveness, and the lease rules several controllers rely on.
+async fn conductors_and_leases(db: TestDb) {
+    let s = db.open();
+    s.conductor_heartbeat("c1", "host-a", true, 5)
+        .await
+        .expect("register c1");
+    s.conductor_heartbeat("c2", "host-b", true, 5)
+        .await
+        .expect("register c2");
+    let first = s.list_conductors(5).await.expect("list");
+    assert_eq!(
+        first
+            .iter()
+            .map(|c| (c.id.as_str(), c.alive))
+            .collect::<Vec<_>>(),
+        vec![("c1", true), ("c2", true)]
+    );
+    assert_eq!(first[1].hostname, "host-b");
+    // A heartbeat that is not a start keeps started_at and moves last_seen.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    s.conductor_heartbeat("c1", "host-a", false, 5)
+        .await
+        .expect("beat");
+    let again = s.list_conductors(5).await.expect("list");
+    assert_eq!(again[0].started_at, first[0].started_at);
+    assert!(again[0].last_seen > first[0].last_seen);
+    // With a zero window nobody is alive.
+    assert!(s
+        .list_conductors(0)
+        .await
+        .expect("list")
+        .iter()
+        .all(|c| !c.alive));
+
+    let mut n = node("l1", None);
+    n.provision_state = ProvisionState::CleanWait;
+    s.create_node(&n).await.expect("create");
+    // Free: c1 takes it, its version moves (a reservation is a change others must see).
+    assert!(s.acquire_lease("l1", "c1", 5, 5).await.expect("take"));
+    let got = s.get_node("l1").await.expect("get");
+    assert_eq!(got.reservation.as_deref(), Some("c1"));
+    assert_eq!(got.conductor.as_deref(), Some("c1"));
+    assert_eq!(got.version, 2);
+    // Renewing one's own lease is not a change.
+    assert!(s.acquire_lease("l1", "c1", 5, 5).await.expect("renew"));
+    assert_eq!(s.get_node("l1").await.expect("get").version, 2);
+    // A live lease keeps others out.
+    assert!(!s.acquire_lease("l1", "c2", 5, 5).await.expect("refused"));
+    // An expired one does not: a zero TTL renewal leaves it expiring now.
+    s.conductor_heartbeat("c1", "host-a", false, 0)
+        .await
+        .expect("beat");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert!(s.acquire_lease("l1", "c2", 5, 5).await.expect("taken over"));
+    let got = s.get_node("l1").await.expect("get");
+    assert_eq!(got.reservation.as_deref(), Some("c2"));
+    assert_eq!(got.version, 3);
+    // Release only by the holder.
+    assert!(!s.release_lease("l1", "c1").await.expect("not c1's"));
+    assert!(s.release_lease("l1", "c2").await.expect("released"));
+    assert_eq!(s.get_node("l1").await.expect("get").reservation, None);
+
+    // A reservation without an expiry (a verb reserved the node for its owner) is live while
+    // its holder is alive, and dead when the holder is.
+    let mut got = s.get_node("l1").await.expect("get");
+    got.reservation = Some("c1".into());
+    s.update_node(&got).await.expect("reserve for c1");
+    assert!(!s.acquire_lease("l1", "c2", 5, 5).await.expect("c1 alive"));
+    assert!(s
+        .acquire_lease("l1", "c2", 5, 0)
+        .await
+        .expect("c1 counted dead"));
+    assert!(s.release_lease("l1", "c2").await.expect("released"));
+    let mut got = s.get_node("l1").await.expect("get");
+    got.reservation = Some("never-registered".into());
+    s.update_node(&got).await.expect("reserve for a stranger");
+    assert!(s
+        .acquire_lease("l1", "c1", 5, 5)
+        .await
+        .expect("a stranger is not alive"));
 }
 
 async fn ports_unique_mac_and_cascade(db: TestDb) {

@@ -9,6 +9,7 @@ mod audit;
 mod auth;
 mod body;
 mod boot;
+mod conductors;
 mod nodes;
 mod patch;
 mod ports;
@@ -110,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         .merge(nodes::routes())
         .merge(ports::routes())
         .merge(rules::routes())
+        .merge(conductors::routes())
         .merge(audit::routes())
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

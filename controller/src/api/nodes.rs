@@ -119,7 +119,7 @@ async fn list_inner(
         detail |= parse_bool("detail", d)?;
     }
     let base = base_url(headers);
-    let nodes = state
+    let mut nodes = state
         .conductor
         .store
         .list_nodes(&q)
@@ -130,6 +130,10 @@ async fn list_inner(
             }
             e => e.into(),
         })?;
+    let ring = state.conductor.ring();
+    for n in &mut nodes {
+        show_owner(&ring, state.conductor.id(), n);
+    }
     let template = nodes.first().map(|n| node_full(n, &base));
     let fields = match (&template, params.get("fields")) {
         (Some(t), f) => parse_fields(f.map(String::as_str), t)?,
@@ -223,6 +227,12 @@ fn check_driver(driver: &str) -> Result<(), ApiError> {
     }
 }
 
+/// `conductor` is the controller that owns the node on the hash ring now (Ironic's meaning),
+/// not the last one that happened to write it.
+fn show_owner(ring: &crate::cluster::HashRing, me: &str, node: &mut Node) {
+    node.conductor = Some(ring.owner(&node.uuid).unwrap_or(me).to_string());
+}
+
 fn etag(resp: &mut Response, version: i64) {
     if let Ok(v) = HeaderValue::from_str(&format!("\"{version}\"")) {
         resp.headers_mut().insert(header::ETAG, v);
@@ -286,7 +296,8 @@ async fn show(
     Path(ident): Path<String>,
     Query(p): Query<ShowParams>,
 ) -> ApiResult<Response> {
-    let node = state.conductor.store.get_node(&ident).await?;
+    let mut node = state.conductor.store.get_node(&ident).await?;
+    show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
     let full = node_full(&node, &base_url(&headers));
     let mut resp = match parse_fields(p.fields.as_deref(), &full)? {
         Some(f) => Json(select(full, &f)).into_response(),

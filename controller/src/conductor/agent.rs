@@ -120,7 +120,7 @@ impl Conductor {
         };
         self.store.enqueue_command(uuid, &command).await?;
         tracing::info!(node = %uuid, command = command.kind.name(), id = %id, "command queued for agent");
-        self.wakeup(uuid).notify_waiters();
+        self.wake_agent(uuid);
         Ok(id)
     }
 

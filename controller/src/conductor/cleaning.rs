@@ -65,7 +65,7 @@ impl Conductor {
             Err(e) => return Err(e.into()),
         }
         tracing::info!(node = %uuid, command = command.kind.name(), id = %command.id, "command queued for agent");
-        self.wakeup(uuid).notify_waiters();
+        self.wake_agent(uuid);
         Ok(())
     }
 

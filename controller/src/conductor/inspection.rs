@@ -106,7 +106,7 @@ impl Conductor {
                 Ok(()) | Err(StoreError::Duplicate(_)) => {}
                 Err(e) => return Err(e.into()),
             }
-            self.wakeup(&uuid).notify_waiters();
+            self.wake_agent(&uuid);
             return Ok(Some(node));
         };
         let result = match self.store.command(&uuid, &id).await {
@@ -122,7 +122,7 @@ impl Conductor {
                         },
                     )
                     .await?;
-                self.wakeup(&uuid).notify_waiters();
+                self.wake_agent(&uuid);
                 None
             }
             Err(e) => return Err(e.into()),

@@ -10,6 +10,7 @@ pub mod agent;
 mod cleaning;
 mod errors;
 mod inspection;
+mod membership;
 mod periodic;
 mod power_sync;
 pub mod steps;
@@ -40,6 +41,8 @@ pub struct Conductor {
     running: Mutex<HashMap<String, bool>>,
     /// Per-node wake-ups of agent long polls.
     wakeups: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Live controllers sharing the store; a node's work belongs to its owner on this ring.
+    ring: std::sync::RwLock<Arc<crate::cluster::HashRing>>,
 }
 
 impl Conductor {
@@ -47,10 +50,13 @@ impl Conductor {
     pub fn new(store: Arc<dyn Store>, config: Config) -> Arc<Conductor> {
         Arc::new(Conductor {
             store,
-            config,
             fake: Arc::new(FakeBmc::default()),
             running: Mutex::new(HashMap::new()),
             wakeups: Mutex::new(HashMap::new()),
+            ring: std::sync::RwLock::new(Arc::new(crate::cluster::HashRing::new([config
+                .conductor_id
+                .clone()]))),
+            config,
         })
     }
 
@@ -77,8 +83,13 @@ impl Conductor {
             .unwrap_or(false)
     }
 
-    /// Make sure a task drives `uuid` forward; a no-op when one already runs.
+    /// Make sure a task drives `uuid` forward; a no-op when one already runs. A node another
+    /// controller owns is its business: it is told instead.
     pub fn kick(self: &Arc<Self>, uuid: &str) {
+        if !self.owns(uuid) {
+            self.forward_kick(uuid);
+            return;
+        }
         {
             let Ok(mut running) = self.running.lock() else {
                 return;
@@ -113,6 +124,7 @@ impl Conductor {
     /// Drive a node until it rests (stable, waiting, failed, or in maintenance).
     async fn drive(&self, uuid: &str) -> Result<(), ConductorError> {
         let mut node = self.store.get_node(uuid).await?;
+        let mut leased = false;
         loop {
             if node.maintenance {
                 tracing::info!(node = %uuid, state = %node.provision_state, "node in maintenance; conductor paused");
@@ -124,6 +136,21 @@ impl Conductor {
             );
             if !node.provision_state.is_conductor_busy() && !agent_wait {
                 return Ok(());
+            }
+            if !leased {
+                // One statement decides, whatever other controllers believe about the ring.
+                if !self
+                    .store
+                    .acquire_lease(uuid, self.id(), self.lease_ttl_s(), self.lease_ttl_s())
+                    .await?
+                {
+                    tracing::debug!(node = %uuid, holder = node.reservation.as_deref().unwrap_or_default(),
+                        "another live controller holds the node's lease; leaving it");
+                    return Ok(());
+                }
+                leased = true;
+                node = self.store.get_node(uuid).await?;
+                continue;
             }
             match self.step(node.clone()).await {
                 Ok(Some(n)) => node = n,
@@ -143,9 +170,20 @@ impl Conductor {
     async fn step(&self, mut node: Node) -> Result<Option<Node>, ConductorError> {
         use ProvisionState::*;
         if node.reservation.as_deref() != Some(self.id()) {
-            node.reservation = Some(self.id().to_string());
-            node.conductor = Some(self.id().to_string());
-            node = self.store.update_node(&node).await?;
+            // Released since the drive took the lease (an abort, a hand-over): take it again.
+            if !self
+                .store
+                .acquire_lease(
+                    &node.uuid,
+                    self.id(),
+                    self.lease_ttl_s(),
+                    self.lease_ttl_s(),
+                )
+                .await?
+            {
+                return Ok(None);
+            }
+            node = self.store.get_node(&node.uuid).await?;
         }
         let bmc = match self.bmc(&node) {
             Ok(b) => b,
@@ -249,7 +287,7 @@ impl Conductor {
             .await;
         if to.is_stable() {
             // The agent's token is gone: release its long poll so it hears so at once.
-            self.wakeup(&node.uuid).notify_waiters();
+            self.wake_agent(&node.uuid);
         }
         Ok(node)
     }

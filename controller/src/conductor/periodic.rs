@@ -38,7 +38,13 @@ impl Conductor {
                 "released reservations left by an earlier run of this conductor"
             );
         }
-        let nodes = self.store.nodes_in_states(BUSY).await?;
+        let nodes: Vec<_> = self
+            .store
+            .nodes_in_states(BUSY)
+            .await?
+            .into_iter()
+            .filter(|n| self.owns(&n.uuid))
+            .collect();
         for n in &nodes {
             tracing::warn!(node = %n.uuid, state = %n.provision_state, "resuming node found in a transient state at start-up");
             self.kick(&n.uuid);
@@ -108,7 +114,8 @@ impl Conductor {
     pub async fn scan_once(self: &Arc<Self>) -> Result<(), ConductorError> {
         let now = Utc::now();
         for node in self.store.nodes_in_states(WAITS).await? {
-            if node.maintenance {
+            // Timeouts are the owner's to enforce; another controller's nodes are its own.
+            if node.maintenance || !self.owns(&node.uuid) {
                 continue;
             }
             let Some(msg) = self.overdue(&node, now) else {
@@ -145,12 +152,9 @@ impl Conductor {
                 .await?,
         );
         for node in resumable {
-            let ours_or_free = node
-                .reservation
-                .as_deref()
-                .map(|r| r == self.id())
-                .unwrap_or(true);
-            if ours_or_free && !node.maintenance && !self.is_running(&node.uuid) {
+            // Owned nodes only; the lease taken by the task decides whether a reservation
+            // another controller holds is still live.
+            if self.owns(&node.uuid) && !node.maintenance && !self.is_running(&node.uuid) {
                 self.kick(&node.uuid);
             }
         }
@@ -160,6 +164,8 @@ impl Conductor {
     /// Run the scan forever.
     pub async fn run_periodic(self: Arc<Self>) {
         tokio::spawn(self.clone().run_power_sync());
+        tokio::spawn(self.clone().run_membership());
+        tokio::spawn(self.clone().run_notices());
         let every = Duration::from_secs(self.config.conductor.check_interval_s.max(1));
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

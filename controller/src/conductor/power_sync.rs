@@ -112,7 +112,11 @@ impl Conductor {
             self.config.power_sync.concurrency.max(1),
         ));
         let mut tasks = tokio::task::JoinSet::new();
-        for node in nodes.into_iter().filter(eligible) {
+        // Each controller syncs the nodes the ring gives it.
+        for node in nodes
+            .into_iter()
+            .filter(|n| eligible(n) && self.owns(&n.uuid))
+        {
             let this = self.clone();
             let limit = limit.clone();
             tasks.spawn(async move {

@@ -126,7 +126,9 @@ impl Conductor {
         if matches!(verb, Verb::Provide | Verb::Clean) {
             super::cleaning::clear_run(&mut node);
             node.driver_internal_info.remove("requested_clean_steps");
-            node.reservation = Some(self.id().to_string());
+            // Reserved for the whole run, by the controller that owns the node (which may
+            // not be the one that received this request).
+            node.reservation = Some(self.owner_of(&node.uuid));
         }
         if verb == Verb::Inspect {
             super::inspection::clear_run(&mut node);

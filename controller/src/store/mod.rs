@@ -327,6 +327,49 @@ pub trait Store: Send + Sync {
     /// Clear reservations held by `conductor` (a restart drops its old claims).
     async fn release_reservations(&self, conductor: &str) -> Result<u64, StoreError>;
 
+    /// Register or refresh controller `id` (its registration heartbeat; `starting` resets
+    /// `started_at`), and renew the leases of every node it reserves to expire `ttl_s` from
+    /// now. Times come from the database's clock where it has one, so controllers with
+    /// skewed clocks still agree on who is alive.
+    async fn conductor_heartbeat(
+        &self,
+        id: &str,
+        hostname: &str,
+        starting: bool,
+        ttl_s: u64,
+    ) -> Result<(), StoreError>;
+    /// Every registered controller; `alive` when it heartbeat within `dead_after_s`.
+    async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError>;
+    /// Take (or renew) the reservation lease of node `uuid` for controller `id`, in one
+    /// statement: only when the node is free, already `id`'s, or its lease is dead — expired,
+    /// or without an expiry yet (a verb reserved it for its owner) and held by a controller
+    /// that has not heartbeat within `dead_after_s`. `Ok(false)` when another controller
+    /// holds a live lease.
+    async fn acquire_lease(
+        &self,
+        uuid: &str,
+        id: &str,
+        ttl_s: u64,
+        dead_after_s: u64,
+    ) -> Result<bool, StoreError>;
+    /// Give up `id`'s reservation of node `uuid` (the ring moved it to another controller).
+    async fn release_lease(&self, uuid: &str, id: &str) -> Result<bool, StoreError>;
+    /// Whether several controllers may share this store (PostgreSQL); SQLite is for one.
+    fn is_shared(&self) -> bool {
+        false
+    }
+    /// Tell every controller sharing this store. A single-process backend has nobody to
+    /// tell.
+    async fn publish(&self, _notice: &Notice) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Notices published by any controller (this one's included), when the backend carries
+    /// them across processes. After a lost connection the stream yields [`Notice::Resync`],
+    /// since notices may have been missed.
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Notice>> {
+        None
+    }
+
     /// Insert a port.
     async fn create_port(&self, port: &Port) -> Result<Port, StoreError>;
     /// A port by UUID.
@@ -373,10 +416,75 @@ pub trait Store: Send + Sync {
     async fn save_inventory(&self, node_uuid: &str, inventory: &Value) -> Result<(), StoreError>;
     /// The last inventory and when it was collected.
     async fn get_inventory(&self, node_uuid: &str) -> Result<(Value, DateTime<Utc>), StoreError>;
+
     /// Append a row to the audit trail.
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
     /// A page of the audit trail in `query.sort_dir` order of `seq`.
     async fn list_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError>;
+}
+
+/// A controller registered in the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConductorRecord {
+    /// Its conductor id (Ironic shows it as `hostname`).
+    pub id: String,
+    /// The host it runs on.
+    pub hostname: String,
+    /// When it (last) started.
+    pub started_at: DateTime<Utc>,
+    /// Its last registration heartbeat.
+    pub last_seen: DateTime<Utc>,
+    /// Whether it heartbeat recently enough to own nodes.
+    pub alive: bool,
+}
+
+/// A message between controllers sharing one store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// Node work is ready: its owner should drive it.
+    Kick {
+        /// Controller that sent it.
+        from: String,
+        /// Node UUID.
+        node: String,
+    },
+    /// Something for a node's agent: wake its long poll wherever it is held.
+    Wake {
+        /// Controller that sent it.
+        from: String,
+        /// Node UUID.
+        node: String,
+    },
+    /// Notices may have been lost (the listening connection dropped): look again.
+    Resync,
+}
+
+impl Notice {
+    /// The text carried by the database (`k|node|from`, `w|node|from`; the node UUID has
+    /// no `|`, the controller id may).
+    pub fn encode(&self) -> String {
+        match self {
+            Notice::Kick { from, node } => format!("k|{node}|{from}"),
+            Notice::Wake { from, node } => format!("w|{node}|{from}"),
+            Notice::Resync => "r".into(),
+        }
+    }
+
+    /// Parse [`Notice::encode`]'s text; `None` for anything else.
+    pub fn decode(text: &str) -> Option<Notice> {
+        let mut parts = text.splitn(3, '|');
+        let kind = parts.next()?;
+        if kind == "r" {
+            return Some(Notice::Resync);
+        }
+        let node = parts.next()?.to_string();
+        let from = parts.next()?.to_string();
+        match kind {
+            "k" => Some(Notice::Kick { from, node }),
+            "w" => Some(Notice::Wake { from, node }),
+            _ => None,
+        }
+    }
 }
 
 /// A queued agent command and its result.

@@ -21,7 +21,8 @@
 //! No TLS: use it on loopback or a trusted network.
 
 use super::{
-    Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
+    ConductorRecord, Node, NodeQuery, Notice, Port, PortQuery, SortDir, Store, StoreError,
+    StoredCommand, NODE_SORT_KEYS,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -580,6 +581,63 @@ fn parse_url(url: &str) -> Result<tokio_postgres::Config, StoreError> {
     Ok(config)
 }
 
+/// Forward the `rivet` channel's notifications to `tx` until nobody listens, reconnecting
+/// (with a [`Notice::Resync`], since some may have been missed) when the connection drops.
+async fn listen(
+    config: tokio_postgres::Config,
+    target: String,
+    tx: tokio::sync::mpsc::UnboundedSender<Notice>,
+) {
+    use tokio_postgres::AsyncMessage;
+    let mut first = true;
+    while !tx.is_closed() {
+        if !first {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let (client, mut connection) = match config.connect(NoTls).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(database = %target, error = %db_message(&e), "cannot open the notification connection; retrying");
+                first = false;
+                continue;
+            }
+        };
+        // The connection must be polled for LISTEN to complete, and afterwards to receive.
+        let forward = tx.clone();
+        let driver = tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        if let Some(notice) = Notice::decode(n.payload()) {
+                            if forward.send(notice).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %db_message(&e), "notification connection failed");
+                        return;
+                    }
+                    None => return,
+                }
+            }
+        });
+        if let Err(e) = client.batch_execute("LISTEN rivet").await {
+            tracing::warn!(database = %target, error = %db_message(&e), "LISTEN failed; retrying");
+            driver.abort();
+            first = false;
+            continue;
+        }
+        if !first && tx.send(Notice::Resync).is_err() {
+            return;
+        }
+        first = false;
+        let _ = driver.await;
+        drop(client);
+    }
+}
+
 /// Connect and spawn the connection's driver on the current runtime.
 async fn connect(config: tokio_postgres::Config, target: String) -> Result<Conn, StoreError> {
     let (client, connection) = config.connect(NoTls).await.map_err(|e| {
@@ -956,6 +1014,120 @@ impl Store for PostgresStore {
             .map_err(db)
     }
 
+    async fn conductor_heartbeat(
+        &self,
+        id: &str,
+        hostname: &str,
+        starting: bool,
+        ttl_s: u64,
+    ) -> Result<(), StoreError> {
+        let ttl = ttl_s as f64;
+        let mut c = self.conn().await?;
+        let tx = c.client.transaction().await.map_err(db)?;
+        tx.execute(
+            "INSERT INTO conductors (id, hostname, started_at, last_seen) VALUES ($1, $2, now(), now()) \
+             ON CONFLICT (id) DO UPDATE SET hostname = EXCLUDED.hostname, last_seen = EXCLUDED.last_seen, \
+             started_at = CASE WHEN $3 THEN EXCLUDED.started_at ELSE conductors.started_at END",
+            &[&id, &hostname, &starting],
+        )
+        .await
+        .map_err(db)?;
+        tx.execute(
+            "UPDATE nodes SET reservation_expires_at = now() + make_interval(secs => $2) \
+             WHERE reservation = $1",
+            &[&id, &ttl],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError> {
+        let dead = dead_after_s as f64;
+        let rows = self
+            .conn()
+            .await?
+            .query(
+                "SELECT id, hostname, started_at, last_seen, \
+                   last_seen > now() - make_interval(secs => $1) \
+                 FROM conductors ORDER BY id COLLATE \"C\"",
+                &[&dead],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ConductorRecord {
+                    id: get(r, 0)?,
+                    hostname: get(r, 1)?,
+                    started_at: get(r, 2)?,
+                    last_seen: get(r, 3)?,
+                    alive: get(r, 4)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn acquire_lease(
+        &self,
+        uuid: &str,
+        id: &str,
+        ttl_s: u64,
+        dead_after_s: u64,
+    ) -> Result<bool, StoreError> {
+        let ttl = ttl_s as f64;
+        let dead = dead_after_s as f64;
+        self.conn()
+            .await?
+            .execute(
+                "UPDATE nodes SET \
+                   version = CASE WHEN reservation IS NOT DISTINCT FROM $2 THEN version ELSE version + 1 END, \
+                   reservation = $2, conductor = $2, \
+                   reservation_expires_at = now() + make_interval(secs => $3) \
+                 WHERE uuid = $1 AND (reservation IS NULL OR reservation = $2 \
+                   OR reservation_expires_at < now() \
+                   OR (reservation_expires_at IS NULL AND NOT EXISTS (SELECT 1 FROM conductors c \
+                       WHERE c.id = nodes.reservation \
+                         AND c.last_seen > now() - make_interval(secs => $4))))",
+                &[&uuid, &id, &ttl, &dead],
+            )
+            .await?
+            .map(|n| n == 1)
+            .map_err(db)
+    }
+
+    async fn release_lease(&self, uuid: &str, id: &str) -> Result<bool, StoreError> {
+        self.conn()
+            .await?
+            .execute(
+                "UPDATE nodes SET reservation = NULL, reservation_expires_at = NULL, version = version + 1 \
+                 WHERE uuid = $1 AND reservation = $2",
+                &[&uuid, &id],
+            )
+            .await?
+            .map(|n| n == 1)
+            .map_err(db)
+    }
+
+    async fn publish(&self, notice: &Notice) -> Result<(), StoreError> {
+        self.conn()
+            .await?
+            .execute("SELECT pg_notify('rivet', $1)", &[&notice.encode()])
+            .await?
+            .map(|_| ())
+            .map_err(db)
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Notice>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let rt = self.runtime.0.as_ref()?;
+        rt.spawn(listen(self.config.clone(), self.target.clone(), tx));
+        Some(rx)
+    }
+
     async fn create_port(&self, port: &Port) -> Result<Port, StoreError> {
         let mut p = port.clone();
         p.version = 1;
@@ -1321,6 +1493,7 @@ impl Store for PostgresStore {
             get(&row, 1)?,
         ))
     }
+
     async fn append_audit(&self, e: &super::AuditEntry) -> Result<(), StoreError> {
         // Details quote error text from agents and BMCs: NULs would make the INSERT fail.
         let detail = free_text(&e.detail);

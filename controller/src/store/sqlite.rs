@@ -4,7 +4,8 @@
 //! handing it to a thread pool would cost more than it saves. JSON fields are stored as text.
 
 use super::{
-    Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
+    ConductorRecord, Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, StoredCommand,
+    NODE_SORT_KEYS,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -644,6 +645,107 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn conductor_heartbeat(
+        &self,
+        id: &str,
+        hostname: &str,
+        starting: bool,
+        ttl_s: u64,
+    ) -> Result<(), StoreError> {
+        let now = Utc::now();
+        let expires = ts(&(now + chrono::Duration::seconds(ttl_s as i64)));
+        let now = ts(&now);
+        self.with(|c| {
+            let tx = c.transaction().map_err(backend)?;
+            tx.execute(
+                "INSERT INTO conductors (id, hostname, started_at, last_seen) VALUES (?1, ?2, ?3, ?3) \
+                 ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, last_seen = excluded.last_seen, \
+                 started_at = CASE WHEN ?4 THEN excluded.started_at ELSE conductors.started_at END",
+                params![id, hostname, now, starting],
+            )
+            .map_err(backend)?;
+            tx.execute(
+                "UPDATE nodes SET reservation_expires_at = ?2 WHERE reservation = ?1",
+                params![id, expires],
+            )
+            .map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
+    }
+
+    async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError> {
+        let now = Utc::now();
+        self.with(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT id, hostname, started_at, last_seen FROM conductors ORDER BY id",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                })
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, hostname, started, seen) = row.map_err(backend)?;
+                let last_seen = parse_ts(Some(seen)).unwrap_or_default();
+                out.push(ConductorRecord {
+                    id,
+                    hostname,
+                    started_at: parse_ts(Some(started)).unwrap_or_default(),
+                    alive: (now - last_seen).num_seconds() < dead_after_s as i64,
+                    last_seen,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    async fn acquire_lease(
+        &self,
+        uuid: &str,
+        id: &str,
+        ttl_s: u64,
+        dead_after_s: u64,
+    ) -> Result<bool, StoreError> {
+        let now = Utc::now();
+        let expires = ts(&(now + chrono::Duration::seconds(ttl_s as i64)));
+        let dead_before = ts(&(now - chrono::Duration::seconds(dead_after_s as i64)));
+        let now = ts(&now);
+        self.with(|c| {
+            c.prepare_cached(
+                "UPDATE nodes SET \
+                   version = CASE WHEN reservation IS ?2 THEN version ELSE version + 1 END, \
+                   reservation = ?2, conductor = ?2, reservation_expires_at = ?3 \
+                 WHERE uuid = ?1 AND (reservation IS NULL OR reservation = ?2 \
+                   OR reservation_expires_at < ?4 \
+                   OR (reservation_expires_at IS NULL AND NOT EXISTS (SELECT 1 FROM conductors c \
+                       WHERE c.id = nodes.reservation AND c.last_seen > ?5)))",
+            )
+            .and_then(|mut st| st.execute(params![uuid, id, expires, now, dead_before]))
+            .map(|n| n == 1)
+            .map_err(backend)
+        })
+    }
+
+    async fn release_lease(&self, uuid: &str, id: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE nodes SET reservation = NULL, reservation_expires_at = NULL, version = version + 1 \
+                 WHERE uuid = ?1 AND reservation = ?2",
+                params![uuid, id],
+            )
+            .map(|n| n == 1)
+            .map_err(backend)
+        })
+    }
+
     async fn create_port(&self, port: &Port) -> Result<Port, StoreError> {
         let mut p = port.clone();
         p.version = 1;
@@ -999,6 +1101,7 @@ impl Store for SqliteStore {
             ))
         })
     }
+
     async fn append_audit(&self, e: &super::AuditEntry) -> Result<(), StoreError> {
         self.with(|c| {
             c.prepare_cached(

@@ -1,0 +1,97 @@
+//! `GET /v1/conductors[/{hostname}]`: the controllers sharing this database, Ironic-shaped
+//! (`hostname` is the conductor id, `alive` whether it heartbeat within `dead_after_s`).
+
+use super::render::base_url;
+use super::{ApiError, ApiResult, AppState};
+use crate::store::ConductorRecord;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/conductors", get(list))
+        .route("/v1/conductors/detail", get(list_detail))
+        .route("/v1/conductors/{hostname}", get(show))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    detail: Option<bool>,
+}
+
+fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
+    let mut v = json!({
+        "hostname": c.id,
+        "conductor_group": "",
+        "alive": c.alive,
+        "last_seen": c.last_seen,
+        "links": [
+            {"href": format!("{base}/v1/conductors/{}", c.id), "rel": "self"},
+            {"href": format!("{base}/conductors/{}", c.id), "rel": "bookmark"},
+        ],
+    });
+    if detail {
+        v["drivers"] = json!(["fake-hardware", "ipmi", "redfish"]);
+        v["created_at"] = json!(c.started_at);
+        v["updated_at"] = json!(c.last_seen);
+        v["host"] = json!(c.hostname);
+    }
+    v
+}
+
+async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
+    Ok(state
+        .conductor
+        .store
+        .list_conductors(state.conductor.config.conductor.dead_after_s.max(1))
+        .await?)
+}
+
+async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(p): Query<ListParams>,
+) -> ApiResult<Json<Value>> {
+    let detail = p.detail.unwrap_or(false);
+    let base = base_url(&headers);
+    let all = conductors(&state).await?;
+    Ok(Json(json!({
+        "conductors": all.iter().map(|c| render(c, detail, &base)).collect::<Vec<_>>()
+    })))
+}
+
+async fn list_detail(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    let base = base_url(&headers);
+    let all = conductors(&state).await?;
+    Ok(Json(json!({
+        "conductors": all.iter().map(|c| render(c, true, &base)).collect::<Vec<_>>()
+    })))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(hostname): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let base = base_url(&headers);
+    let all = conductors(&state).await?;
+    let c = all.iter().find(|c| c.id == hostname).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "conductor {hostname} could not be found; registered: {}",
+                all.iter()
+                    .map(|c| c.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })?;
+    Ok(Json(render(c, true, &base)))
+}
