@@ -403,3 +403,97 @@ fn a_keep_alive_connection_is_closed_after_the_request_limit() -> Result<()> {
     ensure!(s == 200);
     Ok(())
 }
+
+/// The admin API's failed-authentication limit: wrong credentials from one address get 401
+/// (each recorded in the audit trail) until `[api] failed_auth_per_minute`, then 429 with
+/// `Retry-After` and no audit row each; the right credential from the same address still works.
+#[test]
+fn failed_admin_authentications_are_limited_and_do_not_flood_the_audit_trail() -> Result<()> {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir()?;
+    let mut hashing = Command::new(rivet_tests::bin("rivetd"))
+        .arg("hash-secret")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    hashing
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(b"s3cret-admin-token\n")?;
+    let out = hashing.wait_with_output()?;
+    ensure!(out.status.success(), "hash-secret failed");
+    let hash = String::from_utf8(out.stdout)?.trim().to_string();
+    let port = rivet_tests::free_port()?;
+    let cfg = dir.path().join("auth.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[auth]\ntokens = [{{ name = \"boss\", hash = \"{hash}\", role = \"admin\" }}]\n\
+             [api]\nfailed_auth_per_minute = 3\n"
+        ),
+    )?;
+    let log = std::fs::File::create(dir.path().join("rivetd.log"))?;
+    let mut child = Command::new(rivet_tests::bin("rivetd"))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--db")
+        .arg(format!("sqlite:{}", dir.path().join("r.db").display()))
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    let result = (|| -> Result<()> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while http.get(format!("{url}/v1")).send().is_err() {
+            ensure!(std::time::Instant::now() < deadline, "rivetd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let attempt = |token: &str| -> Result<reqwest::blocking::Response> {
+            Ok(http
+                .post(format!("{url}/v1/nodes"))
+                .bearer_auth(token)
+                .json(&json!({"driver": "fake-hardware"}))
+                .send()?)
+        };
+        for i in 0..3 {
+            let r = attempt(&format!("guess-{i}"))?;
+            ensure!(r.status() == 401, "guess {i}: {}", r.status());
+        }
+        for i in 3..6 {
+            let r = attempt(&format!("guess-{i}"))?;
+            ensure!(r.status() == 429, "guess {i}: {}", r.status());
+            ensure!(r.headers().contains_key("retry-after"), "no Retry-After");
+            let text = r.text()?;
+            ensure!(text.contains("failed_auth_per_minute"), "{text}");
+        }
+        let ok = attempt("s3cret-admin-token")?;
+        ensure!(ok.status() == 201, "the right token: {}", ok.status());
+        let audit: Value = http
+            .get(format!("{url}/v1/audit?limit=100"))
+            .bearer_auth("s3cret-admin-token")
+            .send()?
+            .json()?;
+        let statuses: Vec<u64> = audit["audit"]
+            .as_array()
+            .context("audit list")?
+            .iter()
+            .filter_map(|e| e["status"].as_u64())
+            .collect();
+        ensure!(
+            statuses.iter().filter(|s| **s == 401).count() == 3
+                && !statuses.contains(&429)
+                && statuses.contains(&201),
+            "audit statuses: {statuses:?}"
+        );
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}

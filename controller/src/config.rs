@@ -208,6 +208,10 @@ pub struct ApiConfig {
     /// `Connection: close`, so one client cannot hold a connection (and its worker) forever
     /// and load spreads when clients reconnect; 0 = no limit.
     pub max_requests_per_connection: u64,
+    /// Failed admin authentications accepted per source address per minute; beyond it 429
+    /// (and no audit row each: the log says it once a minute). Guessing credentials, or a
+    /// stranger filling the audit trail, is bounded; 0 = no limit.
+    pub failed_auth_per_minute: u32,
 }
 
 /// What agents are told at lookup.
@@ -306,6 +310,7 @@ impl Default for ApiConfig {
             max_limit: 1000,
             header_read_timeout_s: 10,
             max_requests_per_connection: 1000,
+            failed_auth_per_minute: 60,
         }
     }
 }

@@ -74,9 +74,7 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     if resumed > 0 {
         tracing::warn!(count = resumed, "resumed nodes left in transient states");
     }
-    let app = api::router(AppState {
-        conductor: conductor.clone(),
-    });
+    let app = api::router(AppState::new(conductor.clone()));
     Ok((conductor, app))
 }
 

@@ -1,7 +1,8 @@
 //! The audit trail at the HTTP edge. [`record`] writes one row for every state-changing
 //! request under `/v1` (POST, PUT, PATCH, DELETE), whatever its answer, and for every read
 //! refused with 401 or 403: when, who, from where, what, which node, the status and a short
-//! detail. `GET /v1/audit` (admin only) reads the trail.
+//! detail. `GET /v1/audit` (admin only) reads the trail. Answers 429 (a source over
+//! `[api] failed_auth_per_minute`) are not recorded: that flood is logged once a minute.
 //!
 //! Request bodies are never stored: a provision or power request contributes its target, a
 //! patch the operations and paths it touches, never the values (driver_info holds BMC
@@ -403,6 +404,11 @@ async fn append(
     subject: Subject,
     status: StatusCode,
 ) {
+    // A 429 comes from the failed-authentication limit: the first refusals of the minute are
+    // recorded, the flood after them only logged, so a stranger cannot fill the trail.
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        return;
+    }
     let entry = AuditEntry {
         seq: 0,
         created_at: Utc::now(),

@@ -98,6 +98,37 @@ fn strip_driver_info(v: &mut Value) {
     }
 }
 
+/// A 429 when the request's source has failed to authenticate too often (a router driven
+/// in-process has no peer address and is not limited).
+fn too_many_failures(state: &AppState, req: &Request) -> Option<Response> {
+    use super::ratelimit::{Decision, SourceKey};
+    let ip = req.extensions().get::<crate::server::PeerAddr>()?.0.ip();
+    let limiter = &state.admin_auth_failures;
+    let Decision::Limited { retry_after, warn } = limiter.take(ip) else {
+        return None;
+    };
+    let per_minute = limiter.per_minute();
+    if warn {
+        tracing::warn!(source = %SourceKey::of(ip), per_minute,
+            "failed admin authentications from this source are over the limit; answering 429 \
+             without an audit row each (logged once a minute per source)");
+    }
+    let secs = retry_after.as_secs().max(1);
+    let mut resp = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!(
+            "too many failed authentications from this address: the limit is {per_minute} per minute \
+             ([api] failed_auth_per_minute); retry after {secs} s"
+        ),
+    )
+    .into_response();
+    resp.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(secs),
+    );
+    Some(resp)
+}
+
 /// Middleware on admin routes.
 pub async fn require_admin(
     State(state): State<AppState>,
@@ -113,6 +144,9 @@ pub async fn require_admin(
         match check(&state, req.headers()) {
             Some(c) => c,
             None => {
+                if let Some(refused) = too_many_failures(&state, &req) {
+                    return refused;
+                }
                 let mut resp = ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "authentication required: send Authorization: Bearer TOKEN (or X-Auth-Token), or HTTP basic credentials from rivetd's [auth] config",

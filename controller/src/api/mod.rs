@@ -36,6 +36,19 @@ use std::sync::Arc;
 pub struct AppState {
     /// The conductor (and through it the store and config).
     pub conductor: Arc<Conductor>,
+    /// Failed admin authentications per source address (`[api] failed_auth_per_minute`).
+    pub admin_auth_failures: Arc<ratelimit::RateLimiter>,
+}
+
+impl AppState {
+    /// The state for `conductor`, limits from its config.
+    pub fn new(conductor: Arc<Conductor>) -> AppState {
+        let per_minute = conductor.config.api.failed_auth_per_minute;
+        AppState {
+            conductor,
+            admin_auth_failures: Arc::new(ratelimit::RateLimiter::new(per_minute)),
+        }
+    }
 }
 
 /// An error answer.
