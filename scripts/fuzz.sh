@@ -9,8 +9,17 @@ cd "$(dirname "$0")/.."
 
 secs=${1:-10}
 shift || true
-if ! cargo +nightly --version >/dev/null 2>&1 || ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-  what="the nightly toolchain or cargo-fuzz is missing (scripts/setup.sh installs cargo-fuzz)"
+# cargo-fuzz passes unstable flags (-Zsanitizer…): nightly when the machine has it, else the
+# one stable toolchain with RUSTC_BOOTSTRAP=1 (same compiler, unstable flags unlocked), since
+# a CI machine may not be able to fetch another toolchain.
+if cargo +nightly --version >/dev/null 2>&1; then
+  toolchain=+nightly
+else
+  toolchain=+stable
+  export RUSTC_BOOTSTRAP=1
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  what="cargo-fuzz is missing (scripts/setup.sh installs it)"
   if [ "${RIVET_REQUIRE_PEERS:-}" = 1 ]; then
     echo "fuzz: $what (RIVET_REQUIRE_PEERS=1)" >&2
     exit 1
@@ -21,12 +30,12 @@ fi
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir fuzz)
+  mapfile -t targets < <(cargo $toolchain fuzz list --fuzz-dir fuzz)
 fi
 
-echo "fuzz: building ${#targets[@]} targets"
+echo "fuzz: building ${#targets[@]} targets (toolchain ${toolchain#+})"
 start=$(date +%s)
-cargo +nightly fuzz build --fuzz-dir fuzz
+cargo $toolchain fuzz build --fuzz-dir fuzz
 echo "fuzz: built in $(( $(date +%s) - start )) s"
 
 for t in "${targets[@]}"; do
@@ -34,7 +43,7 @@ for t in "${targets[@]}"; do
   log=$(mktemp)
   # -timeout: one input taking over 10 s is a finding (a parser must be linear);
   # -rss_limit_mb: so must be memory.
-  if ! cargo +nightly fuzz run --fuzz-dir fuzz "$t" "fuzz/work/$t" "fuzz/corpus/$t" -- \
+  if ! cargo $toolchain fuzz run --fuzz-dir fuzz "$t" "fuzz/work/$t" "fuzz/corpus/$t" -- \
       -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
     tail -n 60 "$log" >&2
     rm -f "$log"

@@ -27,12 +27,9 @@ if command -v rustup >/dev/null 2>&1; then
     || echo "setup: musl target unavailable; the agent build falls back to static glibc"
 fi
 
-# cargo-fuzz for the fuzz targets (scripts/fuzz.sh); they build with the nightly toolchain.
+# cargo-fuzz for the fuzz targets (scripts/fuzz.sh); they build with nightly when the machine
+# has it, else with stable and RUSTC_BOOTSTRAP=1 (no other toolchain is fetched).
 CARGO_FUZZ_VERSION=0.13.2
-if command -v rustup >/dev/null 2>&1 && ! cargo +nightly --version >/dev/null 2>&1; then
-  rustup toolchain install nightly --profile minimal \
-    || echo "setup: nightly toolchain unavailable; scripts/fuzz.sh cannot run"
-fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "setup: installing cargo-fuzz $CARGO_FUZZ_VERSION"
   cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" --quiet
