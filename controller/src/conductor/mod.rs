@@ -124,7 +124,6 @@ impl Conductor {
     /// Drive a node until it rests (stable, waiting, failed, or in maintenance).
     async fn drive(&self, uuid: &str) -> Result<(), ConductorError> {
         let mut node = self.store.get_node(uuid).await?;
-        let mut leased = false;
         loop {
             if node.maintenance {
                 tracing::info!(node = %uuid, state = %node.provision_state, "node in maintenance; conductor paused");
@@ -136,21 +135,6 @@ impl Conductor {
             );
             if !node.provision_state.is_conductor_busy() && !agent_wait {
                 return Ok(());
-            }
-            if !leased {
-                // One statement decides, whatever other controllers believe about the ring.
-                if !self
-                    .store
-                    .acquire_lease(uuid, self.id(), self.lease_ttl_s(), self.lease_ttl_s())
-                    .await?
-                {
-                    tracing::debug!(node = %uuid, holder = node.reservation.as_deref().unwrap_or_default(),
-                        "another live controller holds the node's lease; leaving it");
-                    return Ok(());
-                }
-                leased = true;
-                node = self.store.get_node(uuid).await?;
-                continue;
             }
             match self.step(node.clone()).await {
                 Ok(Some(n)) => node = n,
@@ -170,7 +154,10 @@ impl Conductor {
     async fn step(&self, mut node: Node) -> Result<Option<Node>, ConductorError> {
         use ProvisionState::*;
         if node.reservation.as_deref() != Some(self.id()) {
-            // Released since the drive took the lease (an abort, a hand-over): take it again.
+            // Take the lease in one statement, whatever other controllers believe about the
+            // ring; refused while another live controller holds it. A node that already
+            // names this controller needs no statement: a steal would have moved its
+            // version, and the next write would conflict and bring us back here.
             if !self
                 .store
                 .acquire_lease(
@@ -181,6 +168,8 @@ impl Conductor {
                 )
                 .await?
             {
+                tracing::debug!(node = %node.uuid, holder = node.reservation.as_deref().unwrap_or_default(),
+                    "another live controller holds the node's lease; leaving it");
                 return Ok(None);
             }
             node = self.store.get_node(&node.uuid).await?;
