@@ -79,6 +79,17 @@ fn stock_ironic_client_drives_core_flow() -> anyhow::Result<()> {
     )?;
     assert_eq!(state.trim(), "manageable");
 
+    // The controllers and the node's owner, as Ironic's conductor API shows them.
+    let conductors = run(&d, &["conductor", "list", "-f", "json"])?;
+    let conductors: serde_json::Value = serde_json::from_str(&conductors)?;
+    assert_eq!(conductors[0]["hostname"], "test-conductor", "{conductors}");
+    assert_eq!(conductors[0]["alive"], true, "{conductors}");
+    let owner = run(
+        &d,
+        &["node", "show", "n1", "-f", "value", "-c", "conductor"],
+    )?;
+    assert_eq!(owner.trim(), "test-conductor");
+
     // An error comes back as the client's error text, not a crash.
     let out = Command::new(baremetal())
         .args([

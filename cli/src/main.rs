@@ -5,6 +5,7 @@
 
 mod audit;
 mod client;
+mod conductor;
 mod demo;
 mod node;
 mod output;
@@ -41,6 +42,9 @@ enum Command {
     Port(port::PortCmd),
     /// The audit trail (admin only): requests, refusals and provision transitions.
     Audit(audit::AuditArgs),
+    /// Controllers sharing the database (several rivetd on PostgreSQL).
+    #[command(subcommand)]
+    Conductor(conductor::ConductorCmd),
     /// The whole flow on this machine: rivetd, a fake-hardware node, a local agent on
     /// sparse-file disks; automated then manual cleaning.
     Demo(demo::DemoArgs),
@@ -58,6 +62,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(cmd) => node::run(cmd, &client(&cli.url)?, out).await,
         Command::Port(cmd) => port::run(cmd, &client(&cli.url)?, out).await,
         Command::Audit(a) => audit::run(a, &client(&cli.url)?, out).await,
+        Command::Conductor(cmd) => conductor::run(cmd, &client(&cli.url)?, out).await,
         // The demo starts its own rivetd: the caller's URL and token do not apply.
         Command::Demo(a) => demo::run(a).await,
     }
