@@ -643,6 +643,25 @@ pub fn default_key_path(db_url: &str) -> Option<PathBuf> {
     (!path.is_empty() && !path.starts_with(':')).then(|| PathBuf::from(format!("{path}.key")))
 }
 
+/// Whether the SQLite file at `db` already stores sealed secrets (so its key exists somewhere).
+/// A missing file or a database without nodes holds none.
+fn holds_sealed_values(db: &Path) -> bool {
+    if !db.exists() {
+        return false;
+    }
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return false;
+    };
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM nodes WHERE driver_info LIKE '%rivet-sealed:%')",
+        [],
+        |r| r.get::<_, bool>(0),
+    )
+    .unwrap_or(false)
+}
+
 fn default_key(db_url: &str, create: bool) -> Result<Key, SecretsError> {
     if db_url.starts_with("postgres") {
         return Err(SecretsError::NoKey(format!(
@@ -662,6 +681,16 @@ fn default_key(db_url: &str, create: bool) -> Result<Key, SecretsError> {
             Ok(k)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+            let db = path.with_extension("");
+            if holds_sealed_values(&db) {
+                return Err(SecretsError::NoKey(format!(
+                    "database {} holds BMC passwords sealed with a key, but its key file {} is \
+                     missing: restore the key file from your backup (or set [secrets] key_file or \
+                     {KEY_ENV}); rivetd does not generate a new key, which would leave them unreadable",
+                    db.display(),
+                    path.display()
+                )));
+            }
             let k = Key::generate()?;
             k.write_new(&path)?;
             tracing::warn!(
@@ -895,5 +924,32 @@ mod tests {
         assert!(dir.path().join("r.db.key").exists());
         let err = Secrets::from_config(&cfg, "postgres://u@h/d", true).expect_err("pg");
         assert!(err.to_string().contains("key_file"), "{err}");
+    }
+
+    #[test]
+    fn lost_key_file_is_not_replaced_while_the_database_holds_sealed_values() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("r.db");
+        let url = format!("sqlite:{}", db.display());
+        let cfg = SecretsConfig::default();
+        let secrets = Arc::new(Secrets::from_config(&cfg, &url, true).expect("generate"));
+        let store = crate::store::open(&url, secrets).expect("open");
+        let n = node(
+            "u1",
+            json!({"ipmi_address": "10.0.0.1", "ipmi_password": "hunter2"}),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(store.create_node(&n)).expect("create");
+        drop(store);
+        std::fs::remove_file(dir.path().join("r.db.key")).expect("lose the key");
+        let err = Secrets::from_config(&cfg, &url, true).expect_err("must not regenerate");
+        let msg = err.to_string();
+        assert!(msg.contains("key file") && msg.contains("restore"), "{msg}");
+        assert!(
+            !dir.path().join("r.db.key").exists(),
+            "a new key was written"
+        );
     }
 }
