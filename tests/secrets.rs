@@ -238,18 +238,31 @@ fn bmc_passwords_never_in_the_database_file_or_logs() -> Result<()> {
         assert_absent(bytes, &needles, &path.display().to_string());
     }
 
-    // rivetd still on the old key: a clear error naming both keys, no password.
-    let d = Daemon::start(&db, &conf, &log)?;
-    let (s, text) = d.call("GET", "/v1/nodes/rf", None)?;
-    assert_eq!(s, 500, "{text}");
+    // rivetd still on the old key refuses to start: a clear error naming both keys, no
+    // password (rather than serving 500s on every node read).
+    let out = Command::new(bin("rivetd"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()?),
+            "--no-auth",
+        ])
+        .arg("--db")
+        .arg(format!("sqlite:{}", db.display()))
+        .arg("--config")
+        .arg(&conf)
+        .env_remove("RIVET_SECRETS_KEY")
+        .stdout(Stdio::null())
+        .output()
+        .context("running rivetd on the old key")?;
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "rivetd started on the old key");
     assert!(
-        text.contains("driver_info.redfish_password of node")
+        text.contains("at start-up")
             && text.contains("was sealed with key")
             && text.contains("the configured key is"),
         "{text}"
     );
     assert_absent(text.as_bytes(), &needles, "the wrong-key error");
-    d.kill9();
 
     // On the new key the BMCs answer again.
     std::fs::write(

@@ -50,6 +50,20 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     let secrets = crate::secrets::Secrets::from_config(&config.secrets, &config.db, true)?;
     let store = crate::store::open(&config.db, Arc::new(secrets))
         .with_context(|| format!("opening database {}", crate::store::redact_url(&config.db)))?;
+    // A wrong secrets key is an operator's mistake to hear about now, not as every node read
+    // failing later: open the first page of nodes (their sealed passwords) once.
+    store
+        .list_nodes(&crate::store::NodeQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "reading the nodes of {} at start-up (is this the secrets key the database was sealed with?)",
+                crate::store::redact_url(&config.db)
+            )
+        })?;
     let conductor = Conductor::new(store, config);
     // Register first, so recovery already knows which nodes are this controller's.
     conductor.refresh_membership(true).await?;
