@@ -38,9 +38,12 @@ impl Conductor {
                 "released reservations left by an earlier run of this conductor"
             );
         }
+        // Waits too: a result that landed just before the crash may never have been acted on.
+        let mut states = BUSY.to_vec();
+        states.extend([ProvisionState::CleanWait, ProvisionState::InspectWait]);
         let nodes: Vec<_> = self
             .store
-            .nodes_in_states(BUSY)
+            .nodes_in_states(&states)
             .await?
             .into_iter()
             .filter(|n| self.owns(&n.uuid))
@@ -110,10 +113,29 @@ impl Conductor {
         None
     }
 
-    /// One pass of the periodic scan.
-    pub async fn scan_once(self: &Arc<Self>) -> Result<(), ConductorError> {
+    /// One pass of the periodic scan: fail overdue waits, resume transient nodes nobody
+    /// drives, and, when `resume_waits`, kick every node waiting on its agent (the safety net
+    /// for a kick lost in a crash; results normally kick their node as they arrive, so this
+    /// runs rarely — each kick costs a few store reads).
+    pub async fn scan_once(self: &Arc<Self>, resume_waits: bool) -> Result<(), ConductorError> {
         let now = Utc::now();
-        for node in self.store.nodes_in_states(WAITS).await? {
+        let waiting = self.store.nodes_in_states(WAITS).await?;
+        let mut resumable: Vec<String> = Vec::new();
+        if resume_waits {
+            resumable.extend(
+                waiting
+                    .iter()
+                    .filter(|n| {
+                        !n.maintenance
+                            && matches!(
+                                n.provision_state,
+                                ProvisionState::CleanWait | ProvisionState::InspectWait
+                            )
+                    })
+                    .map(|n| n.uuid.clone()),
+            );
+        }
+        for node in waiting {
             // Timeouts are the owner's to enforce; another controller's nodes are its own.
             if node.maintenance || !self.owns(&node.uuid) {
                 continue;
@@ -145,17 +167,20 @@ impl Conductor {
                 Err(e) => return Err(e),
             }
         }
-        let mut resumable = self.store.nodes_in_states(BUSY).await?;
         resumable.extend(
             self.store
-                .nodes_in_states(&[ProvisionState::CleanWait])
-                .await?,
+                .nodes_in_states(BUSY)
+                .await?
+                .into_iter()
+                .filter(|n| !n.maintenance)
+                .map(|n| n.uuid),
         );
-        for node in resumable {
+        for uuid in resumable {
             // Owned nodes only; the lease taken by the task decides whether a reservation
-            // another controller holds is still live.
-            if self.owns(&node.uuid) && !node.maintenance && !self.is_running(&node.uuid) {
-                self.kick(&node.uuid);
+            // another controller holds is still live. (A node in maintenance is left alone by
+            // the task itself.)
+            if self.owns(&uuid) && !self.is_running(&uuid) {
+                self.kick(&uuid);
             }
         }
         Ok(())
@@ -167,11 +192,18 @@ impl Conductor {
         tokio::spawn(self.clone().run_membership());
         tokio::spawn(self.clone().run_notices());
         let every = Duration::from_secs(self.config.conductor.check_interval_s.max(1));
+        // The wait-state safety net runs at most once a minute (or every scan if slower).
+        let resume_every = every.max(Duration::from_secs(60));
+        let mut last_resume = tokio::time::Instant::now();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if let Err(e) = self.scan_once().await {
+            let resume_waits = last_resume.elapsed() >= resume_every;
+            if resume_waits {
+                last_resume = tokio::time::Instant::now();
+            }
+            if let Err(e) = self.scan_once(resume_waits).await {
                 tracing::error!(error = %e, "periodic scan failed");
             }
         }
