@@ -348,8 +348,20 @@ fn power_sync_records_or_enforces() -> anyhow::Result<()> {
     recorder.wait_node("rec", Duration::from_secs(30), |v| {
         v["power_state"] == "power on"
     })?;
-    // enforce: the BMC is turned off again (on shows up within 11 s, then back off).
-    sushy.wait_power(&enf.uuid, "On", Duration::from_secs(15))?;
+    // enforce: the sync sees the BMC on (its own log says so: polling the BMC for the
+    // transient "On" races the enforcer under load) and turns it off again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while !enforcer
+        .log_text()
+        .contains("BMC differs from the recorded power state; enforcing")
+    {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the enforcer never saw the BMC powered on; log:\n{}",
+            enforcer.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     sushy.wait_power(&enf.uuid, "Off", Duration::from_secs(40))?;
     // The sync holds target_power_state while it works, and releases it once the BMC
     // reports the enforced state.

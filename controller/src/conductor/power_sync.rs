@@ -51,6 +51,20 @@ pub struct PowerSyncStats {
     pub failed: usize,
 }
 
+impl PowerSyncStats {
+    fn count(&mut self, outcome: Outcome) {
+        if outcome != Outcome::Skipped {
+            self.checked += 1;
+        }
+        match outcome {
+            Outcome::Recorded => self.recorded += 1,
+            Outcome::Enforced => self.enforced += 1,
+            Outcome::Failed => self.failed += 1,
+            Outcome::Unchanged | Outcome::Skipped => {}
+        }
+    }
+}
+
 /// What happened to one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -59,15 +73,6 @@ enum Outcome {
     Enforced,
     Skipped,
     Failed,
-}
-
-/// The states the sync looks at.
-fn synced_states() -> Vec<ProvisionState> {
-    ProvisionState::ALL
-        .iter()
-        .copied()
-        .filter(|s| !NOT_SYNCED.contains(s))
-        .collect()
 }
 
 /// Whether the sync may touch this node now.
@@ -105,37 +110,52 @@ impl Conductor {
         }
     }
 
-    /// One pass over every eligible node, a few BMCs at a time.
+    /// One pass over every eligible node, a few BMCs at a time. Nodes are read a page at a
+    /// time and a task is started only once a BMC slot is free, so a pass over 100,000 nodes
+    /// holds one page and `concurrency` tasks, not the whole fleet.
     pub async fn power_sync_once(self: &Arc<Self>) -> Result<PowerSyncStats, ConductorError> {
-        let nodes = self.store.nodes_in_states(&synced_states()).await?;
+        const PAGE: usize = 500;
         let limit = Arc::new(tokio::sync::Semaphore::new(
             self.config.power_sync.concurrency.max(1),
         ));
         let mut tasks = tokio::task::JoinSet::new();
-        // Each controller syncs the nodes the ring gives it.
-        for node in nodes
-            .into_iter()
-            .filter(|n| eligible(n) && self.owns(&n.uuid))
-        {
-            let this = self.clone();
-            let limit = limit.clone();
-            tasks.spawn(async move {
-                let _permit = limit.acquire_owned().await;
-                this.sync_node(node).await
-            });
-        }
         let mut stats = PowerSyncStats::default();
+        let mut marker: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .list_nodes(&crate::store::NodeQuery {
+                    limit: PAGE,
+                    marker: marker.clone(),
+                    ..Default::default()
+                })
+                .await?;
+            let Some(last) = page.last() else { break };
+            marker = Some(last.uuid.clone());
+            let full = page.len() == PAGE;
+            // Each controller syncs the nodes the ring gives it.
+            for node in page
+                .into_iter()
+                .filter(|n| eligible(n) && self.owns(&n.uuid))
+            {
+                let Ok(permit) = limit.clone().acquire_owned().await else {
+                    break;
+                };
+                let this = self.clone();
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    this.sync_node(node).await
+                });
+                while let Some(done) = tasks.try_join_next() {
+                    stats.count(done.unwrap_or(Outcome::Failed));
+                }
+            }
+            if !full {
+                break;
+            }
+        }
         while let Some(done) = tasks.join_next().await {
-            let outcome = done.unwrap_or(Outcome::Failed);
-            if outcome != Outcome::Skipped {
-                stats.checked += 1;
-            }
-            match outcome {
-                Outcome::Recorded => stats.recorded += 1,
-                Outcome::Enforced => stats.enforced += 1,
-                Outcome::Failed => stats.failed += 1,
-                Outcome::Unchanged | Outcome::Skipped => {}
-            }
+            stats.count(done.unwrap_or(Outcome::Failed));
         }
         Ok(stats)
     }
