@@ -6,134 +6,39 @@
 //! (`scripts/setup-postgres.sh` prints one); without it the PostgreSQL runs skip with a
 //! message, or fail when `RIVET_REQUIRE_PEERS=1` (CI).
 
+mod support;
+
 use reqwest::StatusCode;
 use rivet_controller::config::{hash_secret, Config, TokenEntry};
-use rivet_controller::store::postgres::ScratchDatabase;
 use serde_json::{json, Value};
 use std::time::Duration;
+use support::{answer, message, on_every_backend, Server, TestDb};
 
 struct App {
-    base: String,
-    http: reqwest::Client,
+    server: Server,
     _db: TestDb,
-    _key_dir: tempfile::TempDir,
-}
-
-/// The database one test runs on, removed when dropped.
-enum TestDb {
-    Sqlite(tempfile::TempDir),
-    Postgres(ScratchDatabase),
-}
-
-impl TestDb {
-    fn sqlite() -> TestDb {
-        TestDb::Sqlite(tempfile::tempdir().expect("tempdir"))
-    }
-
-    /// A scratch PostgreSQL database, or None (after saying why) when there is no server.
-    fn postgres(test: &str) -> Option<TestDb> {
-        let base = std::env::var("RIVET_TEST_POSTGRES").unwrap_or_default();
-        if base.is_empty() {
-            let what = "RIVET_TEST_POSTGRES is not set (run scripts/setup-postgres.sh and export the URL it prints)";
-            if std::env::var("RIVET_REQUIRE_PEERS").as_deref() == Ok("1") {
-                panic!("{test}: missing prerequisite: {what} (RIVET_REQUIRE_PEERS=1)");
-            }
-            eprintln!("skipping {test}: {what}");
-            return None;
-        }
-        let db = ScratchDatabase::create(&base, "rivet_test").expect("create scratch database");
-        Some(TestDb::Postgres(db))
-    }
-
-    fn url(&self) -> String {
-        match self {
-            TestDb::Sqlite(dir) => format!("sqlite:{}", dir.path().join("rivet.db").display()),
-            TestDb::Postgres(db) => db.url().to_string(),
-        }
-    }
-}
-
-/// Runs `async fn $name(db: TestDb)` once per backend, as `$name::sqlite` and
-/// `$name::postgres`.
-macro_rules! on_every_backend {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[tokio::test]
-            async fn sqlite() {
-                super::$name(super::TestDb::sqlite()).await
-            }
-
-            #[tokio::test]
-            async fn postgres() {
-                if let Some(db) = super::TestDb::postgres(concat!(stringify!($name), "::postgres")) {
-                    super::$name(db).await
-                }
-            }
-        }
-    )+};
 }
 
 async fn start(db: TestDb, mutate: impl FnOnce(&mut Config)) -> App {
     let mut config = Config {
-        db: db.url(),
         no_auth: true,
-        ..Config::default()
+        ..db.config()
     };
     config.api.max_body_bytes = 64 * 1024;
-    // PostgreSQL needs a configured secrets key (SQLite makes one next to its file).
-    let key_dir = tempfile::tempdir().expect("tempdir");
-    if let TestDb::Postgres(_) = db {
-        let path = key_dir.path().join("secrets.key");
-        let key = rivet_controller::secrets::Key::generate().expect("key");
-        key.write_new(&path).expect("key file");
-        config.secrets.key_file = Some(path);
-    }
     mutate(&mut config);
-    let (_conductor, app) = rivet_controller::server::build(config)
-        .await
-        .expect("build");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
     App {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
+        server: Server::start(config).await,
         _db: db,
-        _key_dir: key_dir,
     }
 }
 
 impl App {
-    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, format!("{}{path}", self.base))
-            .header("X-OpenStack-Ironic-API-Version", "latest")
-    }
-
     async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let r = self
-            .req(reqwest::Method::GET, path)
-            .send()
-            .await
-            .expect("send");
-        let s = r.status();
-        (s, r.json().await.unwrap_or(Value::Null))
+        answer(self.server.request(reqwest::Method::GET, path)).await
     }
 
     async fn send(&self, method: reqwest::Method, path: &str, body: Value) -> (StatusCode, Value) {
-        let r = self
-            .req(method, path)
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        let s = r.status();
-        let text = r.text().await.unwrap_or_default();
-        (s, serde_json::from_str(&text).unwrap_or(Value::Null))
+        answer(self.server.request(method, path).json(&body)).await
     }
 
     async fn raw(
@@ -142,15 +47,7 @@ impl App {
         path: &str,
         body: &'static str,
     ) -> (StatusCode, Value) {
-        let r = self
-            .req(method, path)
-            .header("Content-Type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("send");
-        let s = r.status();
-        (s, r.json().await.unwrap_or(Value::Null))
+        answer(self.server.raw_json(method, path, body)).await
     }
 
     async fn create(&self, name: &str) -> Value {
@@ -198,18 +95,12 @@ on_every_backend!(
     auth_required_unless_no_auth,
 );
 
-/// The error's human message (Ironic nests it as a JSON string): the protocol's own decoder.
-fn message(v: &Value) -> String {
-    serde_json::from_value::<rivet_protocol::api::ErrorBody>(v.clone())
-        .map(|b| b.message())
-        .unwrap_or_default()
-}
-
 async fn version_documents_and_negotiation(db: TestDb) {
     let app = start(db, |_| {}).await;
     let r = app
+        .server
         .http
-        .get(format!("{}/v1", app.base))
+        .get(format!("{}/v1", app.server.base))
         .send()
         .await
         .expect("get");
@@ -225,8 +116,9 @@ async fn version_documents_and_negotiation(db: TestDb) {
     assert_eq!(root["default_version"]["version"], "1.115");
 
     let r = app
+        .server
         .http
-        .get(format!("{}/v1/nodes", app.base))
+        .get(format!("{}/v1/nodes", app.server.base))
         .header("X-OpenStack-Ironic-API-Version", "1.999")
         .send()
         .await
@@ -240,8 +132,9 @@ async fn version_documents_and_negotiation(db: TestDb) {
     assert!(message(&body).contains("1.999"), "{body}");
 
     let r = app
+        .server
         .http
-        .get(format!("{}/v1/nodes", app.base))
+        .get(format!("{}/v1/nodes", app.server.base))
         .header("X-OpenStack-Ironic-API-Version", "1.20")
         .send()
         .await
@@ -329,7 +222,8 @@ async fn node_lifecycle(db: TestDb) {
     assert_eq!(v["maintenance"], true);
     assert_eq!(v["maintenance_reason"], "disk swap");
     let r = app
-        .req(reqwest::Method::DELETE, "/v1/nodes/n1/maintenance")
+        .server
+        .request(reqwest::Method::DELETE, "/v1/nodes/n1/maintenance")
         .send()
         .await
         .expect("del");
@@ -339,7 +233,8 @@ async fn node_lifecycle(db: TestDb) {
 
     // delete
     let r = app
-        .req(reqwest::Method::DELETE, "/v1/nodes/n1")
+        .server
+        .request(reqwest::Method::DELETE, "/v1/nodes/n1")
         .send()
         .await
         .expect("del");
@@ -572,7 +467,8 @@ async fn bad_input_is_refused_and_changes_nothing(db: TestDb) {
     // Oversize body: 413.
     let big = "x".repeat(100 * 1024);
     let r = app
-        .req(M::POST, "/v1/nodes")
+        .server
+        .request(M::POST, "/v1/nodes")
         .header("Content-Type", "application/json")
         .body(format!(
             "{{\"driver\":\"fake-hardware\",\"extra\":{{\"b\":\"{big}\"}}}}"
@@ -586,7 +482,8 @@ async fn bad_input_is_refused_and_changes_nothing(db: TestDb) {
 
     // Stale If-Match: 412.
     let r = app
-        .req(M::PATCH, "/v1/nodes/n1")
+        .server
+        .request(M::PATCH, "/v1/nodes/n1")
         .header("If-Match", "\"999\"")
         .json(&json!([{"op": "add", "path": "/extra/a", "value": 1}]))
         .send()
@@ -606,7 +503,8 @@ async fn bad_input_is_refused_and_changes_nothing(db: TestDb) {
 async fn patch_with_etag_and_masking(db: TestDb) {
     let app = start(db, |_| {}).await;
     let r = app
-        .req(reqwest::Method::POST, "/v1/nodes")
+        .server
+        .request(reqwest::Method::POST, "/v1/nodes")
         .json(&json!({"driver": "fake-hardware", "name": "n1",
             "driver_info": {"redfish_password": "hunter2", "redfish_username": "root"}}))
         .send()
@@ -616,7 +514,8 @@ async fn patch_with_etag_and_masking(db: TestDb) {
     let text = r.text().await.expect("text");
     assert!(!text.contains("hunter2"), "password leaked: {text}");
     let r = app
-        .req(reqwest::Method::GET, "/v1/nodes/n1")
+        .server
+        .request(reqwest::Method::GET, "/v1/nodes/n1")
         .send()
         .await
         .expect("get");
@@ -624,7 +523,8 @@ async fn patch_with_etag_and_masking(db: TestDb) {
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["driver_info"]["redfish_password"], "******");
     let r = app
-        .req(reqwest::Method::PATCH, "/v1/nodes/n1")
+        .server
+        .request(reqwest::Method::PATCH, "/v1/nodes/n1")
         .header("If-Match", etag.clone())
         .json(&json!([
             {"op": "replace", "path": "/name", "value": "n2"},
@@ -643,7 +543,8 @@ async fn patch_with_etag_and_masking(db: TestDb) {
     assert_eq!(v["driver_info"]["redfish_password"], "******");
     // The old ETag is stale now.
     let r = app
-        .req(reqwest::Method::PATCH, "/v1/nodes/n2")
+        .server
+        .request(reqwest::Method::PATCH, "/v1/nodes/n2")
         .header("If-Match", etag)
         .json(&json!([{"op": "add", "path": "/extra/x", "value": 1}]))
         .send()
@@ -691,7 +592,8 @@ async fn ports_crud(db: TestDb) {
     let (s, _) = app.get(&format!("/v1/ports/{uuid}")).await;
     assert_eq!(s, 200);
     let r = app
-        .req(reqwest::Method::DELETE, &format!("/v1/ports/{uuid}"))
+        .server
+        .request(reqwest::Method::DELETE, &format!("/v1/ports/{uuid}"))
         .send()
         .await
         .expect("del");
@@ -716,7 +618,8 @@ async fn delete_only_in_allowed_states_and_locks(db: TestDb) {
     app.provision("n1", "provide").await;
     app.wait_state("n1", "available").await;
     let r = app
-        .req(reqwest::Method::DELETE, "/v1/nodes/n1")
+        .server
+        .request(reqwest::Method::DELETE, "/v1/nodes/n1")
         .send()
         .await
         .expect("del");
@@ -800,21 +703,24 @@ async fn auth_required_unless_no_auth(db: TestDb) {
     let (s, _) = app.get("/v1").await;
     assert_eq!(s, 200);
     let r = app
-        .req(reqwest::Method::GET, "/v1/nodes")
+        .server
+        .request(reqwest::Method::GET, "/v1/nodes")
         .bearer_auth("tok-123")
         .send()
         .await
         .expect("get");
     assert_eq!(r.status(), 200);
     let r = app
-        .req(reqwest::Method::GET, "/v1/nodes")
+        .server
+        .request(reqwest::Method::GET, "/v1/nodes")
         .header("X-Auth-Token", "tok-123")
         .send()
         .await
         .expect("get");
     assert_eq!(r.status(), 200);
     let r = app
-        .req(reqwest::Method::GET, "/v1/nodes")
+        .server
+        .request(reqwest::Method::GET, "/v1/nodes")
         .bearer_auth("tok-12")
         .send()
         .await

@@ -8,66 +8,13 @@
 //! prints one); without it the PostgreSQL runs skip with a message, or fail when
 //! `RIVET_REQUIRE_PEERS=1` (CI).
 
+mod support;
+
 use reqwest::{Method, StatusCode};
-use rivet_controller::config::{hash_secret, Config, Role, TokenEntry};
 use rivet_controller::server::PeerAddr;
-use rivet_controller::store::postgres::ScratchDatabase;
 use serde_json::{json, Value};
 use std::time::Duration;
-
-/// The database one test runs on, removed when dropped.
-enum TestDb {
-    Sqlite(tempfile::TempDir),
-    Postgres(ScratchDatabase),
-}
-
-impl TestDb {
-    fn sqlite() -> TestDb {
-        TestDb::Sqlite(tempfile::tempdir().expect("tempdir"))
-    }
-
-    /// A scratch PostgreSQL database, or None (after saying why) when there is no server.
-    fn postgres(test: &str) -> Option<TestDb> {
-        let base = std::env::var("RIVET_TEST_POSTGRES").unwrap_or_default();
-        if base.is_empty() {
-            let what = "RIVET_TEST_POSTGRES is not set (run scripts/setup-postgres.sh and export the URL it prints)";
-            if std::env::var("RIVET_REQUIRE_PEERS").as_deref() == Ok("1") {
-                panic!("{test}: missing prerequisite: {what} (RIVET_REQUIRE_PEERS=1)");
-            }
-            eprintln!("skipping {test}: {what}");
-            return None;
-        }
-        let db = ScratchDatabase::create(&base, "rivet_test").expect("create scratch database");
-        Some(TestDb::Postgres(db))
-    }
-
-    fn url(&self) -> String {
-        match self {
-            TestDb::Sqlite(dir) => format!("sqlite:{}", dir.path().join("rivet.db").display()),
-            TestDb::Postgres(db) => db.url().to_string(),
-        }
-    }
-}
-
-/// Runs `async fn $name(db: TestDb)` once per backend, as `$name::sqlite` and
-/// `$name::postgres`.
-macro_rules! on_every_backend {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[tokio::test]
-            async fn sqlite() {
-                super::$name(super::TestDb::sqlite()).await
-            }
-
-            #[tokio::test]
-            async fn postgres() {
-                if let Some(db) = super::TestDb::postgres(concat!(stringify!($name), "::postgres")) {
-                    super::$name(db).await
-                }
-            }
-        }
-    )+};
-}
+use support::{add_role_tokens, answer, message, on_every_backend, Server, TestDb};
 
 on_every_backend!(
     provide_records_requests_and_transitions_with_causes,
@@ -81,37 +28,15 @@ on_every_backend!(
 const PEER: &str = "192.0.2.7:40123";
 
 struct App {
-    base: String,
-    http: reqwest::Client,
+    server: Server,
     _db: TestDb,
 }
 
 /// rivetd with three credentials: `boss` (admin), `ops` (operator), `viewer` (reader); each
 /// token is `NAME-token`.
 async fn start(db: TestDb) -> App {
-    let mut config = Config {
-        db: db.url(),
-        ..Config::default()
-    };
-    for (name, role) in [
-        ("boss", Role::Admin),
-        ("ops", Role::Operator),
-        ("viewer", Role::Reader),
-    ] {
-        config.auth.tokens.push(TokenEntry {
-            name: name.into(),
-            hash: hash_secret(&format!("{name}-token")),
-            role,
-        });
-    }
-    // PostgreSQL needs a configured secrets key (SQLite makes one next to its file).
-    let key_dir = tempfile::tempdir().expect("tempdir");
-    if let TestDb::Postgres(_) = db {
-        let path = key_dir.path().join("secrets.key");
-        let key = rivet_controller::secrets::Key::generate().expect("key");
-        key.write_new(&path).expect("key file");
-        config.secrets.key_file = Some(path);
-    }
+    let mut config = db.config();
+    add_role_tokens(&mut config);
     let (_conductor, app) = rivet_controller::server::build(config)
         .await
         .expect("build");
@@ -122,16 +47,8 @@ async fn start(db: TestDb) -> App {
             req
         },
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
     App {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
+        server: Server::serve(app).await,
         _db: db,
     }
 }
@@ -145,20 +62,14 @@ impl App {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut r = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .header("X-OpenStack-Ironic-API-Version", "latest");
+        let mut r = self.server.request(method, path);
         if let Some(who) = who {
             r = r.bearer_auth(format!("{who}-token"));
         }
         if let Some(b) = body {
             r = r.json(&b);
         }
-        let resp = r.send().await.expect("send");
-        let s = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        (s, serde_json::from_str(&text).unwrap_or(Value::Null))
+        answer(r).await
     }
 
     async fn admin(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -506,9 +417,7 @@ async fn only_admins_read_it_and_it_pages(db: TestDb) {
     for who in ["ops", "viewer"] {
         let (s, v) = app.call(Some(who), Method::GET, "/v1/audit", None).await;
         assert_eq!(s, StatusCode::FORBIDDEN, "{who}: {v}");
-        let msg = serde_json::from_value::<rivet_protocol::api::ErrorBody>(v.clone())
-            .map(|b| b.message())
-            .unwrap_or_default();
+        let msg = message(&v);
         assert!(
             msg.contains(&format!("{who} (role")) && msg.contains("audit log"),
             "{who}: {msg}"
@@ -539,10 +448,12 @@ async fn only_admins_read_it_and_it_pages(db: TestDb) {
 
     // Pages of two, following `next`, give the same rows in the same order.
     let mut paged = Vec::new();
-    let mut url = Some(format!("{}/v1/audit?limit=2", app.base));
+    let mut url = Some(format!("{}/v1/audit?limit=2", app.server.base));
     while let Some(u) = url.take() {
         // `next` is built from the Host header, which names this server.
-        let path = u.strip_prefix(&app.base).expect("next on this server");
+        let path = u
+            .strip_prefix(&app.server.base)
+            .expect("next on this server");
         let (s, page) = app.admin(Method::GET, path, None).await;
         assert_eq!(s, StatusCode::OK, "{page}");
         let rows = page["audit"].as_array().expect("list");

@@ -2,54 +2,33 @@
 //! object, steps and patch operations per request, on admin and agent endpoints. Each broken
 //! limit is a 400 naming the field and the limit, and changes nothing.
 
+mod support;
+
 use reqwest::{Method, StatusCode};
 use rivet_controller::config::Config;
 use serde_json::{json, Value};
+use support::{answer, message, Server, TestDb};
 
 struct App {
-    base: String,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
+    server: Server,
+    _db: TestDb,
 }
 
 async fn start() -> App {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let db = TestDb::sqlite();
     let config = Config {
-        db: format!("sqlite:{}", dir.path().join("rivet.db").display()),
         no_auth: true,
-        ..Config::default()
+        ..db.config()
     };
-    let (_conductor, app) = rivet_controller::server::build(config)
-        .await
-        .expect("build");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
     App {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        _dir: dir,
+        server: Server::start(config).await,
+        _db: db,
     }
 }
 
 impl App {
     async fn call(&self, method: Method, path: &str, body: String) -> (StatusCode, Value) {
-        let r = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .header("X-OpenStack-Ironic-API-Version", "latest")
-            .header("Content-Type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("send");
-        let s = r.status();
-        let text = r.text().await.unwrap_or_default();
-        (s, serde_json::from_str(&text).unwrap_or(Value::Null))
+        answer(self.server.raw_json(method, path, body)).await
     }
 
     async fn get(&self, path: &str) -> Value {
@@ -57,12 +36,6 @@ impl App {
         assert_eq!(s, StatusCode::OK, "{path}: {v}");
         v
     }
-}
-
-fn message(v: &Value) -> String {
-    serde_json::from_value::<rivet_protocol::api::ErrorBody>(v.clone())
-        .map(|b| b.message())
-        .unwrap_or_default()
 }
 
 fn nested(depth: usize) -> Value {

@@ -7,14 +7,16 @@
 //! `NAME::postgres` runs when `RIVET_TEST_POSTGRES` names a server (scripts/setup-postgres.sh);
 //! without it it skips with a message, or fails when `RIVET_REQUIRE_PEERS=1` (CI).
 
+mod support;
+
 use reqwest::StatusCode;
 use rivet_controller::config::Config;
-use rivet_controller::secrets::{rotate, Key, Secrets, SecretsConfig};
-use rivet_controller::store::postgres::ScratchDatabase;
-use rivet_controller::store::{self, Node, Store};
+use rivet_controller::secrets::{rotate, Key, Secrets};
+use rivet_controller::store::Node;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
+use support::{on_every_backend, pg, Server, TestDb};
 
 const REDFISH_PW: &str = "Redfish-Pa55w0rd-at-rest";
 const IPMI_PW: &str = "Ipmi-Pa55w0rd-at-rest";
@@ -22,160 +24,47 @@ const TOKEN: &str = "Nested-T0ken-at-rest";
 const PATCHED_PW: &str = "Patched-Pa55w0rd-at-rest";
 const LEGACY_PW: &str = "Legacy-Clear-Pa55w0rd";
 
-enum Backend {
-    Sqlite,
-    Postgres(ScratchDatabase),
+/// `driver_info` of every node as the database holds it, by plain SQL.
+async fn raw_driver_info(db: &TestDb) -> Vec<(String, String)> {
+    if db.is_postgres() {
+        return pg(&db.url())
+            .await
+            .query("SELECT uuid, driver_info::text FROM nodes ORDER BY id", &[])
+            .await
+            .expect("query")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+    }
+    let c = rusqlite::Connection::open(db.sqlite_file()).expect("sqlite");
+    let mut st = c
+        .prepare("SELECT uuid, driver_info FROM nodes ORDER BY id")
+        .expect("prepare");
+    let rows = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("query");
+    rows.collect::<Result<_, _>>().expect("rows")
 }
 
-/// One test's database and key directory, removed when dropped.
-struct TestDb {
-    backend: Backend,
-    dir: tempfile::TempDir,
-}
-
-impl TestDb {
-    fn sqlite() -> TestDb {
-        TestDb {
-            backend: Backend::Sqlite,
-            dir: tempfile::tempdir().expect("tempdir"),
-        }
+/// Overwrite a node's stored driver_info with `text` (a row written before sealing).
+async fn write_raw(db: &TestDb, uuid: &str, text: &str) {
+    if db.is_postgres() {
+        pg(&db.url())
+            .await
+            .execute(
+                "UPDATE nodes SET driver_info = $1::text::json WHERE uuid = $2",
+                &[&text, &uuid],
+            )
+            .await
+            .expect("update");
+        return;
     }
-
-    /// A scratch PostgreSQL database, or None (after saying why) when there is no server.
-    fn postgres(test: &str) -> Option<TestDb> {
-        let base = std::env::var("RIVET_TEST_POSTGRES").unwrap_or_default();
-        if base.is_empty() {
-            let what = "RIVET_TEST_POSTGRES is not set (run scripts/setup-postgres.sh and export the URL it prints)";
-            if std::env::var("RIVET_REQUIRE_PEERS").as_deref() == Ok("1") {
-                panic!("{test}: missing prerequisite: {what} (RIVET_REQUIRE_PEERS=1)");
-            }
-            eprintln!("skipping {test}: {what}");
-            return None;
-        }
-        let db = ScratchDatabase::create(&base, "rivet_test").expect("create scratch database");
-        Some(TestDb {
-            backend: Backend::Postgres(db),
-            dir: tempfile::tempdir().expect("tempdir"),
-        })
-    }
-
-    fn file(&self) -> PathBuf {
-        self.dir.path().join("rivet.db")
-    }
-
-    fn url(&self) -> String {
-        match &self.backend {
-            Backend::Sqlite => format!("sqlite:{}", self.file().display()),
-            Backend::Postgres(db) => db.url().to_string(),
-        }
-    }
-
-    /// The `[secrets]` config: SQLite uses the key made next to its file; PostgreSQL a key
-    /// file written here (it refuses to make one up).
-    fn secrets_config(&self) -> SecretsConfig {
-        match &self.backend {
-            Backend::Sqlite => SecretsConfig::default(),
-            Backend::Postgres(_) => {
-                let path = self.dir.path().join("secrets.key");
-                if !path.exists() {
-                    Key::generate()
-                        .expect("key")
-                        .write_new(&path)
-                        .expect("key file");
-                }
-                SecretsConfig {
-                    key_file: Some(path),
-                    previous_key_file: None,
-                }
-            }
-        }
-    }
-
-    fn open(&self, secrets: Secrets) -> Arc<dyn Store> {
-        store::open(&self.url(), Arc::new(secrets)).expect("open store")
-    }
-
-    /// The configured key (as rivetd would load it).
-    fn configured(&self) -> Secrets {
-        Secrets::from_config(&self.secrets_config(), &self.url(), true).expect("secrets")
-    }
-
-    /// `driver_info` of every node as the database holds it, by plain SQL.
-    async fn raw_driver_info(&self) -> Vec<(String, String)> {
-        match &self.backend {
-            Backend::Sqlite => {
-                let c = rusqlite::Connection::open(self.file()).expect("sqlite");
-                let mut st = c
-                    .prepare("SELECT uuid, driver_info FROM nodes ORDER BY id")
-                    .expect("prepare");
-                let rows = st
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .expect("query");
-                rows.collect::<Result<_, _>>().expect("rows")
-            }
-            Backend::Postgres(db) => {
-                let client = pg(db.url()).await;
-                client
-                    .query("SELECT uuid, driver_info::text FROM nodes ORDER BY id", &[])
-                    .await
-                    .expect("query")
-                    .iter()
-                    .map(|r| (r.get(0), r.get(1)))
-                    .collect()
-            }
-        }
-    }
-
-    /// Overwrite a node's stored driver_info with `text` (a row written before sealing).
-    async fn write_raw(&self, uuid: &str, text: &str) {
-        match &self.backend {
-            Backend::Sqlite => {
-                let c = rusqlite::Connection::open(self.file()).expect("sqlite");
-                c.execute(
-                    "UPDATE nodes SET driver_info = ?1 WHERE uuid = ?2",
-                    [text, uuid],
-                )
-                .expect("update");
-            }
-            Backend::Postgres(db) => {
-                pg(db.url())
-                    .await
-                    .execute(
-                        "UPDATE nodes SET driver_info = $1::text::json WHERE uuid = $2",
-                        &[&text, &uuid],
-                    )
-                    .await
-                    .expect("update");
-            }
-        }
-    }
-}
-
-async fn pg(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
-    client
-}
-
-/// Runs `async fn $name(db: TestDb)` once per backend.
-macro_rules! on_every_backend {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[tokio::test]
-            async fn sqlite() {
-                super::$name(super::TestDb::sqlite()).await
-            }
-
-            #[tokio::test]
-            async fn postgres() {
-                if let Some(db) = super::TestDb::postgres(concat!(stringify!($name), "::postgres")) {
-                    super::$name(db).await
-                }
-            }
-        }
-    )+};
+    let c = rusqlite::Connection::open(db.sqlite_file()).expect("sqlite");
+    c.execute(
+        "UPDATE nodes SET driver_info = ?1 WHERE uuid = ?2",
+        [text, uuid],
+    )
+    .expect("update");
 }
 
 on_every_backend!(
@@ -191,27 +80,12 @@ fn no_password_in(text: &str, what: &str) {
 
 async fn api_passwords_are_sealed_in_the_database(db: TestDb) {
     let config = Config {
-        db: db.url(),
         no_auth: true,
-        secrets: db.secrets_config(),
-        ..Config::default()
+        ..db.config()
     };
-    let (_conductor, app) = rivet_controller::server::build(config)
-        .await
-        .expect("build");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    let http = reqwest::Client::new();
+    let server = Server::start(config).await;
     let call = |method: reqwest::Method, path: &str, body: Value| {
-        http.request(method, format!("{base}{path}"))
-            .header("X-OpenStack-Ironic-API-Version", "latest")
-            .json(&body)
-            .send()
+        server.request(method, path).json(&body).send()
     };
     for (name, driver, info) in [
         (
@@ -249,16 +123,15 @@ async fn api_passwords_are_sealed_in_the_database(db: TestDb) {
     assert_eq!(r.status(), StatusCode::OK);
     no_password_in(&r.text().await.expect("body"), "the patch answer");
     for path in ["/v1/nodes/rf", "/v1/nodes/bmc", "/v1/nodes/detail"] {
-        let r = http
-            .get(format!("{base}{path}"))
-            .header("X-OpenStack-Ironic-API-Version", "latest")
+        let r = server
+            .request(reqwest::Method::GET, path)
             .send()
             .await
             .expect("get");
         no_password_in(&r.text().await.expect("body"), path);
     }
 
-    let raw = db.raw_driver_info().await;
+    let raw = raw_driver_info(&db).await;
     assert_eq!(raw.len(), 2, "{raw:?}");
     for (uuid, text) in &raw {
         no_password_in(text, &format!("node {uuid}'s driver_info column"));
@@ -269,11 +142,11 @@ async fn api_passwords_are_sealed_in_the_database(db: TestDb) {
         "only secrets are sealed: {}",
         raw[0].1
     );
-    if let Backend::Sqlite = db.backend {
+    if !db.is_postgres() {
         // The raw bytes, before and after a checkpoint: pages in the WAL count too.
         let scan = |when: &str| {
             for suffix in ["", "-wal", "-shm"] {
-                let path = PathBuf::from(format!("{}{suffix}", db.file().display()));
+                let path = PathBuf::from(format!("{}{suffix}", db.sqlite_file().display()));
                 if let Ok(bytes) = std::fs::read(&path) {
                     let text = String::from_utf8_lossy(&bytes);
                     no_password_in(&text, &format!("{} ({when})", path.display()));
@@ -281,7 +154,7 @@ async fn api_passwords_are_sealed_in_the_database(db: TestDb) {
             }
         };
         scan("live");
-        let c = rusqlite::Connection::open(db.file()).expect("sqlite");
+        let c = rusqlite::Connection::open(db.sqlite_file()).expect("sqlite");
         c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .expect("checkpoint");
         scan("checkpointed");
@@ -321,12 +194,12 @@ async fn rotate_reseals_everything_and_only_the_new_key_opens(db: TestDb) {
     // A row written before sealing existed: its password in clear.
     let legacy = with_secrets[3].uuid.clone();
     let legacy_info = json!({"ipmi_password": LEGACY_PW}).to_string();
-    db.write_raw(&legacy, &legacy_info).await;
+    write_raw(&db, &legacy, &legacy_info).await;
     let n = s.get_node(&legacy).await.expect("legacy reads");
     assert_eq!(n.driver_info["ipmi_password"], LEGACY_PW);
     drop(s);
 
-    let new_path = db.dir.path().join("new.key");
+    let new_path = db.dir().join("new.key");
     Key::generate()
         .expect("key")
         .write_new(&new_path)
@@ -344,7 +217,7 @@ async fn rotate_reseals_everything_and_only_the_new_key_opens(db: TestDb) {
         "{again:?}"
     );
 
-    let raw = db.raw_driver_info().await;
+    let raw = raw_driver_info(&db).await;
     for (uuid, text) in &raw {
         no_password_in(text, &format!("node {uuid} after rotate"));
         if text.contains("password") || text.contains("token") {
@@ -368,7 +241,7 @@ async fn rotate_reseals_everything_and_only_the_new_key_opens(db: TestDb) {
         "{msg}"
     );
     // The new key does (and the old one as previous_key_file is not needed).
-    let s = db.open(Secrets::new(&new, &[]));
+    let s = db.open(Arc::new(Secrets::new(&new, &[])));
     assert_eq!(
         s.get_node("a").await.expect("a").driver_info["ipmi_password"],
         IPMI_PW
@@ -381,10 +254,10 @@ async fn rotate_reseals_everything_and_only_the_new_key_opens(db: TestDb) {
     );
 
     // A clear legacy row is also sealed on the node's next ordinary write.
-    db.write_raw(&legacy, &legacy_info).await;
+    write_raw(&db, &legacy, &legacy_info).await;
     let n = s.get_node(&legacy).await.expect("legacy");
     s.update_node(&n).await.expect("write");
-    let raw = db.raw_driver_info().await;
+    let raw = raw_driver_info(&db).await;
     let (_, text) = raw.iter().find(|(u, _)| *u == legacy).expect("row");
     no_password_in(text, "the legacy node after a write");
     assert!(text.contains("rivet-sealed:v1:"), "{text}");

@@ -6,62 +6,17 @@
 //! scratch database, dropped at the end. Without the variable the PostgreSQL half skips with
 //! a message, or fails when `RIVET_REQUIRE_PEERS=1` (CI).
 
+mod support;
+
 use chrono::{DateTime, Duration, SubsecRound, Utc};
-use rivet_controller::store::postgres::ScratchDatabase;
 use rivet_controller::store::{
-    self, Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, NODE_SORT_KEYS,
+    self, Node, NodeQuery, Port, PortQuery, SortDir, StoreError, NODE_SORT_KEYS,
 };
 use rivet_protocol::agent::{Command, CommandKind, CommandResult, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
-
-/// A database for one test, removed when dropped.
-struct TestDb {
-    url: String,
-    _keep: Keep,
-}
-
-enum Keep {
-    Dir(#[allow(dead_code)] tempfile::TempDir),
-    Scratch(#[allow(dead_code)] ScratchDatabase),
-}
-
-impl TestDb {
-    fn sqlite() -> TestDb {
-        let dir = tempfile::tempdir().expect("tempdir");
-        TestDb {
-            url: format!("sqlite:{}", dir.path().join("rivet.db").display()),
-            _keep: Keep::Dir(dir),
-        }
-    }
-
-    /// A scratch PostgreSQL database, or None (after saying why) when there is no server.
-    fn postgres(test: &str) -> Option<TestDb> {
-        let base = std::env::var("RIVET_TEST_POSTGRES").unwrap_or_default();
-        if base.is_empty() {
-            let what = "RIVET_TEST_POSTGRES is not set (run scripts/setup-postgres.sh and export the URL it prints)";
-            if std::env::var("RIVET_REQUIRE_PEERS").as_deref() == Ok("1") {
-                panic!("{test}: missing prerequisite: {what} (RIVET_REQUIRE_PEERS=1)");
-            }
-            eprintln!("skipping {test}: {what}");
-            return None;
-        }
-        let db = ScratchDatabase::create(&base, "rivet_test").expect("create scratch database");
-        Some(TestDb {
-            url: db.url().to_string(),
-            _keep: Keep::Scratch(db),
-        })
-    }
-
-    fn open(&self) -> Arc<dyn Store> {
-        store::open(&self.url, secrets()).expect("open store")
-    }
-
-    fn is_postgres(&self) -> bool {
-        self.url.starts_with("postgres")
-    }
-}
+use support::{on_every_backend, pg, TestDb};
 
 /// One sealing key for the whole run, so a test may reopen a store and read its secrets.
 fn secrets() -> Arc<rivet_controller::secrets::Secrets> {
@@ -69,26 +24,6 @@ fn secrets() -> Arc<rivet_controller::secrets::Secrets> {
         std::sync::OnceLock::new();
     KEY.get_or_init(rivet_controller::secrets::Secrets::ephemeral)
         .clone()
-}
-
-/// Runs `async fn $name(db: TestDb)` once per backend, as `$name::sqlite` and
-/// `$name::postgres`.
-macro_rules! on_every_backend {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[tokio::test]
-            async fn sqlite() {
-                super::$name(super::TestDb::sqlite()).await
-            }
-
-            #[tokio::test]
-            async fn postgres() {
-                if let Some(db) = super::TestDb::postgres(concat!(stringify!($name), "::postgres")) {
-                    super::$name(db).await
-                }
-            }
-        }
-    )+};
 }
 
 on_every_backend!(
@@ -140,7 +75,7 @@ fn obj(v: Value) -> Map<String, Value> {
 }
 
 async fn node_round_trip(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     let now = Utc::now();
     let mut n = node("3f1c2a9e-0000-4000-8000-000000000001", Some("full"));
     n.driver_info = obj(json!({"redfish_address": "https://10.0.0.1", "redfish_password": "pw"}));
@@ -240,7 +175,7 @@ async fn node_round_trip(db: TestDb) {
 }
 
 async fn optimistic_versions_and_duplicates(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     let a = s.create_node(&node("u-a", Some("a"))).await.expect("a");
     let b = s.create_node(&node("u-b", Some("b"))).await.expect("b");
 
@@ -356,7 +291,7 @@ fn expected_order(nodes: &[Node], key: &str, dir: SortDir) -> Vec<String> {
 }
 
 async fn paging_sorting_and_filters(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     // Names that a locale collation would order differently from bytes, ties, and NULLs.
     let names = [
         Some("beta"),
@@ -553,7 +488,7 @@ async fn paging_sorting_and_filters(db: TestDb) {
 }
 
 async fn nodes_in_states_and_reservations(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     let states = [
         ProvisionState::CleanWait,
         ProvisionState::Available,
@@ -589,7 +524,7 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
 
 /// Registration heartbeats, liveness, and the lease rules several controllers rely on.
 async fn conductors_and_leases(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     s.conductor_heartbeat("c1", "host-a", true, 5)
         .await
         .expect("register c1");
@@ -670,7 +605,7 @@ async fn conductors_and_leases(db: TestDb) {
 }
 
 async fn ports_unique_mac_and_cascade(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     let n1 = s.create_node(&node("n1", Some("one"))).await.expect("n1");
     let n2 = s.create_node(&node("n2", Some("two"))).await.expect("n2");
     let mut p1 = port("p1", "n1", "52:54:00:00:00:01");
@@ -815,7 +750,7 @@ async fn ports_unique_mac_and_cascade(db: TestDb) {
 }
 
 async fn lookup_by_system(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     let mut a = node("sys-a", None);
     a.properties = obj(
         json!({"system_uuid": "ABCDEF01-2345-6789-ABCD-EF0123456789", "system_serial": "SN-1"}),
@@ -863,7 +798,7 @@ fn result(id: &str, status: CommandStatus) -> CommandResult {
 }
 
 async fn command_queue(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     s.create_node(&node("q1", None)).await.expect("q1");
     s.create_node(&node("q2", None)).await.expect("q2");
     let step = CommandKind::ExecuteStep {
@@ -951,7 +886,7 @@ async fn command_queue(db: TestDb) {
 }
 
 async fn inventory(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     s.create_node(&node("i1", None)).await.expect("i1");
     let err = s.get_inventory("i1").await.expect_err("none yet");
     assert!(
@@ -979,7 +914,7 @@ async fn inventory(db: TestDb) {
 }
 
 async fn inspection_rules(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     assert!(s.list_rules().await.expect("empty").is_empty());
     let rule = |uuid: &str, priority: i64| json!({"uuid": uuid, "priority": priority, "actions": [{"op": "add-trait", "args": {"name": "CUSTOM_X"}}]});
     s.put_rule("r1", 0, &rule("r1", 0)).await.expect("r1");
@@ -1029,7 +964,7 @@ async fn inspection_rules(db: TestDb) {
 }
 
 async fn concurrent_writers_one_wins(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     let n = s.create_node(&node("race", None)).await.expect("create");
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..16 {
@@ -1074,10 +1009,7 @@ async fn concurrent_writers_one_wins(db: TestDb) {
 /// Write a schema version row behind the store's back.
 async fn bump_schema(db: &TestDb, version: i64) {
     if db.is_postgres() {
-        let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(conn);
+        let client = pg(&db.url()).await;
         client
             .execute(
                 "INSERT INTO schema_version (version) VALUES ($1)",
@@ -1086,8 +1018,7 @@ async fn bump_schema(db: &TestDb, version: i64) {
             .await
             .expect("bump");
     } else {
-        let path = db.url.trim_start_matches("sqlite:");
-        let c = rusqlite::Connection::open(path).expect("sqlite");
+        let c = rusqlite::Connection::open(db.sqlite_file()).expect("sqlite");
         c.execute(
             "INSERT INTO schema_version (version) VALUES (?1)",
             [version],
@@ -1098,16 +1029,16 @@ async fn bump_schema(db: &TestDb, version: i64) {
 
 async fn migrations_and_newer_schema(db: TestDb) {
     // An empty database is brought to the current version, once.
-    let (before, after) = store::upgrade(&db.url).expect("upgrade");
+    let (before, after) = store::upgrade(&db.url()).expect("upgrade");
     assert_eq!(before, 0);
     assert!(after >= 3);
-    assert_eq!(store::upgrade(&db.url).expect("again"), (after, after));
+    assert_eq!(store::upgrade(&db.url()).expect("again"), (after, after));
     // Opening an up-to-date database keeps its data.
     {
-        let s = db.open();
+        let s = db.open(secrets());
         s.create_node(&node("kept", None)).await.expect("create");
     }
-    let s = db.open();
+    let s = db.open(secrets());
     assert!(s.get_node("kept").await.is_ok());
     drop(s);
 
@@ -1117,21 +1048,18 @@ async fn migrations_and_newer_schema(db: TestDb) {
         "database schema version {} is newer than this rivetd knows ({after}); run a newer rivetd",
         after + 1
     );
-    let err = store::open(&db.url, secrets())
+    let err = store::open(&db.url(), secrets())
         .err()
         .expect("open must refuse");
     assert!(err.to_string().contains(&want), "{err}");
-    let err = store::upgrade(&db.url).expect_err("upgrade must refuse");
+    let err = store::upgrade(&db.url()).expect_err("upgrade must refuse");
     assert!(err.to_string().contains(&want), "{err}");
 }
 
 /// Cut every connection to the test database but this one (PostgreSQL only: a server restart
 /// or a failover looks the same to the store).
 async fn cut_connections(db: &TestDb) -> u64 {
-    let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let client = pg(&db.url()).await;
     client
         .query(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -1144,7 +1072,7 @@ async fn cut_connections(db: &TestDb) -> u64 {
 }
 
 async fn survives_lost_connections(db: TestDb) {
-    let s = db.open();
+    let s = db.open(secrets());
     s.create_node(&node("keep", None)).await.expect("create");
     // Use several pooled connections at once so more than one is open.
     let mut tasks = tokio::task::JoinSet::new();
@@ -1188,7 +1116,7 @@ fn rivetd(args: &[&str]) -> (bool, String, String) {
 /// The operator's view: `rivetd db upgrade` offline, then `rivetd --db` serves; a database
 /// from a newer rivetd is refused by both, saying so.
 async fn rivetd_db_upgrade_serve_and_refuse(db: TestDb) {
-    let url = db.url.clone();
+    let url = db.url();
     let (ok, out, err) = rivetd(&["db", "upgrade", "--db", &url]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("upgraded from schema version 0 to"), "{out}");
@@ -1267,22 +1195,19 @@ async fn postgres_concurrent_first_open_migrates_once() {
     };
     let threads: Vec<_> = (0..4)
         .map(|_| {
-            let url = db.url.clone();
+            let url = db.url();
             std::thread::spawn(move || store::open(&url, secrets()).map(|_| ()))
         })
         .collect();
     for t in threads {
         t.join().expect("thread").expect("open");
     }
-    let (client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let client = pg(&db.url()).await;
     let rows = client
         .query("SELECT version FROM schema_version ORDER BY version", &[])
         .await
         .expect("versions");
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    let (_, current) = store::upgrade(&db.url).expect("current");
+    let (_, current) = store::upgrade(&db.url()).expect("current");
     assert_eq!(versions, (1..=current).collect::<Vec<_>>());
 }
