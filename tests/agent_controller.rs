@@ -32,15 +32,7 @@ impl HardwareManager for CountingManager {
         SupportLevel::Generic
     }
     fn steps(&self) -> Vec<StepDescriptor> {
-        vec![StepDescriptor {
-            interface: "deploy".into(),
-            step: "slow_count".into(),
-            priority: 0,
-            abortable: true,
-            argsinfo: Default::default(),
-            reboot_requested: false,
-            requires_ramdisk: true,
-        }]
+        vec![StepDescriptor::in_band("slow_count", 0)]
     }
     fn execute(
         &self,

@@ -45,18 +45,6 @@ struct NoopManager {
     runs: Arc<Mutex<Vec<Run>>>,
 }
 
-fn noop_step(name: &str, priority: i64) -> StepDescriptor {
-    StepDescriptor {
-        interface: "deploy".into(),
-        step: name.into(),
-        priority,
-        abortable: true,
-        argsinfo: Default::default(),
-        reboot_requested: false,
-        requires_ramdisk: true,
-    }
-}
-
 impl HardwareManager for NoopManager {
     fn name(&self) -> &str {
         "noop_bench"
@@ -66,9 +54,9 @@ impl HardwareManager for NoopManager {
     }
     fn steps(&self) -> Vec<StepDescriptor> {
         vec![
-            noop_step("noop", 0),
-            noop_step("noop_a", 50),
-            noop_step("noop_b", 40),
+            StepDescriptor::in_band("noop", 0),
+            StepDescriptor::in_band("noop_a", 50),
+            StepDescriptor::in_band("noop_b", 40),
         ]
     }
     fn execute(

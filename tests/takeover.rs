@@ -50,18 +50,6 @@ struct Agent {
     ledger: Arc<Mutex<Ledger>>,
 }
 
-fn step(name: &str, priority: i64) -> StepDescriptor {
-    StepDescriptor {
-        interface: "deploy".into(),
-        step: name.into(),
-        priority,
-        abortable: true,
-        argsinfo: Default::default(),
-        reboot_requested: false,
-        requires_ramdisk: true,
-    }
-}
-
 impl Agent {
     fn url(&self) -> &str {
         &self.urls[self.current % self.urls.len()]
@@ -126,7 +114,10 @@ impl Agent {
     async fn execute(&mut self, cmd: &Command) -> Value {
         match &cmd.kind {
             CommandKind::GetCleanSteps => {
-                let steps: Vec<StepDescriptor> = STEPS.iter().map(|(n, p)| step(n, *p)).collect();
+                let steps: Vec<StepDescriptor> = STEPS
+                    .iter()
+                    .map(|(n, p)| StepDescriptor::in_band(*n, *p))
+                    .collect();
                 json!({"clean_steps": steps, "hardware_manager_versions": {"takeover": "1"}})
             }
             CommandKind::ExecuteStep { step, .. } => {

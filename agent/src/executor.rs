@@ -461,13 +461,8 @@ mod tests {
             ["quick", "slow", "stubborn", "boom", "panic"]
                 .iter()
                 .map(|s| StepDescriptor {
-                    interface: "deploy".into(),
-                    step: s.to_string(),
-                    priority: 0,
                     abortable: *s != "stubborn",
-                    argsinfo: Default::default(),
-                    reboot_requested: false,
-                    requires_ramdisk: true,
+                    ..StepDescriptor::in_band(*s, 0)
                 })
                 .collect()
         }

@@ -359,15 +359,7 @@ mod tests {
             SupportLevel::Generic
         }
         fn steps(&self) -> Vec<StepDescriptor> {
-            vec![StepDescriptor {
-                interface: "deploy".into(),
-                step: "nap".into(),
-                priority: 0,
-                abortable: true,
-                argsinfo: Default::default(),
-                reboot_requested: false,
-                requires_ramdisk: true,
-            }]
+            vec![StepDescriptor::in_band("nap", 0)]
         }
         fn execute(
             &self,

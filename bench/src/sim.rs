@@ -31,24 +31,14 @@ pub struct Profile {
     pub long_step: Option<String>,
 }
 
-/// A no-op in-band step.
-pub fn step(name: &str, priority: i64) -> StepDescriptor {
-    StepDescriptor {
-        interface: "deploy".into(),
-        step: name.into(),
-        priority,
-        abortable: true,
-        argsinfo: Default::default(),
-        reboot_requested: false,
-        requires_ramdisk: true,
-    }
-}
-
 impl Profile {
     /// Two no-op steps, priorities 50 and 40 (the clean-fleet bench).
     pub fn noop() -> Profile {
         Profile {
-            steps: vec![step("noop_a", 50), step("noop_b", 40)],
+            steps: vec![
+                StepDescriptor::in_band("noop_a", 50),
+                StepDescriptor::in_band("noop_b", 40),
+            ],
             long_step: None,
         }
     }
@@ -56,7 +46,7 @@ impl Profile {
     /// One `erase_devices` (priority 10) that runs until the bench ends (the fleet bench).
     pub fn long_erase() -> Profile {
         Profile {
-            steps: vec![step("erase_devices", 10)],
+            steps: vec![StepDescriptor::in_band("erase_devices", 10)],
             long_step: Some("erase_devices".into()),
         }
     }

@@ -79,13 +79,8 @@ impl HardwareManager for ExampleVendorManager {
             },
         );
         meta.push(StepDescriptor {
-            interface: "deploy".into(),
-            step: "example_vendor_step".into(),
-            priority: 0,
-            abortable: true,
             argsinfo: args,
-            reboot_requested: false,
-            requires_ramdisk: true,
+            ..StepDescriptor::in_band("example_vendor_step", 0)
         });
         meta
     }

@@ -67,13 +67,8 @@ fn erase_args(full: bool) -> BTreeMap<String, ArgInfo> {
 
 fn descriptor(step: &str, priority: i64, args: BTreeMap<String, ArgInfo>) -> StepDescriptor {
     StepDescriptor {
-        interface: "deploy".into(),
-        step: step.into(),
-        priority,
-        abortable: true,
         argsinfo: args,
-        reboot_requested: false,
-        requires_ramdisk: true,
+        ..StepDescriptor::in_band(step, priority)
     }
 }
 

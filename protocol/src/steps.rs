@@ -45,6 +45,22 @@ fn default_true() -> bool {
     true
 }
 
+impl StepDescriptor {
+    /// An in-band step, run by the agent in the ramdisk: on the deploy interface, abortable,
+    /// taking no arguments and asking for no reboot (set those fields where a step differs).
+    pub fn in_band(step: impl Into<String>, priority: i64) -> StepDescriptor {
+        StepDescriptor {
+            interface: "deploy".into(),
+            step: step.into(),
+            priority,
+            abortable: true,
+            argsinfo: BTreeMap::new(),
+            reboot_requested: false,
+            requires_ramdisk: true,
+        }
+    }
+}
+
 /// One step an operator asks for in manual cleaning (`clean_steps` of a provision request).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -191,12 +191,7 @@ mod tests {
     fn step(interface: &str, name: &str, priority: i64) -> StepDescriptor {
         StepDescriptor {
             interface: interface.into(),
-            step: name.into(),
-            priority,
-            abortable: true,
-            argsinfo: BTreeMap::new(),
-            reboot_requested: false,
-            requires_ramdisk: true,
+            ..StepDescriptor::in_band(name, priority)
         }
     }
 
