@@ -5,21 +5,8 @@
 use libfuzzer_sys::fuzz_target;
 use rivet_protocol::api::PatchOp;
 use rivet_protocol::limits::{check_value, Limits};
+use rivet_protocol::patch::NODE_PATCHABLE;
 use serde_json::{json, Value};
-
-/// The fields `PATCH /v1/nodes` may change (controller/src/api/nodes.rs).
-const PATCHABLE: &[&str] = &[
-    "name",
-    "driver",
-    "driver_info",
-    "properties",
-    "instance_info",
-    "instance_uuid",
-    "extra",
-    "resource_class",
-    "automated_clean",
-    "inspect_interface",
-];
 
 fuzz_target!(|data: &[u8]| {
     let Some(ops) = rivet_fuzz::check_body::<Vec<PatchOp>>(data, &Limits::ADMIN) else {
@@ -39,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     });
     for _ in 0..2 {
         let mut next = doc.clone();
-        if rivet_protocol::patch::apply(&mut next, &ops, PATCHABLE).is_err() {
+        if rivet_protocol::patch::apply(&mut next, &ops, NODE_PATCHABLE).is_err() {
             return;
         }
         if let Err(e) = check_value(&next, &Limits::ADMIN) {
@@ -49,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
         let keys: Vec<&String> = next.as_object().expect("still an object").keys().collect();
         assert_eq!(
             keys.len(),
-            PATCHABLE.len(),
+            NODE_PATCHABLE.len(),
             "patch changed the set of fields: {keys:?}"
         );
         // The store writes each field as JSON text and reads it back.

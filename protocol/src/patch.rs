@@ -42,6 +42,21 @@ fn split(path: &str) -> Result<Vec<String>, PatchError> {
     Ok(rest.split('/').map(unescape).collect())
 }
 
+/// The node fields `PATCH /v1/nodes/{id}` may change: the document the controller (and the
+/// `node_patch` fuzz target) applies a node patch to holds exactly these keys.
+pub const NODE_PATCHABLE: &[&str] = &[
+    "name",
+    "driver",
+    "driver_info",
+    "properties",
+    "instance_info",
+    "instance_uuid",
+    "extra",
+    "resource_class",
+    "automated_clean",
+    "inspect_interface",
+];
+
 /// Apply `ops` to `doc`, allowing only top-level keys in `patchable`. On error `doc` may be
 /// partly patched: callers apply to a copy and keep it only on success.
 pub fn apply(doc: &mut Value, ops: &[PatchOp], patchable: &[&str]) -> Result<(), PatchError> {

@@ -10,7 +10,7 @@
 
 use super::auth::{self, Caller};
 use super::render::base_url;
-use super::{ApiError, ApiResult, AppState};
+use super::{listing, ApiError, ApiResult, AppState};
 use crate::server::PeerAddr;
 use crate::store::{AuditEntry, AuditQuery, SortDir, StoreError};
 use axum::body::Body;
@@ -440,17 +440,10 @@ async fn list(
             LIST_PARAMS.join(", ")
         )));
     }
-    let max = state.conductor.config.api.max_limit;
     let mut q = AuditQuery {
-        limit: max,
+        limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
         ..Default::default()
     };
-    if let Some(l) = params.get("limit") {
-        let l: usize = l.parse().map_err(|_| {
-            ApiError::bad_request(format!("limit={l:?} is not a non-negative integer"))
-        })?;
-        q.limit = if l == 0 { max } else { l.min(max) };
-    }
     if let Some(m) = params.get("marker") {
         q.marker = Some(m.parse().map_err(|_| {
             ApiError::bad_request(format!(
@@ -459,15 +452,11 @@ async fn list(
         })?);
     }
     if let Some(d) = params.get("sort_dir") {
-        q.sort_dir = match d.as_str() {
-            "asc" => SortDir::Asc,
-            "desc" => SortDir::Desc,
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "sort_dir {d:?} must be asc (oldest first) or desc (newest first)"
-                )))
-            }
-        };
+        q.sort_dir = listing::sort_dir(d).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "sort_dir {d:?} must be asc (oldest first) or desc (newest first)"
+            ))
+        })?;
     }
     if let Some(n) = params.get("node") {
         // A deleted node's rows stay under its UUID; a name that no longer resolves is

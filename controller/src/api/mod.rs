@@ -10,6 +10,7 @@ mod auth;
 mod body;
 mod boot;
 mod conductors;
+mod listing;
 mod nodes;
 mod patch;
 mod ports;

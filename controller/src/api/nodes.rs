@@ -1,9 +1,9 @@
 //! `/v1/nodes`: create, list, show, patch, delete, states, maintenance.
 
 use super::render::{self, base_url, node_full, parse_fields, select, NODE_LIST_FIELDS};
-use super::{patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
+use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
 use crate::drivers::DRIVERS;
-use crate::store::{Node, NodeQuery, PortQuery, SortDir, NODE_SORT_KEYS};
+use crate::store::{Node, NodeQuery, PortQuery, NODE_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -12,6 +12,7 @@ use axum::{Extension, Json, Router};
 use rivet_protocol::api::{
     MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
 };
+use rivet_protocol::patch::NODE_PATCHABLE;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -64,15 +65,9 @@ fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<Node
         )));
     }
     let mut q = NodeQuery {
-        limit: max_limit,
+        limit: listing::page_limit(params, max_limit)?,
         ..Default::default()
     };
-    if let Some(l) = params.get("limit") {
-        let l: usize = l.parse().map_err(|_| {
-            ApiError::bad_request(format!("limit={l:?} is not a non-negative integer"))
-        })?;
-        q.limit = if l == 0 { max_limit } else { l.min(max_limit) };
-    }
     q.marker = params.get("marker").cloned();
     if let Some(k) = params.get("sort_key") {
         if !NODE_SORT_KEYS.contains(&k.as_str()) {
@@ -84,15 +79,8 @@ fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<Node
         q.sort_key = k.clone();
     }
     if let Some(d) = params.get("sort_dir") {
-        q.sort_dir = match d.as_str() {
-            "asc" => SortDir::Asc,
-            "desc" => SortDir::Desc,
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "sort_dir {d:?} must be asc or desc"
-                )))
-            }
-        };
+        q.sort_dir = listing::sort_dir(d)
+            .ok_or_else(|| ApiError::bad_request(format!("sort_dir {d:?} must be asc or desc")))?;
     }
     if let Some(s) = params.get("provision_state") {
         q.provision_state = Some(s.parse().map_err(|_| {
@@ -321,19 +309,6 @@ fn check_inspect_interface(v: Option<String>) -> Result<Option<String>, ApiError
         v => Ok(v),
     }
 }
-
-const NODE_PATCHABLE: &[&str] = &[
-    "name",
-    "driver",
-    "driver_info",
-    "properties",
-    "instance_info",
-    "instance_uuid",
-    "extra",
-    "resource_class",
-    "automated_clean",
-    "inspect_interface",
-];
 
 fn check_if_match(headers: &HeaderMap, node: &Node) -> Result<(), ApiError> {
     if let Some(want) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
