@@ -6,7 +6,11 @@
 # temporary SQLite file and is killed at the end of each bench.
 #
 #   bash scripts/bench.sh            # everything
-#   bash scripts/bench.sh --quick    # default sizes only (no 10,000-node fleet, no 100,000-node api)
+#   bash scripts/bench.sh --quick    # default sizes only (no 10,000-node fleets, no 100,000-node api)
+#
+# The full run also measures 10,000 agents against 1 and against 3 rivetd sharing one
+# PostgreSQL (a scratch database, dropped at the end) when RIVET_BENCH_POSTGRES names a
+# server, or scripts/setup-postgres.sh can start the loopback one.
 #
 # The table is also written to target/bench/numbers.md.
 set -euo pipefail
@@ -58,6 +62,18 @@ run clean-fleet --nodes 1000
 run fleet --nodes 1000
 if ! $quick; then
     run fleet --nodes 10000 --rates 2500,5000,7500,10000 --seconds 20
+    pg_url="${RIVET_BENCH_POSTGRES:-}"
+    if [ -z "$pg_url" ] && bash scripts/setup-postgres.sh >&2; then
+        pg_url="postgres://rivet:rivet@127.0.0.1:55432/rivet"
+    fi
+    if [ -n "$pg_url" ]; then
+        for n in 1 3; do
+            run fleet --nodes 10000 --rates 1000,2500,5000 --seconds 20 \
+                --postgres "$pg_url" --controllers "$n"
+        done
+    else
+        log "no PostgreSQL (RIVET_BENCH_POSTGRES unset, scripts/setup-postgres.sh failed): no multi-controller rows"
+    fi
 fi
 run api --nodes 10000
 if ! $quick; then

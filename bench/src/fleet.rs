@@ -1,5 +1,7 @@
 //! `rivet-bench fleet` and `rivet-bench clean-fleet`: simulated agent fleets against one
-//! rivetd on SQLite.
+//! rivetd on SQLite, or against one or several rivetd sharing a scratch PostgreSQL database
+//! (`--postgres BASE_URL --controllers N`: distinct conductor ids, one secrets key, the same
+//! config; each agent talks to one controller, round-robin; the admin calls go to the first).
 //!
 //! Both enroll N fake-hardware nodes through the admin API (`POST /v1/nodes`, `manage`), then
 //! `provide` them (automated cleaning). The fake driver's "boot" of the cleaning ramdisk is
@@ -12,14 +14,18 @@
 //!   state of a fleet erasing disks. Then, for each offered rate, every agent heartbeats
 //!   (`wait: false`) at a fixed interval of N / rate seconds from a random offset, and the
 //!   bench records client-side latency, rivetd's CPU (utime+stime from /proc) and peak RSS,
-//!   and its own CPU (the generator shares the machine).
+//!   and its own CPU (the generator shares the machine). On PostgreSQL it also records the
+//!   CPU of the server's processes for the bench database, and which controller owns (ring)
+//!   and holds (lease) each node.
 
-use crate::procstat::{CpuMeter, MachineMeter};
+use crate::procstat::{CpuMeter, MachineMeter, PostgresMeter};
 use crate::rivetd::{for_each_concurrent, Admin, Rivetd, Settings};
 use crate::sim::{Beat, Link, Profile, SimAgent};
 use crate::stats::{mib, ms, percentile, Recorder};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
+use rivet_controller::store::postgres::ScratchDatabase;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +47,30 @@ pub struct FleetOpts {
     pub keep: bool,
     /// Upper bound of the whole set-up.
     pub setup_limit: Duration,
+    /// `Some(base URL)`: a scratch database on this PostgreSQL server (dropped at the end)
+    /// instead of a SQLite file.
+    pub postgres: Option<String>,
+    /// rivetd processes sharing the database (more than one needs `postgres`).
+    pub controllers: usize,
+}
+
+impl FleetOpts {
+    /// "SQLite" or "PostgreSQL", for the rows.
+    fn backend(&self) -> &'static str {
+        if self.postgres.is_some() {
+            "PostgreSQL"
+        } else {
+            "SQLite"
+        }
+    }
+
+    /// The flags that select the backend and controllers, for the rows' command column.
+    fn flags(&self) -> String {
+        match &self.postgres {
+            Some(_) => format!(" --postgres URL --controllers {}", self.controllers),
+            None => String::new(),
+        }
+    }
 }
 
 /// What drives the agents' heartbeats once their long step runs.
@@ -54,14 +84,131 @@ enum Phase {
     Stop,
 }
 
-/// A started fleet: rivetd, its temporary directory, and the agent tasks.
+/// A started fleet: the rivetd processes, their temporary directory and database, and the
+/// agent tasks.
 struct Fleet {
-    rivetd: Rivetd,
+    rivetds: Vec<Rivetd>,
     dir: Option<tempfile::TempDir>,
+    /// Dropped (DROP DATABASE … WITH (FORCE)) after the controllers are stopped.
+    scratch: Option<ScratchDatabase>,
+    /// Admin client of the first controller.
     admin: Admin,
     uuids: Vec<String>,
     tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
     keep: bool,
+}
+
+impl Fleet {
+    /// One agent link per controller; agent `i` talks to `links[i % len]`.
+    fn links(&self, long_poll_s: u64) -> Result<Vec<Link>> {
+        self.rivetds
+            .iter()
+            .map(|d| Link::new(&d.url, long_poll_s))
+            .collect()
+    }
+
+    /// A CPU meter per controller.
+    fn cpu_meters(&self) -> Vec<CpuMeter> {
+        self.rivetds
+            .iter()
+            .map(|d| CpuMeter::start(Some(d.pid())))
+            .collect()
+    }
+
+    /// The PostgreSQL meter of the bench database (none on SQLite).
+    fn pg_meter(&self) -> Option<PostgresMeter> {
+        self.scratch
+            .as_ref()
+            .map(|s| PostgresMeter::start(s.name()))
+    }
+
+    /// Where the controllers' logs are.
+    fn logs(&self) -> String {
+        self.rivetds
+            .iter()
+            .map(|d| d.log.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// ", 3 rivetd on PostgreSQL" for the rows' first column (nothing for the SQLite default).
+fn where_text(o: &FleetOpts) -> String {
+    match o.postgres {
+        Some(_) => format!(", {} rivetd on {}", o.controllers.max(1), o.backend()),
+        None => String::new(),
+    }
+}
+
+/// "; PostgreSQL 0.52 cores" when measured.
+fn pg_text(cores: Option<f64>) -> String {
+    cores
+        .map(|c| format!("; PostgreSQL {c:.2} cores"))
+        .unwrap_or_default()
+}
+
+/// Nodes in `clean wait` whose cleaning never got to a step (name and reservation), at
+/// most 20, for the message about stuck agents.
+async fn stuck_nodes(admin: &Admin) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut marker = String::new();
+    for _ in 0..1000 {
+        let mut path = "/v1/nodes?provision_state=clean%20wait&fields=uuid,name,clean_step,reservation&limit=1000".to_string();
+        if !marker.is_empty() {
+            path.push_str(&format!("&marker={marker}"));
+        }
+        let v = admin.call(reqwest::Method::GET, &path, None).await?;
+        let page = v["nodes"].as_array().cloned().unwrap_or_default();
+        out.extend(
+            page.iter()
+                .filter(|n| n["clean_step"].as_object().is_none_or(|o| o.is_empty()))
+                .map(|n| {
+                    format!(
+                        "{} (lease {})",
+                        n["name"].as_str().unwrap_or_default(),
+                        n["reservation"].as_str().unwrap_or("none")
+                    )
+                }),
+        );
+        match page.last().and_then(|p| p["uuid"].as_str()) {
+            Some(u) if page.len() == 1000 && out.len() < 20 => marker = u.to_string(),
+            _ => break,
+        }
+    }
+    out.truncate(20);
+    Ok(out)
+}
+
+/// "; nodes per controller (ring owner / lease holder): bench-1 3341/3341, …" from every
+/// node's (`conductor`, `reservation`).
+fn spread_text(owners: &[(String, String)]) -> String {
+    let mut by: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (owner, holder) in owners {
+        by.entry(owner.as_str()).or_default().0 += 1;
+        if !holder.is_empty() {
+            by.entry(holder.as_str()).or_default().1 += 1;
+        }
+    }
+    let parts: Vec<String> = by
+        .iter()
+        .map(|(id, (own, held))| format!("{id} {own}/{held}"))
+        .collect();
+    format!(
+        "; nodes per controller (ring owner / lease holder): {}",
+        parts.join(", ")
+    )
+}
+
+/// Controllers' cores as a row fragment: "0.85 cores" for one, "1.20 cores (0.41 + 0.40 +
+/// 0.39)" for several.
+fn cores_text(each: &[f64]) -> String {
+    let sum: f64 = each.iter().sum();
+    if each.len() == 1 {
+        format!("{sum:.2} cores")
+    } else {
+        let parts: Vec<String> = each.iter().map(|c| format!("{c:.2}")).collect();
+        format!("{sum:.2} cores ({})", parts.join(" + "))
+    }
 }
 
 impl Drop for Fleet {
@@ -71,20 +218,106 @@ impl Drop for Fleet {
                 h.abort();
             }
         }
-        self.rivetd.stop();
+        for d in &mut self.rivetds {
+            d.stop();
+        }
         if let Some(d) = self.dir.take().filter(|_| self.keep) {
-            eprintln!("kept {} (rivetd.log, rivet.db)", d.keep().display());
+            eprintln!("kept {} (rivetd logs, rivet.db)", d.keep().display());
         }
     }
 }
 
-/// Start rivetd and enroll `nodes` fake-hardware nodes to `manageable`.
-async fn enroll(o: &FleetOpts) -> Result<Fleet> {
+/// Start the controllers on their database and wait until each sees all of them alive.
+async fn start_controllers(
+    o: &FleetOpts,
+    dir: &std::path::Path,
+) -> Result<(Vec<Rivetd>, Option<ScratchDatabase>)> {
     let exe = crate::rivetd::locate(o.rivetd.as_deref())?;
+    let Some(base) = &o.postgres else {
+        if o.controllers > 1 {
+            bail!("--controllers {} needs --postgres: several rivetd share only a PostgreSQL database", o.controllers);
+        }
+        let db = dir.join("rivet.db");
+        return Ok((
+            vec![Rivetd::start(&exe, dir, &db, &o.settings).await?],
+            None,
+        ));
+    };
+    let scratch = ScratchDatabase::create(base, "rivet_bench")
+        .with_context(|| format!("creating a scratch database on {}", redact(base)))?;
+    // Controllers sharing a database share its secrets key.
+    let key = dir.join("secrets.key");
+    let made = std::process::Command::new(&exe)
+        .args(["secrets", "init-key"])
+        .arg(&key)
+        .output()
+        .with_context(|| format!("running {} secrets init-key", exe.display()))?;
+    if !made.status.success() {
+        bail!(
+            "rivetd secrets init-key: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    let settings = Settings {
+        secrets_key_file: Some(key),
+        ..o.settings.clone()
+    };
+    let n = o.controllers.max(1);
+    let ids: Vec<String> = (1..=n).map(|i| format!("bench-{i}")).collect();
+    let mut rivetds = Vec::new();
+    for id in &ids {
+        rivetds.push(Rivetd::start_on(&exe, dir, scratch.url(), Some(id), &settings).await?);
+    }
+    // Load only once the ring holds every controller, as each of them sees it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for d in &rivetds {
+        let admin = Admin::new(&d.url)?;
+        loop {
+            let seen = admin.conductors().await?;
+            let alive = ids
+                .iter()
+                .filter(|id| seen.iter().any(|(h, a)| h == *id && *a))
+                .count();
+            if alive == n {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} sees {alive} of {n} controllers alive after 60 s: {seen:?}",
+                    d.url
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // GET /v1/conductors reads the table; each controller rebuilds its ring at its next
+    // membership tick ([conductor] heartbeat_interval_s, 2 s by default). Load only after
+    // every ring holds all N, or two controllers may both drive a node meanwhile.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    eprintln!(
+        "{n} rivetd on PostgreSQL database {}, all alive",
+        scratch.name()
+    );
+    Ok((rivetds, Some(scratch)))
+}
+
+/// A database URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let user = &url[s + 3..at];
+            let user = user.split(':').next().unwrap_or_default();
+            format!("{}{user}:…{}", &url[..s + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Start the controllers and enroll `nodes` fake-hardware nodes to `manageable`.
+async fn enroll(o: &FleetOpts) -> Result<Fleet> {
     let dir = tempfile::Builder::new().prefix("rivet-bench-").tempdir()?;
-    let db = dir.path().join("rivet.db");
-    let rivetd = Rivetd::start(&exe, dir.path(), &db, &o.settings).await?;
-    let admin = Admin::new(&rivetd.url)?;
+    let (rivetds, scratch) = start_controllers(o, dir.path()).await?;
+    let admin = Admin::new(&rivetds[0].url)?;
     let t = Instant::now();
     let a = admin.clone();
     let limit = o.setup_limit;
@@ -107,8 +340,9 @@ async fn enroll(o: &FleetOpts) -> Result<Fleet> {
         o.concurrency
     );
     Ok(Fleet {
-        rivetd,
+        rivetds,
         dir: Some(dir),
+        scratch,
         admin,
         uuids,
         tasks: Arc::new(Mutex::new(Vec::new())),
@@ -162,17 +396,18 @@ where
 pub async fn clean_fleet(o: FleetOpts) -> Result<Vec<String>> {
     let mut f = enroll(&o).await?;
     f.keep = o.keep;
-    let link = Link::new(&f.rivetd.url, o.settings.long_poll_s)?;
+    let links = f.links(o.settings.long_poll_s)?;
     let profile = Arc::new(Profile::noop());
     let failures = Arc::new(AtomicUsize::new(0));
     let deadline = Instant::now() + o.setup_limit;
-    let cpu = CpuMeter::start(Some(f.rivetd.pid()));
+    let cpus = f.cpu_meters();
+    let pg = f.pg_meter();
     let me = CpuMeter::start(None);
     let all = MachineMeter::start();
     let t0 = Instant::now();
-    let (l, p, fl) = (link.clone(), profile.clone(), failures.clone());
+    let (p, fl) = (profile.clone(), failures.clone());
     let boot = provide_and_boot(&f, &o, Arc::default(), move |i, u| {
-        let (l, p, fl) = (l.clone(), p.clone(), fl.clone());
+        let (l, p, fl) = (links[i % links.len()].clone(), p.clone(), fl.clone());
         async move {
             let mut a = SimAgent::new(u, i);
             if let Err(e) = a.converse(&l, &p, deadline).await {
@@ -200,25 +435,31 @@ pub async fn clean_fleet(o: FleetOpts) -> Result<Vec<String>> {
     booted?;
     let done = done?;
     let wall = done - t0;
-    let cores = cpu.cores();
+    let each: Vec<f64> = cpus.iter().map(CpuMeter::cores).collect();
+    let cores: f64 = each.iter().sum();
+    let pg_cores = pg.as_ref().map(PostgresMeter::cores);
     let gen = me.cores();
-    let other = (all.cores() - cores - gen).max(0.0);
+    let other = (all.cores() - cores - gen - pg_cores.unwrap_or(0.0)).max(0.0);
     let failed = failures.load(Ordering::SeqCst);
     let failed_nodes = f.admin.count_in_state("clean failed").await.unwrap_or(0);
     if failed + failed_nodes > 0 {
         bail!(
             "{failed} agents failed, {failed_nodes} nodes in clean failed; see {}",
-            f.rivetd.log.display()
+            f.logs()
         );
     }
+    let hwm = f.rivetds.iter().map(Rivetd::hwm_kib).max().unwrap_or(0);
     let row = format!(
-        "| clean-fleet: automated cleaning of {n} nodes, 2 no-op steps each (priorities 50, 40) | {:.1} s wall from first `provide` to all `available` ({:.0} nodes/s, {:.0} steps/s); rivetd {:.2} cores, peak RSS {}; generator {:.2} cores, other processes {other:.2} | `rivet-bench clean-fleet --nodes {n}` |",
+        "| clean-fleet: automated cleaning of {n} nodes, 2 no-op steps each (priorities 50, 40){} | {:.1} s wall from first `provide` to all `available` ({:.0} nodes/s, {:.0} steps/s); rivetd {}, peak RSS {}{}; generator {:.2} cores, other processes {other:.2} | `rivet-bench clean-fleet --nodes {n}{}` |",
+        where_text(&o),
         wall.as_secs_f64(),
         n as f64 / wall.as_secs_f64(),
         2.0 * n as f64 / wall.as_secs_f64(),
-        cores,
-        mib(f.rivetd.hwm_kib()),
+        cores_text(&each),
+        mib(hwm),
+        pg_text(pg_cores),
         gen,
+        o.flags(),
     );
     Ok(vec![row])
 }
@@ -333,7 +574,7 @@ pub async fn fleet(o: FleetOpts, r: RateOpts) -> Result<Vec<String>> {
     let n = o.nodes;
     let mut f = enroll(&o).await?;
     f.keep = o.keep;
-    let link = Link::new(&f.rivetd.url, o.settings.long_poll_s)?;
+    let links = f.links(o.settings.long_poll_s)?;
     let profile = Arc::new(Profile::long_erase());
     let rec = Arc::new(Recorder::default());
     let ready = Arc::new(AtomicUsize::new(0));
@@ -345,7 +586,7 @@ pub async fn fleet(o: FleetOpts, r: RateOpts) -> Result<Vec<String>> {
     let t = Instant::now();
     let progress = r.progress;
     let shared = Shared {
-        link,
+        link: links[0].clone(),
         profile,
         phases: rx,
         rec: rec.clone(),
@@ -355,35 +596,58 @@ pub async fn fleet(o: FleetOpts, r: RateOpts) -> Result<Vec<String>> {
     };
     let provided = Arc::new(AtomicUsize::new(0));
     let ticker = {
-        let (provided, ready, pid) = (provided.clone(), ready.clone(), f.rivetd.pid());
+        let (provided, ready) = (provided.clone(), ready.clone());
+        let pids: Vec<u32> = f.rivetds.iter().map(Rivetd::pid).collect();
         tokio::spawn(async move {
             let t = Instant::now();
-            let mut cpu = CpuMeter::start(Some(pid));
+            let meters =
+                || -> Vec<CpuMeter> { pids.iter().map(|p| CpuMeter::start(Some(*p))).collect() };
+            let mut cpus = meters();
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
+                let rss: u64 = pids
+                    .iter()
+                    .map(|p| crate::procstat::vm_kib(*p, "VmRSS").unwrap_or(0))
+                    .sum();
                 eprintln!(
-                    "  {:>4.0} s: {} provided, {} agents running their step; rivetd {:.2} cores, RSS {}",
+                    "  {:>4.0} s: {} provided, {} agents running their step; rivetd {}, RSS {}",
                     t.elapsed().as_secs_f64(),
                     provided.load(Ordering::SeqCst),
                     ready.load(Ordering::SeqCst),
-                    cpu.cores(),
-                    mib(crate::procstat::vm_kib(pid, "VmRSS").unwrap_or(0))
+                    cores_text(&cpus.iter().map(CpuMeter::cores).collect::<Vec<_>>()),
+                    mib(rss)
                 );
-                cpu = CpuMeter::start(Some(pid));
+                cpus = meters();
             }
         })
     };
     let booted = provide_and_boot(&f, &o, provided, move |i, u| {
         let mut a = SimAgent::new(u, i);
         a.report_progress = progress;
-        fleet_agent(a, shared.clone())
+        let s = Shared {
+            link: links[i % links.len()].clone(),
+            ..shared.clone()
+        };
+        fleet_agent(a, s)
     })
     .await;
     if booted.is_err() {
         ticker.abort();
     }
     booted?;
+    // Every node is provided and its agent booted. An agent that makes no progress for
+    // STALL after the last one did is stuck (its node waits for something that will not
+    // come): the fleet is measured without it and the rows say how many there were.
+    const STALL: Duration = Duration::from_secs(60);
+    let (mut last, mut since) = (ready.load(Ordering::SeqCst), Instant::now());
     while ready.load(Ordering::SeqCst) + failed.load(Ordering::SeqCst) < n {
+        let now_ready = ready.load(Ordering::SeqCst);
+        if now_ready != last {
+            (last, since) = (now_ready, Instant::now());
+        }
+        if since.elapsed() > STALL && now_ready > 0 {
+            break;
+        }
         if Instant::now() > deadline {
             bail!(
                 "only {} of {n} agents reached their long step within {:?}",
@@ -394,18 +658,40 @@ pub async fn fleet(o: FleetOpts, r: RateOpts) -> Result<Vec<String>> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     ticker.abort();
+    let stuck = n - ready.load(Ordering::SeqCst) - failed.load(Ordering::SeqCst);
+    let stuck_text = if stuck > 0 {
+        let nodes = stuck_nodes(&f.admin).await.unwrap_or_default();
+        eprintln!(
+            "{stuck} agents never got their long step ({STALL:?} without progress); measured without them. Nodes in clean wait without a clean step: {nodes:?}"
+        );
+        format!("; {stuck} of {n} nodes stuck in clean wait during set-up, not in the load")
+    } else {
+        String::new()
+    };
     if failed.load(Ordering::SeqCst) > 0 {
         bail!(
             "{} agents failed during set-up; see {}",
             failed.load(Ordering::SeqCst),
-            f.rivetd.log.display()
+            f.logs()
         );
     }
     eprintln!(
         "fleet of {n}: provide → every agent running its step in {:.1} s; rivetd RSS {}",
         t.elapsed().as_secs_f64(),
-        mib(f.rivetd.rss_kib())
+        f.rivetds
+            .iter()
+            .map(|d| mib(d.rss_kib()))
+            .collect::<Vec<_>>()
+            .join(" + ")
     );
+    let spread = if f.rivetds.len() > 1 {
+        spread_text(&f.admin.owners().await?)
+    } else {
+        String::new()
+    };
+    if !spread.is_empty() {
+        eprintln!("{}", spread.trim_start_matches("; "));
+    }
 
     let mut rows = Vec::new();
     let mut best: Option<(f64, f64)> = None;
@@ -413,10 +699,13 @@ pub async fn fleet(o: FleetOpts, r: RateOpts) -> Result<Vec<String>> {
         let phase = Phase::Every(Duration::from_secs_f64(n as f64 / offered));
         let m = measure(&f, &tx, &rec, phase, r.warmup, r.seconds).await?;
         let row = format!(
-            "| fleet: {n} agents heartbeating (`wait: false`{}), offered {offered:.0} hb/s | {:.0} hb/s sustained, latency p50 {}, p99 {}, max {}, {} errors; rivetd {:.2} cores, peak RSS {}; generator {:.2} cores, other processes {:.2} | `rivet-bench fleet --nodes {n} --rates {offered:.0}{}` |",
+            "| fleet: {n} agents heartbeating (`wait: false`{}), offered {offered:.0} hb/s{} | {:.0} hb/s sustained, latency p50 {}, p99 {}, max {}, {} errors; rivetd {}, peak RSS {}{}; generator {:.2} cores, other processes {:.2}{spread}{stuck_text} | `rivet-bench fleet --nodes {n} --rates {offered:.0}{}{}` |",
             if r.progress { ", step progress in each" } else { ", no progress" },
-            m.rate, ms(m.p50), ms(m.p99), ms(m.max), m.errors, m.cores, mib(m.hwm_kib), m.gen, m.other,
-            if r.progress { "" } else { " --no-progress" }
+            where_text(&o),
+            m.rate, ms(m.p50), ms(m.p99), ms(m.max), m.errors, cores_text(&m.each), mib(m.hwm_kib),
+            pg_text(m.pg), m.gen, m.other,
+            if r.progress { "" } else { " --no-progress" },
+            o.flags(),
         );
         eprintln!("{row}");
         rows.push(row);
@@ -447,8 +736,10 @@ pub async fn fleet(o: FleetOpts, r: RateOpts) -> Result<Vec<String>> {
         )
         .await?;
         let row = format!(
-            "| fleet: {n} agents long-polling (`wait: true`, long_poll_s = {hold}) | {n} polls held open, {:.0} hb/s, {} errors; rivetd {:.2} cores, peak RSS {}; generator {:.2} cores, other processes {:.2} | `rivet-bench fleet --nodes {n} --rates 0 --long-poll-phase` |",
-            m.rate, m.errors, m.cores, mib(m.hwm_kib), m.gen, m.other
+            "| fleet: {n} agents long-polling (`wait: true`, long_poll_s = {hold}){} | {n} polls held open, {:.0} hb/s, {} errors; rivetd {}, peak RSS {}{}; generator {:.2} cores, other processes {:.2} | `rivet-bench fleet --nodes {n} --rates 0 --long-poll-phase{}` |",
+            where_text(&o),
+            m.rate, m.errors, cores_text(&m.each), mib(m.hwm_kib), pg_text(m.pg), m.gen, m.other,
+            o.flags(),
         );
         eprintln!("{row}");
         rows.push(row);
@@ -472,7 +763,10 @@ struct Measured {
     p99: Duration,
     max: Duration,
     errors: u64,
-    cores: f64,
+    /// Cores of each controller.
+    each: Vec<f64>,
+    /// Cores of the PostgreSQL processes (none on SQLite).
+    pg: Option<f64>,
     gen: f64,
     other: f64,
     hwm_kib: u64,
@@ -490,23 +784,27 @@ async fn measure(
     tx.send(phase).context("agents gone")?;
     tokio::time::sleep(Duration::from_secs(warmup)).await;
     rec.start();
-    let cpu = CpuMeter::start(Some(f.rivetd.pid()));
+    let cpus = f.cpu_meters();
+    let pg_meter = f.pg_meter();
     let me = CpuMeter::start(None);
     let all = MachineMeter::start();
     let t = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let (lat, errors) = rec.stop();
     let wall = t.elapsed().as_secs_f64();
-    let (cores, gen) = (cpu.cores(), me.cores());
+    let each: Vec<f64> = cpus.iter().map(CpuMeter::cores).collect();
+    let pg = pg_meter.as_ref().map(PostgresMeter::cores);
+    let (cores, gen) = (each.iter().sum::<f64>(), me.cores());
     Ok(Measured {
         rate: lat.len() as f64 / wall,
         p50: percentile(&lat, 50.0),
         p99: percentile(&lat, 99.0),
         max: percentile(&lat, 100.0),
         errors,
-        cores,
+        each,
+        pg,
         gen,
-        other: (all.cores() - cores - gen).max(0.0),
-        hwm_kib: f.rivetd.hwm_kib(),
+        other: (all.cores() - cores - gen - pg.unwrap_or(0.0)).max(0.0),
+        hwm_kib: f.rivetds.iter().map(Rivetd::hwm_kib).max().unwrap_or(0),
     })
 }

@@ -8,6 +8,8 @@
 //!
 //! rivetd runs as a child (`target/release/rivetd` next to this binary, or `--rivetd`) on a
 //! free 127.0.0.1 port with a SQLite file in a temporary directory; it is killed at the end.
+//! The fleet benches can instead run N rivetd on a scratch PostgreSQL database
+//! (`--postgres BASE_URL --controllers N`), dropped at the end.
 //! All traffic stays on loopback; every load loop is bounded in count and time.
 
 mod agent;
@@ -66,6 +68,14 @@ struct FleetArgs {
     /// Upper bound of the set-up (enrol, provide, agents booted), seconds.
     #[arg(long, default_value_t = 600)]
     setup_limit_s: u64,
+    /// Run on PostgreSQL: a scratch database created on this server (its role needs
+    /// CREATEDB) and dropped at the end, e.g. postgres://rivet:rivet@127.0.0.1:55432/rivet.
+    #[arg(long, value_name = "BASE_URL")]
+    postgres: Option<String>,
+    /// rivetd processes sharing the database (distinct conductor ids, one secrets key);
+    /// agents are spread over them round-robin. More than one needs --postgres.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    controllers: u64,
     #[command(flatten)]
     common: Common,
 }
@@ -147,6 +157,8 @@ fn fleet_opts(f: &FleetArgs) -> fleet::FleetOpts {
         },
         keep: f.common.keep,
         setup_limit: Duration::from_secs(f.setup_limit_s),
+        postgres: f.postgres.clone(),
+        controllers: f.controllers as usize,
     }
 }
 

@@ -134,6 +134,72 @@ impl MachineMeter {
     }
 }
 
+/// The PostgreSQL processes that serve database `db`: its client backends (process title
+/// `postgres: USER DB HOST(PORT) …`) and the server's own processes (postmaster, WAL writer,
+/// checkpointer, …), but not the backends of other databases on the same server.
+fn postgres_pids(db: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() != "postgres" {
+                return false;
+            }
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            let backend = cmd.contains('(');
+            !backend || cmd.split_whitespace().any(|w| w == db)
+        })
+        .collect()
+}
+
+/// CPU use of the PostgreSQL processes serving one database (see [`postgres_pids`]), in
+/// cores. Backends that start during the interval count from their start.
+pub struct PostgresMeter {
+    db: String,
+    start_wall: Instant,
+    start: Vec<(u32, Duration)>,
+}
+
+impl PostgresMeter {
+    /// Start measuring the processes serving database `db`.
+    pub fn start(db: &str) -> PostgresMeter {
+        PostgresMeter {
+            db: db.to_string(),
+            start_wall: Instant::now(),
+            start: postgres_pids(db)
+                .into_iter()
+                .filter_map(|p| Some((p, cpu_time(p)?)))
+                .collect(),
+        }
+    }
+
+    /// Busy cores since `start`.
+    pub fn cores(&self) -> f64 {
+        let wall = self.start_wall.elapsed().as_secs_f64();
+        let used: Duration = postgres_pids(&self.db)
+            .into_iter()
+            .filter_map(|p| {
+                let now = cpu_time(p)?;
+                let before = self
+                    .start
+                    .iter()
+                    .find(|(q, _)| *q == p)
+                    .map(|(_, t)| *t)
+                    .unwrap_or_default();
+                Some(now.saturating_sub(before))
+            })
+            .sum();
+        if wall > 0.0 {
+            used.as_secs_f64() / wall
+        } else {
+            0.0
+        }
+    }
+}
+
 /// The 1-minute load average (a busy machine makes latency numbers meaningless).
 pub fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")

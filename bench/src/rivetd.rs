@@ -1,6 +1,7 @@
 //! The rivetd under test: a release binary started as a child on a free loopback port with a
-//! SQLite file in a temporary directory, killed when the guard drops. Plus a small admin
-//! client for the `/v1` calls the benches need.
+//! SQLite file in a temporary directory (or, for the multi-controller fleet, a PostgreSQL URL
+//! shared by several), killed when the guard drops. Plus a small admin client for the `/v1`
+//! calls the benches need.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -22,6 +23,8 @@ pub struct Settings {
     pub check_interval_s: u64,
     /// `[power_sync] interval_s` (0 = off).
     pub power_sync_interval_s: u64,
+    /// `[secrets] key_file`: controllers sharing a PostgreSQL database share its key.
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -32,6 +35,7 @@ impl Default for Settings {
             heartbeat_timeout_s: 300,
             check_interval_s: 10,
             power_sync_interval_s: 60,
+            secrets_key_file: None,
         }
     }
 }
@@ -40,10 +44,18 @@ impl Settings {
     fn toml(&self) -> String {
         // Every simulated agent speaks from 127.0.0.1, so the per-source agent limits (sized
         // for real sources) are off: the benchmark measures throughput, not the limiter.
-        format!(
+        let mut t = format!(
             "[agent]\nlong_poll_s = {}\nheartbeat_timeout_s = {}\nlookup_per_minute = 0\nfailed_auth_per_minute = 0\n\n[conductor]\ncheck_interval_s = {}\n\n[power_sync]\ninterval_s = {}\n",
             self.long_poll_s, self.heartbeat_timeout_s, self.check_interval_s, self.power_sync_interval_s
-        )
+        );
+        if let Some(k) = &self.secrets_key_file {
+            // Debug quoting of a path is a valid TOML basic string for the paths tempdir makes.
+            t.push_str(&format!(
+                "\n[secrets]\nkey_file = {:?}\n",
+                k.display().to_string()
+            ));
+        }
+        t
     }
 }
 
@@ -81,15 +93,35 @@ pub struct Rivetd {
 impl Rivetd {
     /// Start rivetd on `db` (a SQLite file path) with `settings`; waits until `/v1` answers.
     pub async fn start(exe: &Path, dir: &Path, db: &Path, settings: &Settings) -> Result<Rivetd> {
+        let url = format!("sqlite:{}", db.display());
+        Self::start_on(exe, dir, &url, None, settings).await
+    }
+
+    /// Start rivetd on the database `db_url` (`sqlite:PATH` or `postgres://…`), as controller
+    /// `conductor_id` when given (its log is then `rivetd-ID.log`); waits until `/v1` answers.
+    pub async fn start_on(
+        exe: &Path,
+        dir: &Path,
+        db_url: &str,
+        conductor_id: Option<&str>,
+        settings: &Settings,
+    ) -> Result<Rivetd> {
         let port = free_port()?;
         let config = dir.join("rivetd.toml");
         std::fs::write(&config, settings.toml())?;
-        let log = dir.join("rivetd.log");
-        let child = Command::new(exe)
+        let log = match conductor_id {
+            Some(id) => dir.join(format!("rivetd-{id}.log")),
+            None => dir.join("rivetd.log"),
+        };
+        let mut cmd = Command::new(exe);
+        if let Some(id) = conductor_id {
+            cmd.arg("--conductor-id").arg(id);
+        }
+        let child = cmd
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--db")
-            .arg(format!("sqlite:{}", db.display()))
+            .arg(db_url)
             .arg("--no-auth")
             .arg("--config")
             .arg(&config)
@@ -261,6 +293,46 @@ impl Admin {
             }
             tokio::time::sleep(every).await;
         }
+    }
+
+    /// `GET /v1/conductors`: each controller's id and whether it is alive.
+    pub async fn conductors(&self) -> Result<Vec<(String, bool)>> {
+        let v = self
+            .call(reqwest::Method::GET, "/v1/conductors", None)
+            .await?;
+        Ok(v["conductors"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| Some((c["hostname"].as_str()?.to_string(), c["alive"].as_bool()?)))
+            .collect())
+    }
+
+    /// Every node's `conductor` (its owner on the hash ring) and `reservation` (the lease
+    /// holder, "" for none), by a paged listing.
+    pub async fn owners(&self) -> Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        let mut marker = String::new();
+        for _ in 0..10_000 {
+            let mut path = "/v1/nodes?fields=uuid,conductor,reservation&limit=1000".to_string();
+            if !marker.is_empty() {
+                path.push_str(&format!("&marker={marker}"));
+            }
+            let v = self.call(reqwest::Method::GET, &path, None).await?;
+            let page = v["nodes"].as_array().cloned().unwrap_or_default();
+            for n in &page {
+                out.push((
+                    n["conductor"].as_str().unwrap_or_default().to_string(),
+                    n["reservation"].as_str().unwrap_or_default().to_string(),
+                ));
+            }
+            match page.last().and_then(|p| p["uuid"].as_str()) {
+                Some(u) if page.len() == 1000 => marker = u.to_string(),
+                _ => return Ok(out),
+            }
+        }
+        bail!("node listing did not end")
     }
 
     /// How many nodes are in `state` (paged listing of UUIDs).
