@@ -185,11 +185,11 @@ pub struct ConductorConfig {
     pub rescue_wait_timeout_s: u64,
     /// Run automated cleaning on provide / after tear-down (a node's `automated_clean` wins).
     pub automated_clean: bool,
-    /// How often this controller writes its registration heartbeat and renews its node
-    /// leases (several rivetd on one database).
+    /// How often this controller writes its registration heartbeat (several rivetd on one
+    /// database); its node leases live as long as these heartbeats do.
     pub heartbeat_interval_s: u64,
-    /// A controller silent for this long is dead: its leases have expired and the hash ring
-    /// hands its nodes to the others. Keep it several heartbeat intervals.
+    /// A controller silent for this long is dead: its leases expire with it and the hash
+    /// ring hands its nodes to the others. Keep it several heartbeat intervals.
     pub dead_after_s: u64,
 }
 

@@ -522,13 +522,14 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     assert_eq!(z3.version, 1);
 }
 
-/// Registration heartbeats, liveness, and the lease rules several controllers rely on.
+/// Registration heartbeats, liveness, and the lease rules several controllers rely on: a
+/// reservation lives as long as its holder's heartbeat.
 async fn conductors_and_leases(db: TestDb) {
     let s = db.open(secrets());
-    s.conductor_heartbeat("c1", "host-a", true, 5)
+    s.conductor_heartbeat("c1", "host-a", true)
         .await
         .expect("register c1");
-    s.conductor_heartbeat("c2", "host-b", true, 5)
+    s.conductor_heartbeat("c2", "host-b", true)
         .await
         .expect("register c2");
     let first = s.list_conductors(5).await.expect("list");
@@ -542,7 +543,7 @@ async fn conductors_and_leases(db: TestDb) {
     assert_eq!(first[1].hostname, "host-b");
     // A heartbeat that is not a start keeps started_at and moves last_seen.
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    s.conductor_heartbeat("c1", "host-a", false, 5)
+    s.conductor_heartbeat("c1", "host-a", false)
         .await
         .expect("beat");
     let again = s.list_conductors(5).await.expect("list");
@@ -560,22 +561,23 @@ async fn conductors_and_leases(db: TestDb) {
     n.provision_state = ProvisionState::CleanWait;
     s.create_node(&n).await.expect("create");
     // Free: c1 takes it, its version moves (a reservation is a change others must see).
-    assert!(s.acquire_lease("l1", "c1", 5, 5).await.expect("take"));
+    assert!(s.acquire_lease("l1", "c1", 5).await.expect("take"));
     let got = s.get_node("l1").await.expect("get");
     assert_eq!(got.reservation.as_deref(), Some("c1"));
     assert_eq!(got.conductor.as_deref(), Some("c1"));
     assert_eq!(got.version, 2);
-    // Renewing one's own lease is not a change.
-    assert!(s.acquire_lease("l1", "c1", 5, 5).await.expect("renew"));
+    // Taking one's own lease again is not a change.
+    assert!(s.acquire_lease("l1", "c1", 5).await.expect("again"));
     assert_eq!(s.get_node("l1").await.expect("get").version, 2);
-    // A live lease keeps others out.
-    assert!(!s.acquire_lease("l1", "c2", 5, 5).await.expect("refused"));
-    // An expired one does not: a zero TTL renewal leaves it expiring now.
-    s.conductor_heartbeat("c1", "host-a", false, 0)
+    // A live holder keeps others out, whatever they believe.
+    assert!(!s.acquire_lease("l1", "c2", 5).await.expect("refused"));
+    assert_eq!(s.get_node("l1").await.expect("get").version, 2);
+    // A holder silent for longer than the window is dead: its lease is taken over.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    s.conductor_heartbeat("c2", "host-b", false)
         .await
-        .expect("beat");
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    assert!(s.acquire_lease("l1", "c2", 5, 5).await.expect("taken over"));
+        .expect("c2 beats");
+    assert!(s.acquire_lease("l1", "c2", 1).await.expect("taken over"));
     let got = s.get_node("l1").await.expect("get");
     assert_eq!(got.reservation.as_deref(), Some("c2"));
     assert_eq!(got.version, 3);
@@ -583,25 +585,16 @@ async fn conductors_and_leases(db: TestDb) {
     assert!(!s.release_lease("l1", "c1").await.expect("not c1's"));
     assert!(s.release_lease("l1", "c2").await.expect("released"));
     assert_eq!(s.get_node("l1").await.expect("get").reservation, None);
-
-    // A reservation without an expiry (a verb reserved the node for its owner) is live while
-    // its holder is alive, and dead when the holder is.
-    let mut got = s.get_node("l1").await.expect("get");
-    got.reservation = Some("c1".into());
-    s.update_node(&got).await.expect("reserve for c1");
-    assert!(!s.acquire_lease("l1", "c2", 5, 5).await.expect("c1 alive"));
-    assert!(s
-        .acquire_lease("l1", "c2", 5, 0)
-        .await
-        .expect("c1 counted dead"));
-    assert!(s.release_lease("l1", "c2").await.expect("released"));
+    // A reservation by a controller that never registered is dead at once.
     let mut got = s.get_node("l1").await.expect("get");
     got.reservation = Some("never-registered".into());
     s.update_node(&got).await.expect("reserve for a stranger");
     assert!(s
-        .acquire_lease("l1", "c1", 5, 5)
+        .acquire_lease("l1", "c1", 5)
         .await
         .expect("a stranger is not alive"));
+    // An unknown node is nobody's.
+    assert!(!s.acquire_lease("nope", "c1", 5).await.expect("unknown"));
 }
 
 async fn ports_unique_mac_and_cascade(db: TestDb) {

@@ -193,15 +193,19 @@ impl Conductor {
                 Value::from(req.agent_version.clone()),
             );
             let uuid = node.uuid.clone();
+            if token.is_some() {
+                // A fresh ramdisk boot: what an earlier boot was asked to do is void. Cancel
+                // it before the token is written: once it is, the conductor may queue this
+                // boot's first commands, which must not be cancelled with the old ones.
+                self.store.cancel_pending(&uuid).await?;
+            }
             match self.store.update_node(&node).await {
                 Ok(_) => {}
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
             if token.is_some() {
-                // A fresh ramdisk boot: what an earlier boot was asked to do is void; start
-                // the conversation with the inventory.
-                self.store.cancel_pending(&uuid).await?;
+                // Start the conversation with the inventory.
                 self.send_command(&uuid, CommandKind::GetInventory).await?;
                 tracing::info!(node = %uuid, "agent looked up; token issued for this boot");
                 self.kick(&uuid);

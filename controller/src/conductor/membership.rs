@@ -1,4 +1,5 @@
-//! This controller among others on one database: registration heartbeat, lease renewal,
+//! This controller among others on one database: registration heartbeat (which keeps its
+//! leases alive),
 //! the hash ring of live controllers, routing of kicks and agent wake-ups to whoever can act
 //! on them, and takeover when a controller dies.
 //!
@@ -47,9 +48,9 @@ impl Conductor {
         self.ring().owner(uuid).is_none_or(|o| o == self.id())
     }
 
-    /// How long a lease lasts without renewal: as long as a silent controller stays alive in
-    /// the others' eyes, so a lease has expired by the time its holder is declared dead.
-    pub fn lease_ttl_s(&self) -> u64 {
+    /// How long a silent controller stays alive in the others' eyes; its leases expire with
+    /// it.
+    pub fn dead_after_s(&self) -> u64 {
         self.config.conductor.dead_after_s.max(1)
     }
 
@@ -87,16 +88,15 @@ impl Conductor {
         });
     }
 
-    /// Write this controller's heartbeat (renewing its leases) and rebuild the ring from the
-    /// live controllers. `Ok(true)` when the membership changed.
+    /// Write this controller's heartbeat (which keeps its leases alive) and rebuild the ring
+    /// from the live controllers. `Ok(true)` when the membership changed.
     pub async fn refresh_membership(&self, starting: bool) -> Result<bool, super::ConductorError> {
-        let ttl = self.lease_ttl_s();
         self.store
-            .conductor_heartbeat(self.id(), &crate::config::hostname(), starting, ttl)
+            .conductor_heartbeat(self.id(), &crate::config::hostname(), starting)
             .await?;
         let mut alive: Vec<String> = self
             .store
-            .list_conductors(self.config.conductor.dead_after_s.max(1))
+            .list_conductors(self.dead_after_s())
             .await?
             .into_iter()
             .filter(|c| c.alive)
@@ -154,7 +154,7 @@ impl Conductor {
         Ok((taken, handed))
     }
 
-    /// Heartbeat, renew leases and follow membership forever.
+    /// Heartbeat (keeping this controller's leases alive) and follow membership forever.
     pub async fn run_membership(self: Arc<Self>) {
         let every = Duration::from_secs(self.config.conductor.heartbeat_interval_s.max(1));
         let mut tick = tokio::time::interval(every);
@@ -169,7 +169,7 @@ impl Conductor {
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::error!(error = %e, "controller heartbeat failed; leases are not being renewed")
+                    tracing::error!(error = %e, "controller heartbeat failed; other controllers will count this one dead and take its nodes")
                 }
             }
         }

@@ -160,12 +160,7 @@ impl Conductor {
             // version, and the next write would conflict and bring us back here.
             if !self
                 .store
-                .acquire_lease(
-                    &node.uuid,
-                    self.id(),
-                    self.lease_ttl_s(),
-                    self.lease_ttl_s(),
-                )
+                .acquire_lease(&node.uuid, self.id(), self.dead_after_s())
                 .await?
             {
                 tracing::debug!(node = %node.uuid, holder = node.reservation.as_deref().unwrap_or_default(),
@@ -173,6 +168,14 @@ impl Conductor {
                 return Ok(None);
             }
             node = self.store.get_node(&node.uuid).await?;
+            // Another controller may have finished the work meanwhile (rings disagree for a
+            // moment after a membership change): a resting node keeps no reservation.
+            let holds = node.provision_state.is_conductor_busy()
+                || matches!(node.provision_state, CleanWait | CleanHold | InspectWait);
+            if !holds {
+                self.store.release_lease(&node.uuid, self.id()).await?;
+                return Ok(None);
+            }
         }
         let bmc = match self.bmc(&node) {
             Ok(b) => b,

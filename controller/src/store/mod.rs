@@ -328,28 +328,27 @@ pub trait Store: Send + Sync {
     async fn release_reservations(&self, conductor: &str) -> Result<u64, StoreError>;
 
     /// Register or refresh controller `id` (its registration heartbeat; `starting` resets
-    /// `started_at`), and renew the leases of every node it reserves to expire `ttl_s` from
-    /// now. Times come from the database's clock where it has one, so controllers with
-    /// skewed clocks still agree on who is alive.
+    /// `started_at`). Its node reservations live as long as these heartbeats do: times come
+    /// from the database's clock where it has one, so controllers with skewed clocks still
+    /// agree on who is alive.
     async fn conductor_heartbeat(
         &self,
         id: &str,
         hostname: &str,
         starting: bool,
-        ttl_s: u64,
     ) -> Result<(), StoreError>;
     /// Every registered controller; `alive` when it heartbeat within `dead_after_s`.
     async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError>;
-    /// Take (or renew) the reservation lease of node `uuid` for controller `id`, in one
-    /// statement: only when the node is free, already `id`'s, or its lease is dead — expired,
-    /// or without an expiry yet (a verb reserved it for its owner) and held by a controller
-    /// that has not heartbeat within `dead_after_s`. `Ok(false)` when another controller
-    /// holds a live lease.
+    /// Take the reservation lease of node `uuid` for controller `id`, in one statement: only
+    /// when the node is free, already `id`'s, or reserved by a controller that has not
+    /// heartbeat within `dead_after_s` (a lease expires with its holder's heartbeat, so
+    /// holding 10,000 nodes costs one row write per interval, not 10,000). The version moves
+    /// when the holder changes, so a task working from an older copy cannot write.
+    /// `Ok(false)` when another live controller holds it.
     async fn acquire_lease(
         &self,
         uuid: &str,
         id: &str,
-        ttl_s: u64,
         dead_after_s: u64,
     ) -> Result<bool, StoreError>;
     /// Give up `id`'s reservation of node `uuid` (the ring moved it to another controller).

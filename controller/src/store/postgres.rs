@@ -144,7 +144,6 @@ CREATE TABLE conductors (
     started_at TIMESTAMPTZ NOT NULL,
     last_seen TIMESTAMPTZ NOT NULL
 );
-ALTER TABLE nodes ADD COLUMN reservation_expires_at TIMESTAMPTZ;
 "#,
 ];
 
@@ -1019,27 +1018,18 @@ impl Store for PostgresStore {
         id: &str,
         hostname: &str,
         starting: bool,
-        ttl_s: u64,
     ) -> Result<(), StoreError> {
-        let ttl = ttl_s as f64;
-        let mut c = self.conn().await?;
-        let tx = c.client.transaction().await.map_err(db)?;
-        tx.execute(
-            "INSERT INTO conductors (id, hostname, started_at, last_seen) VALUES ($1, $2, now(), now()) \
-             ON CONFLICT (id) DO UPDATE SET hostname = EXCLUDED.hostname, last_seen = EXCLUDED.last_seen, \
-             started_at = CASE WHEN $3 THEN EXCLUDED.started_at ELSE conductors.started_at END",
-            &[&id, &hostname, &starting],
-        )
-        .await
-        .map_err(db)?;
-        tx.execute(
-            "UPDATE nodes SET reservation_expires_at = now() + make_interval(secs => $2) \
-             WHERE reservation = $1",
-            &[&id, &ttl],
-        )
-        .await
-        .map_err(db)?;
-        tx.commit().await.map_err(db)
+        self.conn()
+            .await?
+            .execute(
+                "INSERT INTO conductors (id, hostname, started_at, last_seen) VALUES ($1, $2, now(), now()) \
+                 ON CONFLICT (id) DO UPDATE SET hostname = EXCLUDED.hostname, last_seen = EXCLUDED.last_seen, \
+                 started_at = CASE WHEN $3 THEN EXCLUDED.started_at ELSE conductors.started_at END",
+                &[&id, &hostname, &starting],
+            )
+            .await?
+            .map(|_| ())
+            .map_err(db)
     }
 
     async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError> {
@@ -1071,35 +1061,37 @@ impl Store for PostgresStore {
         &self,
         uuid: &str,
         id: &str,
-        ttl_s: u64,
         dead_after_s: u64,
     ) -> Result<bool, StoreError> {
-        let ttl = ttl_s as f64;
         let dead = dead_after_s as f64;
-        self.conn()
+        // One statement: take the node when free or its holder is dead, then say who holds
+        // it (the UPDATE's own row, or the unchanged row when nothing was taken).
+        let row = self
+            .conn()
             .await?
-            .execute(
-                "UPDATE nodes SET \
-                   version = CASE WHEN reservation IS NOT DISTINCT FROM $2 THEN version ELSE version + 1 END, \
-                   reservation = $2, conductor = $2, \
-                   reservation_expires_at = now() + make_interval(secs => $3) \
-                 WHERE uuid = $1 AND (reservation IS NULL OR reservation = $2 \
-                   OR reservation_expires_at < now() \
-                   OR (reservation_expires_at IS NULL AND NOT EXISTS (SELECT 1 FROM conductors c \
-                       WHERE c.id = nodes.reservation \
-                         AND c.last_seen > now() - make_interval(secs => $4))))",
-                &[&uuid, &id, &ttl, &dead],
+            .query_opt(
+                "WITH taken AS (UPDATE nodes SET version = version + 1, reservation = $2, conductor = $2 \
+                   WHERE uuid = $1 AND (reservation IS NULL OR reservation <> $2) \
+                     AND (reservation IS NULL OR NOT EXISTS (SELECT 1 FROM conductors c \
+                         WHERE c.id = nodes.reservation \
+                           AND c.last_seen > now() - make_interval(secs => $3))) \
+                   RETURNING reservation) \
+                 SELECT reservation FROM taken \
+                 UNION ALL SELECT reservation FROM nodes WHERE uuid = $1 AND NOT EXISTS (SELECT 1 FROM taken)",
+                &[&uuid, &id, &dead],
             )
-            .await?
-            .map(|n| n == 1)
-            .map_err(db)
+            .await?;
+        Ok(match row {
+            Some(r) => get::<Option<String>>(&r, 0)?.as_deref() == Some(id),
+            None => false,
+        })
     }
 
     async fn release_lease(&self, uuid: &str, id: &str) -> Result<bool, StoreError> {
         self.conn()
             .await?
             .execute(
-                "UPDATE nodes SET reservation = NULL, reservation_expires_at = NULL, version = version + 1 \
+                "UPDATE nodes SET reservation = NULL, version = version + 1 \
                  WHERE uuid = $1 AND reservation = $2",
                 &[&uuid, &id],
             )

@@ -111,8 +111,8 @@ CREATE TABLE audit_log (
 );
 CREATE INDEX audit_log_node ON audit_log(node_uuid, seq);
 "#,
-    // Several controllers on one database: their registration heartbeats, and the expiry of
-    // a node's reservation lease.
+    // Several controllers on one database: their registration heartbeats (a node's
+    // reservation lives as long as its holder's heartbeat).
     r#"
 CREATE TABLE conductors (
     id TEXT PRIMARY KEY,
@@ -120,7 +120,6 @@ CREATE TABLE conductors (
     started_at TEXT NOT NULL,
     last_seen TEXT NOT NULL
 );
-ALTER TABLE nodes ADD COLUMN reservation_expires_at TEXT;
 "#,
 ];
 
@@ -650,26 +649,17 @@ impl Store for SqliteStore {
         id: &str,
         hostname: &str,
         starting: bool,
-        ttl_s: u64,
     ) -> Result<(), StoreError> {
-        let now = Utc::now();
-        let expires = ts(&(now + chrono::Duration::seconds(ttl_s as i64)));
-        let now = ts(&now);
+        let now = ts(&Utc::now());
         self.with(|c| {
-            let tx = c.transaction().map_err(backend)?;
-            tx.execute(
+            c.prepare_cached(
                 "INSERT INTO conductors (id, hostname, started_at, last_seen) VALUES (?1, ?2, ?3, ?3) \
                  ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, last_seen = excluded.last_seen, \
                  started_at = CASE WHEN ?4 THEN excluded.started_at ELSE conductors.started_at END",
-                params![id, hostname, now, starting],
             )
-            .map_err(backend)?;
-            tx.execute(
-                "UPDATE nodes SET reservation_expires_at = ?2 WHERE reservation = ?1",
-                params![id, expires],
-            )
-            .map_err(backend)?;
-            tx.commit().map_err(backend)
+            .and_then(|mut st| st.execute(params![id, hostname, now, starting]))
+            .map(|_| ())
+            .map_err(backend)
         })
     }
 
@@ -711,33 +701,33 @@ impl Store for SqliteStore {
         &self,
         uuid: &str,
         id: &str,
-        ttl_s: u64,
         dead_after_s: u64,
     ) -> Result<bool, StoreError> {
-        let now = Utc::now();
-        let expires = ts(&(now + chrono::Duration::seconds(ttl_s as i64)));
-        let dead_before = ts(&(now - chrono::Duration::seconds(dead_after_s as i64)));
-        let now = ts(&now);
+        let dead_before = ts(&(Utc::now() - chrono::Duration::seconds(dead_after_s as i64)));
         self.with(|c| {
             c.prepare_cached(
-                "UPDATE nodes SET \
-                   version = CASE WHEN reservation IS ?2 THEN version ELSE version + 1 END, \
-                   reservation = ?2, conductor = ?2, reservation_expires_at = ?3 \
-                 WHERE uuid = ?1 AND (reservation IS NULL OR reservation = ?2 \
-                   OR reservation_expires_at < ?4 \
-                   OR (reservation_expires_at IS NULL AND NOT EXISTS (SELECT 1 FROM conductors c \
-                       WHERE c.id = nodes.reservation AND c.last_seen > ?5)))",
+                "UPDATE nodes SET version = version + 1, reservation = ?2, conductor = ?2 \
+                 WHERE uuid = ?1 AND (reservation IS NULL OR reservation <> ?2) \
+                   AND (reservation IS NULL OR NOT EXISTS (SELECT 1 FROM conductors c \
+                       WHERE c.id = nodes.reservation AND c.last_seen > ?3))",
             )
-            .and_then(|mut st| st.execute(params![uuid, id, expires, now, dead_before]))
-            .map(|n| n == 1)
-            .map_err(backend)
+            .and_then(|mut st| st.execute(params![uuid, id, dead_before]))
+            .map_err(backend)?;
+            // Taken now, or already ours.
+            c.prepare_cached("SELECT reservation FROM nodes WHERE uuid = ?1")
+                .and_then(|mut st| {
+                    st.query_row([uuid], |r| r.get::<_, Option<String>>(0))
+                        .optional()
+                })
+                .map(|holder| holder.flatten().as_deref() == Some(id))
+                .map_err(backend)
         })
     }
 
     async fn release_lease(&self, uuid: &str, id: &str) -> Result<bool, StoreError> {
         self.with(|c| {
             c.execute(
-                "UPDATE nodes SET reservation = NULL, reservation_expires_at = NULL, version = version + 1 \
+                "UPDATE nodes SET reservation = NULL, version = version + 1 \
                  WHERE uuid = ?1 AND reservation = ?2",
                 params![uuid, id],
             )
