@@ -2,7 +2,7 @@
 //! how long automated cleaning of one node takes when every step is a no-op.
 //!
 //! ```text
-//! cargo run --release -p rivet-tests --example dispatch_bench -- [--steps 1000] [--auto-runs 5] [--keep]
+//! cargo run --release -p rivet-tests --example dispatch_bench -- [--steps 200] [--auto-runs 5] [--keep]
 //! ```
 //!
 //! It builds and starts a release `rivetd` (target/release) on a temporary SQLite file, and runs
@@ -410,7 +410,7 @@ struct Opts {
 
 fn parse_args() -> Result<Opts> {
     let mut o = Opts {
-        steps: 1000,
+        steps: 200,
         auto_runs: 5,
         keep: false,
     };

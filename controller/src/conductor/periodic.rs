@@ -4,6 +4,7 @@ use super::{Conductor, ConductorError};
 use crate::fsm::Event;
 use chrono::Utc;
 use rivet_protocol::states::ProvisionState;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,16 +114,20 @@ impl Conductor {
         None
     }
 
-    /// One pass of the periodic scan: fail overdue waits, resume transient nodes nobody
-    /// drives, and, when `resume_waits`, kick every node waiting on its agent (the safety net
-    /// for a kick lost in a crash; results normally kick their node as they arrive, so this
-    /// runs rarely — each kick costs a few store reads).
-    pub async fn scan_once(self: &Arc<Self>, resume_waits: bool) -> Result<(), ConductorError> {
+    /// One pass of the periodic scan: fail overdue waits and resume transient nodes nobody
+    /// drives. When `resume_waits`, also returns every node waiting on its agent, for the
+    /// caller to kick at a gentle pace (the safety net for a kick lost in a crash; results
+    /// normally kick their node as they arrive, and each kick costs a few store reads, so
+    /// 10,000 of them at once would stall heartbeats for seconds).
+    pub async fn scan_once(
+        self: &Arc<Self>,
+        resume_waits: bool,
+    ) -> Result<Vec<String>, ConductorError> {
         let now = Utc::now();
         let waiting = self.store.nodes_in_states(WAITS).await?;
-        let mut resumable: Vec<String> = Vec::new();
+        let mut waits: Vec<String> = Vec::new();
         if resume_waits {
-            resumable.extend(
+            waits.extend(
                 waiting
                     .iter()
                     .filter(|n| {
@@ -167,14 +172,13 @@ impl Conductor {
                 Err(e) => return Err(e),
             }
         }
-        resumable.extend(
-            self.store
-                .nodes_in_states(BUSY)
-                .await?
-                .into_iter()
-                .filter(|n| !n.maintenance)
-                .map(|n| n.uuid),
-        );
+        let resumable = self
+            .store
+            .nodes_in_states(BUSY)
+            .await?
+            .into_iter()
+            .filter(|n| !n.maintenance)
+            .map(|n| n.uuid);
         for uuid in resumable {
             // Owned nodes only; the lease taken by the task decides whether a reservation
             // another controller holds is still live. (A node in maintenance is left alone by
@@ -183,7 +187,18 @@ impl Conductor {
                 self.kick(&uuid);
             }
         }
-        Ok(())
+        Ok(waits)
+    }
+
+    /// Kick each of `uuids` (owned, not already driven) once, spread evenly over `span`.
+    async fn kick_paced(self: Arc<Self>, uuids: Vec<String>, span: Duration) {
+        let gap = span / u32::try_from(uuids.len() + 1).unwrap_or(u32::MAX);
+        for uuid in uuids {
+            if self.owns(&uuid) && !self.is_running(&uuid) {
+                self.kick(&uuid);
+            }
+            tokio::time::sleep(gap).await;
+        }
     }
 
     /// Run the scan forever.
@@ -195,6 +210,8 @@ impl Conductor {
         // The wait-state safety net runs at most once a minute (or every scan if slower).
         let resume_every = every.max(Duration::from_secs(60));
         let mut last_resume = tokio::time::Instant::now();
+        // One paced safety-net walk at a time.
+        let pacing = Arc::new(AtomicBool::new(false));
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -203,8 +220,17 @@ impl Conductor {
             if resume_waits {
                 last_resume = tokio::time::Instant::now();
             }
-            if let Err(e) = self.scan_once(resume_waits).await {
-                tracing::error!(error = %e, "periodic scan failed");
+            match self.scan_once(resume_waits).await {
+                Ok(waits) if !waits.is_empty() && !pacing.load(Ordering::Acquire) => {
+                    pacing.store(true, Ordering::Release);
+                    let (this, pacing) = (self.clone(), pacing.clone());
+                    tokio::spawn(async move {
+                        this.kick_paced(waits, resume_every.mul_f32(0.8)).await;
+                        pacing.store(false, Ordering::Release);
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "periodic scan failed"),
             }
         }
     }
