@@ -1070,7 +1070,7 @@ impl Store for PostgresStore {
             .conn()
             .await?
             .query_opt(
-                "WITH taken AS (UPDATE nodes SET version = version + 1, reservation = $2, conductor = $2 \
+                "WITH taken AS (UPDATE nodes SET version = version + 1, reservation = $2 \
                    WHERE uuid = $1 AND (reservation IS NULL OR reservation <> $2) \
                      AND (reservation IS NULL OR NOT EXISTS (SELECT 1 FROM conductors c \
                          WHERE c.id = nodes.reservation \

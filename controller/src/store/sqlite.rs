@@ -706,7 +706,7 @@ impl Store for SqliteStore {
         let dead_before = ts(&(Utc::now() - chrono::Duration::seconds(dead_after_s as i64)));
         self.with(|c| {
             c.prepare_cached(
-                "UPDATE nodes SET version = version + 1, reservation = ?2, conductor = ?2 \
+                "UPDATE nodes SET version = version + 1, reservation = ?2 \
                  WHERE uuid = ?1 AND (reservation IS NULL OR reservation <> ?2) \
                    AND (reservation IS NULL OR NOT EXISTS (SELECT 1 FROM conductors c \
                        WHERE c.id = nodes.reservation AND c.last_seen > ?3))",
