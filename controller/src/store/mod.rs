@@ -302,6 +302,25 @@ impl Default for AuditQuery {
     }
 }
 
+/// `WHERE a AND b …` for a listing's conditions, or nothing when there are none (both
+/// backends build their listings this way).
+pub(crate) fn where_clause<S: AsRef<str>>(conditions: &[S]) -> String {
+    if conditions.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<&str> = conditions.iter().map(AsRef::as_ref).collect();
+    format!("WHERE {}", parts.join(" AND "))
+}
+
+/// A listing's page size: 0 means the default page of 1,000.
+pub(crate) fn page_limit(limit: usize) -> usize {
+    if limit == 0 {
+        1000
+    } else {
+        limit
+    }
+}
+
 /// The store interface.
 #[async_trait]
 pub trait Store: Send + Sync {

@@ -895,11 +895,7 @@ impl Store for PostgresStore {
             args.push(Box::new(rc.clone()));
             wheres.push(format!("resource_class = ${}", args.len()));
         }
-        let where_sql = if wheres.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", wheres.join(" AND "))
-        };
+        let where_sql = super::where_clause(&wheres);
         let dir = if q.sort_dir == SortDir::Asc {
             "ASC"
         } else {
@@ -1187,12 +1183,8 @@ impl Store for PostgresStore {
                 args.len()
             ));
         }
-        let where_sql = if wheres.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", wheres.join(" AND "))
-        };
-        let limit = if q.limit == 0 { 1000 } else { q.limit };
+        let where_sql = super::where_clause(&wheres);
+        let limit = super::page_limit(q.limit);
         args.push(Box::new(i64::try_from(limit).ok()));
         let sql = format!(
             "SELECT {PORT_SELECT} FROM ports {where_sql} ORDER BY id LIMIT ${}",
@@ -1529,12 +1521,8 @@ impl Store for PostgresStore {
             args.push(Box::new(m));
             wheres.push(format!("seq {cmp} ${}", args.len()));
         }
-        let where_sql = if wheres.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", wheres.join(" AND "))
-        };
-        let limit = if q.limit == 0 { 1000 } else { q.limit };
+        let where_sql = super::where_clause(&wheres);
+        let limit = super::page_limit(q.limit);
         args.push(Box::new(i64::try_from(limit).ok()));
         let sql = format!(
             "SELECT seq, created_at, actor, source, method, path, node_uuid, action, status, \

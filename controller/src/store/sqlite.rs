@@ -481,11 +481,7 @@ impl Store for SqliteStore {
                 wheres.push("resource_class = ?".into());
                 args.push(rc.clone().into());
             }
-            let where_sql = if wheres.is_empty() {
-                String::new()
-            } else {
-                format!("WHERE {}", wheres.join(" AND "))
-            };
+            let where_sql = super::where_clause(&wheres);
             let dir = if q.sort_dir == SortDir::Asc { "ASC" } else { "DESC" };
             let sql = format!(
                 "SELECT {NODE_COLUMNS} FROM nodes {where_sql} ORDER BY {sort_expr} {dir}, id {dir} LIMIT ?"
@@ -804,12 +800,8 @@ impl Store for SqliteStore {
                 wheres.push("id > (SELECT id FROM ports WHERE uuid = ?)");
                 args.push(m.clone().into());
             }
-            let where_sql = if wheres.is_empty() {
-                String::new()
-            } else {
-                format!("WHERE {}", wheres.join(" AND "))
-            };
-            let limit = if q.limit == 0 { 1000 } else { q.limit };
+            let where_sql = super::where_clause(&wheres);
+            let limit = super::page_limit(q.limit);
             args.push((limit as i64).into());
             let sql = format!("SELECT {PORT_COLUMNS} FROM ports {where_sql} ORDER BY id LIMIT ?");
             let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
@@ -1133,12 +1125,8 @@ impl Store for SqliteStore {
             wheres.push(format!("seq {cmp} ?"));
             args.push(m.into());
         }
-        let where_sql = if wheres.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", wheres.join(" AND "))
-        };
-        let limit = if q.limit == 0 { 1000 } else { q.limit };
+        let where_sql = super::where_clause(&wheres);
+        let limit = super::page_limit(q.limit);
         args.push((limit as i64).into());
         let sql = format!(
             "SELECT seq, created_at, actor, source, method, path, node_uuid, action, status, \
