@@ -133,7 +133,7 @@ fn node_waiting_for_ramdisk(d: &Rivetd, name: &str) -> anyhow::Result<String> {
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "name": name})),
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
     )?;
     anyhow::ensure!(s == 201, "{v}");
     d.call(
@@ -280,7 +280,7 @@ fn controller_killed_mid_command_gets_result_once_and_step_runs_once() -> anyhow
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "name": "n1"})),
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "n1"})),
     )?;
     anyhow::ensure!(s == 201, "{v}");
     let uuid = v["uuid"].as_str().unwrap_or_default().to_string();

@@ -44,7 +44,7 @@ fn manageable(d: &Rivetd, name: &str, mac: &str) -> Result<String> {
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "name": name})),
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
     )?;
     ensure!(s == 201, "{v}");
     let uuid = v["uuid"].as_str().unwrap_or_default().to_string();
@@ -458,7 +458,7 @@ fn failed_admin_authentications_are_limited_and_do_not_flood_the_audit_trail() -
             Ok(http
                 .post(format!("{url}/v1/nodes"))
                 .bearer_auth(token)
-                .json(&json!({"driver": "fake-hardware"}))
+                .json(&json!({"driver": "fake-hardware", "deploy_interface": "direct"}))
                 .send()?)
         };
         for i in 0..3 {

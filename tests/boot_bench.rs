@@ -38,7 +38,7 @@ fn node(d: &Rivetd, name: &str, mac: &str) -> Result<String> {
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "name": name})),
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
     )?;
     anyhow::ensure!(s == 201, "{v}");
     let uuid = v["uuid"].as_str().context("uuid")?.to_string();

@@ -63,7 +63,7 @@ impl Scene {
         let (s, v) = rivetd.call(
             "POST",
             "/v1/nodes",
-            Some(json!({"driver": "fake-hardware", "name": "n1"})),
+            Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "n1"})),
         )?;
         ensure!(s == 201, "{v}");
         let uuid = v["uuid"].as_str().unwrap_or_default().to_string();

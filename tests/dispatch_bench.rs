@@ -232,7 +232,7 @@ impl Rivetd {
         let v = self.call(
             reqwest::Method::POST,
             "/v1/nodes",
-            Some(json!({"driver": "fake-hardware", "name": name})),
+            Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
         )?;
         let uuid = v["uuid"].as_str().unwrap_or_default().to_string();
         self.provision(&uuid, json!({"target": "manage"}))?;

@@ -39,7 +39,7 @@ fn node_in_clean_wait(d: &Rivetd, name: &str, mac: &str) -> Result<String> {
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "name": name})),
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
     )?;
     ensure!(s == 201, "create node: {s} {v}");
     let uuid = v["uuid"].as_str().context("node uuid")?.to_string();
@@ -477,7 +477,7 @@ fn boot_endpoints_serve_artefacts_and_per_node_scripts() -> Result<()> {
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "name": "idle"})),
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "idle"})),
     )?;
     ensure!(s == 201, "{v}");
     let (s, body) = get("/boot/ipxe/idle")?;

@@ -35,7 +35,7 @@ fn kill9_and_restart_loses_nothing_and_leaves_nothing_stuck() -> anyhow::Result<
         let (s, v) = d.call(
             "POST",
             "/v1/nodes",
-            Some(json!({"driver": "fake-hardware", "name": format!("slow-{i}"), "driver_info": {"fake_delay_ms": 2000}})),
+            Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": format!("slow-{i}"), "driver_info": {"fake_delay_ms": 2000}})),
         )?;
         assert_eq!(s, 201, "{v}");
     }

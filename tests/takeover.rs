@@ -324,7 +324,7 @@ fn killed_controller_is_taken_over_and_no_step_runs_twice() -> Result<()> {
         let (s, v) = d.call(
             "POST",
             "/v1/nodes",
-            Some(json!({"name": format!("tk-{i}"), "driver": "fake-hardware"})),
+            Some(json!({"name": format!("tk-{i}"), "driver": "fake-hardware", "deploy_interface": "direct"})),
         )?;
         if s != 201 {
             bail!("create node {i}: {s} {v}");

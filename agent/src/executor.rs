@@ -15,8 +15,8 @@ use crate::logring::LogRing;
 use crate::pid1;
 use rivet_hardware_managers::{Dispatcher, StepContext, StepError};
 use rivet_protocol::agent::{
-    CleanStepsResult, Command, CommandKind, CommandResult, CommandStatus, InventoryResult,
-    RunningCommand,
+    CleanStepsResult, Command, CommandKind, CommandResult, CommandStatus, DeployStepsResult,
+    InventoryResult, RunningCommand,
 };
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -403,6 +403,10 @@ fn execute(
         }
         CommandKind::GetCleanSteps => Ok(serde_json::to_value(CleanStepsResult {
             clean_steps: dispatcher.steps(),
+            hardware_manager_versions: dispatcher.versions(),
+        })?),
+        CommandKind::GetDeploySteps => Ok(serde_json::to_value(DeployStepsResult {
+            deploy_steps: dispatcher.deploy_steps(),
             hardware_manager_versions: dispatcher.versions(),
         })?),
         CommandKind::ExecuteStep {

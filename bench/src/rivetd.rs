@@ -235,7 +235,9 @@ impl Admin {
             .call(
                 reqwest::Method::POST,
                 "/v1/nodes",
-                Some(json!({"driver": "fake-hardware", "name": name})),
+                Some(
+                    json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name}),
+                ),
             )
             .await?;
         v["uuid"]

@@ -223,6 +223,7 @@ impl SimAgent {
                 done: self.progress,
                 total: 2 * 1_920_383_410_176,
                 message: "erasing /dev/nvme0n1, /dev/nvme1n1".into(),
+                rate: None,
             });
         }
         let req = HeartbeatRequest {
@@ -318,6 +319,13 @@ impl SimAgent {
                     });
                 }
                 self.finish(&cmd, CommandStatus::Succeeded, json!({}));
+            }
+            CommandKind::GetDeploySteps => {
+                self.finish(
+                    &cmd,
+                    CommandStatus::Succeeded,
+                    json!({"deploy_steps": [], "hardware_manager_versions": {"sim": "1.0"}}),
+                );
             }
             CommandKind::ExecuteStep { .. } | CommandKind::Reboot | CommandKind::PowerOff => {
                 self.finish(&cmd, CommandStatus::Succeeded, json!({}));

@@ -444,6 +444,8 @@ impl Demo {
         let body = NodeCreate {
             name: Some(NODE_NAME.into()),
             driver: "fake-hardware".into(),
+            // The local agent does the in-band work: the agent's deploy interface.
+            deploy_interface: Some("direct".into()),
             ..Default::default()
         };
         let node = self.client.post("/v1/nodes", &body).await?;
@@ -470,6 +472,8 @@ impl Demo {
             target: verb,
             clean_steps,
             configdrive: None,
+            deploy_steps: None,
+            rescue_password: None,
             disable_ramdisk: None,
         };
         let path = format!("/v1/nodes/{}/states/provision", seg(self.uuid()?));

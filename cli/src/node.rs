@@ -471,6 +471,8 @@ async fn provision(
         target: verb,
         clean_steps,
         configdrive: None,
+        deploy_steps: None,
+        rescue_password: None,
         disable_ramdisk: None,
     };
     client

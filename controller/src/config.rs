@@ -36,6 +36,8 @@ pub struct Config {
     pub agent: AgentSettings,
     /// Cleaning.
     pub cleaning: CleaningConfig,
+    /// Deploying images.
+    pub deploy: DeployConfig,
     /// Periodic power-state sync with the BMCs.
     pub power_sync: PowerSyncConfig,
     /// Out-of-band driver timeouts and retries.
@@ -80,6 +82,39 @@ impl Default for CleaningConfig {
             priority_overrides: Default::default(),
             step_timeout_s: 6 * 3600,
         }
+    }
+}
+
+/// `[deploy]`: what the agent may write.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeployConfig {
+    /// Image formats the agent writes; anything else is refused before a byte reaches the
+    /// disk (Ironic's `permitted_image_formats`).
+    pub permitted_image_formats: Vec<String>,
+    /// PEM file of an extra CA the agent trusts for image and configdrive URLs.
+    pub image_ca_file: Option<std::path::PathBuf>,
+}
+
+impl Default for DeployConfig {
+    fn default() -> Self {
+        DeployConfig {
+            permitted_image_formats: rivet_protocol::deploy::DEFAULT_PERMITTED_FORMATS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            image_ca_file: None,
+        }
+    }
+}
+
+impl DeployConfig {
+    /// The extra CA's PEM text, if configured and readable (a missing file is reported at
+    /// start-up by `check`).
+    pub fn image_ca_pem(&self) -> Option<String> {
+        self.image_ca_file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
     }
 }
 
@@ -179,8 +214,10 @@ pub struct ConductorConfig {
     pub clean_wait_timeout_s: u64,
     /// Timeout of `inspect wait`.
     pub inspect_wait_timeout_s: u64,
-    /// Timeout of `wait call-back`.
-    pub deploy_wait_timeout_s: u64,
+    /// Timeout of `wait call-back` (Ironic's `deploy_callback_timeout`): no word from the
+    /// ramdisk for this long fails the deploy.
+    #[serde(alias = "deploy_wait_timeout_s")]
+    pub deploy_callback_timeout_s: u64,
     /// Timeout of `rescue wait`.
     pub rescue_wait_timeout_s: u64,
     /// Run automated cleaning on provide / after tear-down (a node's `automated_clean` wins).
@@ -248,6 +285,7 @@ impl Default for Config {
             api: ApiConfig::default(),
             agent: AgentSettings::default(),
             cleaning: CleaningConfig::default(),
+            deploy: DeployConfig::default(),
             inspection: InspectionConfig::default(),
             secrets: crate::secrets::SecretsConfig::default(),
             power_sync: PowerSyncConfig::default(),
@@ -294,7 +332,7 @@ impl Default for ConductorConfig {
             check_interval_s: 10,
             clean_wait_timeout_s: 1800,
             inspect_wait_timeout_s: 1800,
-            deploy_wait_timeout_s: 1800,
+            deploy_callback_timeout_s: 1800,
             rescue_wait_timeout_s: 1800,
             automated_clean: true,
             heartbeat_interval_s: 2,

@@ -13,6 +13,7 @@ pub mod config;
 pub mod drivers;
 pub mod fsm;
 pub mod inspection;
+pub mod interfaces;
 pub mod secrets;
 pub mod server;
 pub mod store;

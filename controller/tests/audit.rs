@@ -198,7 +198,7 @@ async fn provide_records_requests_and_transitions_with_causes(db: TestDb) {
         .admin(
             Method::POST,
             "/v1/nodes",
-            Some(json!({"driver": "fake-hardware", "name": "w"})),
+            Some(json!({"driver": "fake-hardware", "name": "w", "deploy_interface": "direct"})),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");

@@ -30,21 +30,33 @@ impl Dispatcher {
         self.managers.iter().map(|(l, m)| (m.name(), *l))
     }
 
-    /// The manager that runs `step`: the highest support level that offers it.
+    /// The manager that runs `step`: the highest support level that offers it, as a clean
+    /// step or else as a deploy step.
     fn owner(&self, step: &str) -> Option<(&Arc<dyn HardwareManager>, StepDescriptor)> {
-        self.managers.iter().find_map(|(_, m)| {
-            m.steps()
-                .into_iter()
-                .find(|s| s.step == step)
-                .map(|s| (m, s))
-        })
+        let find = |deploy: bool| {
+            self.managers.iter().find_map(|(_, m)| {
+                let offered = if deploy { m.deploy_steps() } else { m.steps() };
+                offered.into_iter().find(|s| s.step == step).map(|s| (m, s))
+            })
+        };
+        find(false).or_else(|| find(true))
     }
 
-    /// Every step offered, one per name (the owner's descriptor), in priority order.
+    /// Every clean step offered, one per name (the owner's descriptor), in priority order.
     pub fn steps(&self) -> Vec<StepDescriptor> {
+        Self::merged(self.managers.iter().map(|(_, m)| m.steps()))
+    }
+
+    /// Every deploy step offered, one per name (the owner's descriptor), in priority order.
+    pub fn deploy_steps(&self) -> Vec<StepDescriptor> {
+        Self::merged(self.managers.iter().map(|(_, m)| m.deploy_steps()))
+    }
+
+    /// One descriptor per name, the first manager's (highest support), by priority.
+    fn merged(per_manager: impl Iterator<Item = Vec<StepDescriptor>>) -> Vec<StepDescriptor> {
         let mut out: Vec<StepDescriptor> = Vec::new();
-        for (_, m) in &self.managers {
-            for s in m.steps() {
+        for steps in per_manager {
+            for s in steps {
                 if !out.iter().any(|o| o.step == s.step) {
                     out.push(s);
                 }

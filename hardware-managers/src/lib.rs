@@ -88,11 +88,23 @@ impl StepContext {
 
     /// Report progress.
     pub fn set_progress(&self, done: u64, total: u64, message: impl Into<String>) {
+        self.set_progress_rate(done, total, None, message);
+    }
+
+    /// Report progress with the current rate (units per second).
+    pub fn set_progress_rate(
+        &self,
+        done: u64,
+        total: u64,
+        rate: Option<u64>,
+        message: impl Into<String>,
+    ) {
         if let Ok(mut p) = self.progress.lock() {
             *p = Some(Progress {
                 done,
                 total,
                 message: message.into(),
+                rate,
             });
         }
     }
@@ -116,11 +128,16 @@ pub trait HardwareManager: Send + Sync {
     fn evaluate_support(&self) -> SupportLevel;
     /// Add or refine inventory fields.
     fn inventory(&self, _inventory: &mut Inventory) {}
-    /// Steps offered.
+    /// Clean steps offered.
     fn steps(&self) -> Vec<StepDescriptor> {
         Vec::new()
     }
-    /// Run one of [`HardwareManager::steps`].
+    /// Deploy steps offered (IPA's `get_deploy_steps`: `write_image`…). A step name may be
+    /// both a clean and a deploy step; `execute` runs either.
+    fn deploy_steps(&self) -> Vec<StepDescriptor> {
+        Vec::new()
+    }
+    /// Run one of [`HardwareManager::steps`] or [`HardwareManager::deploy_steps`].
     fn execute(
         &self,
         step: &str,

@@ -77,6 +77,9 @@ pub struct Progress {
     /// Short human description.
     #[serde(default)]
     pub message: String,
+    /// Current rate in units per second (bytes/s for image writes), when the step knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
 }
 
 /// What the agent runs right now.
@@ -177,8 +180,10 @@ pub struct Command {
 pub enum CommandKind {
     /// Collect and return the inventory.
     GetInventory,
-    /// Return the steps the hardware managers offer.
+    /// Return the clean steps the hardware managers offer.
     GetCleanSteps,
+    /// Return the deploy steps the hardware managers offer (`write_image`…).
+    GetDeploySteps,
     /// Run one step.
     ExecuteStep {
         /// Interface of the step.
@@ -206,6 +211,7 @@ impl CommandKind {
         match self {
             CommandKind::GetInventory => "get_inventory",
             CommandKind::GetCleanSteps => "get_clean_steps",
+            CommandKind::GetDeploySteps => "get_deploy_steps",
             CommandKind::ExecuteStep { .. } => "execute_step",
             CommandKind::Abort { .. } => "abort",
             CommandKind::Reboot => "reboot",
@@ -226,6 +232,16 @@ pub struct InventoryResult {
 pub struct CleanStepsResult {
     /// Steps after dispatch (one per name: the highest-support manager's).
     pub clean_steps: Vec<StepDescriptor>,
+    /// Manager name → version.
+    #[serde(default)]
+    pub hardware_manager_versions: Map<String, Value>,
+}
+
+/// Result body of `get_deploy_steps`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployStepsResult {
+    /// Deploy steps after dispatch (one per name: the highest-support manager's).
+    pub deploy_steps: Vec<StepDescriptor>,
     /// Manager name → version.
     #[serde(default)]
     pub hardware_manager_versions: Map<String, Value>,

@@ -3,7 +3,7 @@
 //! Request bodies reject unknown fields so a typo is a 400 naming the field, not a silent no-op.
 
 use crate::states::{PowerState, Verb};
-use crate::steps::RequestedStep;
+use crate::steps::{RequestedDeployStep, RequestedStep};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -48,9 +48,54 @@ pub struct NodeCreate {
     /// Per-node automated cleaning switch (null = global default).
     #[serde(default)]
     pub automated_clean: Option<bool>,
-    /// Accepted for Ironic client compatibility; Rivet has one network model.
+    /// `boot_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub boot_interface: Option<String>,
+    /// `deploy_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub deploy_interface: Option<String>,
+    /// `power_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub power_interface: Option<String>,
+    /// `management_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub management_interface: Option<String>,
+    /// `rescue_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub rescue_interface: Option<String>,
+    /// `bios_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub bios_interface: Option<String>,
+    /// `console_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub console_interface: Option<String>,
+    /// `firmware_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub firmware_interface: Option<String>,
+    /// `network_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
     #[serde(default)]
     pub network_interface: Option<String>,
+    /// `raid_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub raid_interface: Option<String>,
+    /// `storage_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub storage_interface: Option<String>,
+    /// `vendor_interface`: one of the hardware type's enabled implementations (its default
+    /// when absent).
+    #[serde(default)]
+    pub vendor_interface: Option<String>,
     /// `agent` (in-band, the default) or the driver's name (`redfish`, `fake`) for
     /// out-of-band inspection.
     #[serde(default)]
@@ -66,9 +111,17 @@ pub struct ProvisionRequest {
     /// Steps for manual cleaning (`clean` only).
     #[serde(default)]
     pub clean_steps: Option<Vec<RequestedStep>>,
-    /// Config drive (accepted for deploy verbs; stored in instance_info).
+    /// Config drive (`active`/`rebuild` only): gzip+base64 ISO, its URL, or (1.56+) a
+    /// `{meta_data, user_data, network_data, vendor_data}` object rivetd builds into one.
     #[serde(default)]
     pub configdrive: Option<Value>,
+    /// Deploy steps to run besides the default ones (`active`/`rebuild`, 1.69+).
+    #[serde(default)]
+    pub deploy_steps: Option<Vec<RequestedDeployStep>>,
+    /// Password for the rescue user (`rescue` only, non-empty). Never stored in clear,
+    /// never logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescue_password: Option<String>,
     /// Skip booting the ramdisk (only when every step is out-of-band).
     #[serde(default)]
     pub disable_ramdisk: Option<bool>,

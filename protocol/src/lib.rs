@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod deploy;
 pub mod inventory;
 pub mod limits;
 pub mod patch;

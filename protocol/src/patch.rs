@@ -55,6 +55,18 @@ pub const NODE_PATCHABLE: &[&str] = &[
     "resource_class",
     "automated_clean",
     "inspect_interface",
+    "boot_interface",
+    "deploy_interface",
+    "power_interface",
+    "management_interface",
+    "rescue_interface",
+    "bios_interface",
+    "console_interface",
+    "firmware_interface",
+    "network_interface",
+    "raid_interface",
+    "storage_interface",
+    "vendor_interface",
 ];
 
 /// Apply `ops` to `doc`, allowing only top-level keys in `patchable`. On error `doc` may be

@@ -76,3 +76,20 @@ pub struct RequestedStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<i64>,
 }
+
+/// One deploy step an operator asks for (`deploy_steps` of an `active`/`rebuild` request, or a
+/// deploy template's step): Ironic requires a priority, which places it among the default
+/// deploy steps (0 disables a step of that name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedDeployStep {
+    /// Interface of the step.
+    pub interface: String,
+    /// Step name.
+    pub step: String,
+    /// Arguments.
+    #[serde(default)]
+    pub args: Map<String, Value>,
+    /// Where it runs among the other deploy steps (higher first); 0 = do not run.
+    pub priority: i64,
+}

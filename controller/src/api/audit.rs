@@ -202,6 +202,7 @@ fn action_name(method: &Method, path: &str, target: Option<&str>) -> String {
         ("node", Some("states"), Some(which @ ("provision" | "power"))) => {
             format!("{which}:{}", target.unwrap_or("?"))
         }
+        ("node", Some("provision"), None) if *method == Method::DELETE => "provision:abort".into(),
         ("node", Some("maintenance"), None) if *method == Method::DELETE => {
             "maintenance:unset".into()
         }

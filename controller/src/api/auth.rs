@@ -66,8 +66,9 @@ pub fn denied(role: Role, method: &Method, path: &str) -> Option<&'static str> {
         _ if read => None,
         Role::Reader => Some("any change (it is read-only)"),
         Role::Operator => {
-            let verb = method == Method::PUT
-                && (path.ends_with("/states/provision") || path.ends_with("/states/power"));
+            let verb = (method == Method::PUT
+                && (path.ends_with("/states/provision") || path.ends_with("/states/power")))
+                || (method == Method::DELETE && path.ends_with("/provision"));
             let maintenance = path.ends_with("/maintenance");
             if verb || maintenance {
                 None

@@ -3,6 +3,7 @@
 use super::render::{self, base_url, node_full, parse_fields, select, NODE_LIST_FIELDS};
 use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
 use crate::drivers::DRIVERS;
+use crate::interfaces::{Iface, Interfaces};
 use crate::store::{Node, NodeQuery, PortQuery, NODE_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -24,6 +25,11 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/nodes/{ident}", get(show).patch(update).delete(remove))
         .route("/v1/nodes/{ident}/states", get(states))
         .route("/v1/nodes/{ident}/states/provision", put(provision))
+        // Abort the running provision task (the seed's spelling of `abort`).
+        .route(
+            "/v1/nodes/{ident}/provision",
+            axum::routing::delete(abort_provision),
+        )
         .route("/v1/nodes/{ident}/states/power", put(power))
         .route(
             "/v1/nodes/{ident}/maintenance",
@@ -251,15 +257,16 @@ async fn create(
     };
     // driver_info is checked by `manage` (verifying), as in Ironic: operators often create a
     // node first and fill in the BMC details afterwards.
-    let mut node = Node::new(uuid, req.driver);
-    node.name = req.name;
-    node.driver_info = req.driver_info;
-    node.properties = req.properties;
-    node.instance_info = req.instance_info;
-    node.extra = req.extra;
-    node.resource_class = req.resource_class;
+    let mut node = Node::new(uuid, req.driver.clone());
+    node.name = req.name.clone();
+    node.driver_info = req.driver_info.clone();
+    node.properties = req.properties.clone();
+    node.instance_info = req.instance_info.clone();
+    node.extra = req.extra.clone();
+    node.resource_class = req.resource_class.clone();
     node.automated_clean = req.automated_clean;
-    node.inspect_interface = check_inspect_interface(req.inspect_interface)?;
+    node.inspect_interface = check_inspect_interface(req.inspect_interface.clone())?;
+    node.interfaces = interfaces_from_create(&req, &node.driver)?;
     node.provision_updated_at = Some(node.created_at);
     let node = state.conductor.store.create_node(&node).await?;
     tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
@@ -293,6 +300,33 @@ async fn show(
     };
     etag(&mut resp, node.version);
     Ok(resp)
+}
+
+/// The interfaces of a node being created: those given, the hardware type's defaults for the
+/// rest (stored resolved, as Ironic does), each checked against the hardware type.
+fn interfaces_from_create(req: &NodeCreate, driver: &str) -> Result<Interfaces, ApiError> {
+    let mut i = Interfaces::default();
+    for iface in Iface::ALL {
+        let given = match iface {
+            Iface::Boot => &req.boot_interface,
+            Iface::Deploy => &req.deploy_interface,
+            Iface::Power => &req.power_interface,
+            Iface::Management => &req.management_interface,
+            Iface::Rescue => &req.rescue_interface,
+            Iface::Bios => &req.bios_interface,
+            Iface::Console => &req.console_interface,
+            Iface::Firmware => &req.firmware_interface,
+            Iface::Network => &req.network_interface,
+            Iface::Raid => &req.raid_interface,
+            Iface::Storage => &req.storage_interface,
+            Iface::Vendor => &req.vendor_interface,
+        };
+        i.set(*iface, given.clone());
+    }
+    let name = req.name.clone().unwrap_or_default();
+    i.validate(&name, driver)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(i.with_defaults(driver))
 }
 
 /// Inspection interfaces: in-band through the agent, or out-of-band through a driver.
@@ -377,6 +411,9 @@ async fn update(
         "automated_clean": node.automated_clean,
         "inspect_interface": node.inspect_interface,
     });
+    for (iface, value) in node.interfaces.resolved(&node.driver) {
+        doc[iface.field()] = Value::from(value);
+    }
     patch::apply(&mut doc, &ops, NODE_PATCHABLE)?;
     let Value::Object(mut doc) = doc else {
         return Err(ApiError::bad_request("patch replaced the whole node"));
@@ -389,6 +426,25 @@ async fn update(
     new.driver = opt_string(&mut doc, "driver")?
         .ok_or_else(|| ApiError::bad_request("field driver cannot be removed"))?;
     check_driver(&new.driver)?;
+    // A changed driver resets every interface the same patch does not set to the new
+    // hardware type's default (Ironic's reset_interfaces); a removed one goes back to it.
+    let driver_changed = new.driver != node.driver;
+    let mut interfaces = Interfaces::default();
+    for iface in Iface::ALL {
+        let field = iface.field();
+        let patched = ops
+            .iter()
+            .any(|op| op.path.trim_start_matches('/').split('/').next() == Some(field.as_str()));
+        let value = opt_string(&mut doc, &field)?;
+        if patched || !driver_changed {
+            interfaces.set(*iface, value);
+        }
+    }
+    interfaces
+        .validate(new.ident(), &new.driver)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    new.interfaces = interfaces.with_defaults(&new.driver);
+    new.inspect_interface = check_inspect_interface(opt_string(&mut doc, "inspect_interface")?)?;
     new.driver_info = map_field(&mut doc, "driver_info")?;
     new.properties = map_field(&mut doc, "properties")?;
     new.instance_info = map_field(&mut doc, "instance_info")?;
@@ -472,6 +528,28 @@ async fn provision(
         .provision(&ident, &req, version, &by)
         .await?;
     Ok(accepted(&headers, &node))
+}
+
+/// `DELETE /v1/nodes/{id}/provision`: 202 when the running task was aborted, 403 when its
+/// running step may not be interrupted, 404 when no provision task runs.
+async fn abort_provision(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Extension(caller): Extension<super::auth::Caller>,
+    Path(ident): Path<String>,
+) -> ApiResult<Response> {
+    use crate::conductor::AbortRefusal;
+    let by = super::audit::actor_of(&state, &caller);
+    match state.conductor.abort_task(&ident, &by).await {
+        Ok(node) => Ok(accepted(&headers, &node)),
+        Err(e @ AbortRefusal::NoTask { .. }) => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string()))
+        }
+        Err(e @ AbortRefusal::NotAbortable { .. }) => {
+            Err(ApiError::new(StatusCode::FORBIDDEN, e.to_string()))
+        }
+        Err(AbortRefusal::Other(e)) => Err(e.into()),
+    }
 }
 
 async fn power(

@@ -56,7 +56,7 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         "driver_info": mask_secrets(&n.driver_info),
         "driver_internal_info": internal,
         "properties": n.properties,
-        "instance_info": mask_secrets(&n.instance_info),
+        "instance_info": instance_info(&n.instance_info),
         "instance_uuid": n.instance_uuid,
         "extra": n.extra,
         "provision_state": n.provision_state,
@@ -81,7 +81,6 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         "inspect_interface": n.inspect_interface.as_deref().unwrap_or("agent"),
         "inspection_started_at": time(&n.inspection_started_at),
         "inspection_finished_at": time(&n.inspection_finished_at),
-        "network_interface": "noop",
         "created_at": time(&Some(n.created_at)),
         "updated_at": time(&n.updated_at),
         "version": n.version,
@@ -89,10 +88,24 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         "ports": [{"href": format!("{base}/v1/nodes/{}/ports", n.uuid), "rel": "self"}],
         "states": [{"href": format!("{base}/v1/nodes/{}/states", n.uuid), "rel": "self"}],
     });
-    match v {
+    let mut m = match v {
         Value::Object(m) => m,
         _ => Map::new(),
+    };
+    for (iface, value) in n.interfaces.resolved(&n.driver) {
+        m.insert(iface.field(), Value::from(value));
     }
+    m
+}
+
+/// `instance_info` as shown: secrets masked, and the configdrive (user data may hold
+/// credentials, and it can be megabytes) replaced by `******` as Ironic does.
+fn instance_info(info: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = mask_secrets(info);
+    if let Some(v) = out.get_mut("configdrive") {
+        *v = Value::from("******");
+    }
+    out
 }
 
 /// Parse `fields=a,b,c` and check each name.

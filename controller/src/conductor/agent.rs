@@ -335,10 +335,12 @@ impl Conductor {
         // LIVENESS_WRITE_EVERY unless its progress changed.
         for _ in 0..5 {
             let progress = req.running.as_ref().and_then(|r| r.progress.as_ref());
-            let shown = node.clean_step.as_ref().and_then(|s| s.get("progress"));
+            // The step shown on the node: a clean step, or a deploy step (write_image).
+            let current = node.clean_step.as_ref().or(node.deploy_step.as_ref());
+            let shown = current.and_then(|s| s.get("progress"));
             let progress_changed = match (progress, shown) {
                 (Some(p), Some(s)) => serde_json::to_value(p).ok().as_ref() != Some(s),
-                (Some(_), None) => node.clean_step.is_some(),
+                (Some(_), None) => current.is_some(),
                 _ => false,
             };
             let recent = node
@@ -362,7 +364,11 @@ impl Conductor {
             if node.provision_state.is_wait() {
                 node.provision_updated_at = Some(Utc::now());
             }
-            if let (Some(step), Some(p)) = (node.clean_step.as_mut(), progress) {
+            let step = match node.clean_step.as_mut() {
+                Some(s) => Some(s),
+                None => node.deploy_step.as_mut(),
+            };
+            if let (Some(step), Some(p)) = (step, progress) {
                 if let Some(obj) = step.as_object_mut() {
                     obj.insert(
                         "progress".into(),

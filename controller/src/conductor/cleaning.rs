@@ -52,14 +52,14 @@ fn plan(node: &Node) -> Option<Vec<PlannedStep>> {
         .and_then(|v| serde_json::from_value(v.clone()).ok())
 }
 
-fn has_agent(node: &Node) -> bool {
+pub(super) fn has_agent(node: &Node) -> bool {
     node.driver_internal_info.contains_key("agent_token_hash")
 }
 
 impl Conductor {
     /// Store the command on the node first (by the caller), then queue it; queueing the same
     /// id twice is harmless.
-    async fn queue(&self, uuid: &str, command: Command) -> Result<(), ConductorError> {
+    pub(super) async fn queue(&self, uuid: &str, command: Command) -> Result<(), ConductorError> {
         match self.store.enqueue_command(uuid, &command).await {
             Ok(()) | Err(StoreError::Duplicate(_)) => {}
             Err(e) => return Err(e.into()),
@@ -70,7 +70,7 @@ impl Conductor {
     }
 
     /// Make sure a stored command id is really queued (a crash may have come in between).
-    async fn ensure_queued(
+    pub(super) async fn ensure_queued(
         &self,
         uuid: &str,
         id: &str,
@@ -119,10 +119,10 @@ impl Conductor {
         use ProvisionState::*;
         match (node.provision_state, want) {
             (a, b) if a == b => Ok(self.store.update_node(&node).await?),
-            (Cleaning, CleanWait) | (Inspecting, InspectWait) => {
+            (Cleaning, CleanWait) | (Inspecting, InspectWait) | (Deploying, WaitCallBack) => {
                 self.event(node, Event::Wait, None).await
             }
-            (CleanWait, Cleaning) | (InspectWait, Inspecting) => {
+            (CleanWait, Cleaning) | (InspectWait, Inspecting) | (WaitCallBack, Deploying) => {
                 self.event(node, Event::Resume, None).await
             }
             _ => Ok(self.store.update_node(&node).await?),
@@ -146,8 +146,31 @@ impl Conductor {
             return self.event(node, Event::Done, None).await.map(Some);
         }
 
-        // 1. Boot the ramdisk once per run, unless a manual clean needs no ramdisk at all.
+        // 1. Boot the ramdisk once per run, unless the run needs none: the fake deploy
+        // interface has no in-band steps at all (fake-hardware cleans without an agent, as
+        // in Ironic), and a manual clean may ask only for out-of-band steps.
         if !node.driver_internal_info.contains_key("cleaning_booted") {
+            if !node.interfaces.uses_agent(&node.driver) {
+                let plan = self.plan_without_agent(&node, bmc, manual).await;
+                let plan = match plan {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let msg = format!("cleaning of node {} refused: {e}", node.ident());
+                        let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+                        return self.fail(node, &msg).await.map(Some);
+                    }
+                };
+                tracing::info!(node = %uuid, steps = plan.len(), "deploy interface has no agent: cleaning without a ramdisk");
+                set(&mut node, "cleaning_booted", json!(false));
+                set(&mut node, "cleaning_no_ramdisk", json!(true));
+                set(
+                    &mut node,
+                    "clean_plan",
+                    serde_json::to_value(&plan).unwrap_or(Value::Null),
+                );
+                set(&mut node, "clean_step_index", json!(0));
+                return Ok(Some(self.store.update_node(&node).await?));
+            }
             if manual {
                 if let Some(plan) = self.plan_without_ramdisk(&node, bmc).await {
                     set(&mut node, "cleaning_booted", json!(false));
@@ -303,6 +326,31 @@ impl Conductor {
                 .await
                 .map(Some),
         }
+    }
+
+    /// The plan of a node whose deploy interface has no agent: the driver's and the
+    /// conductor's steps only (none on fake-hardware's automated cleaning).
+    async fn plan_without_agent(
+        &self,
+        node: &Node,
+        bmc: &dyn Bmc,
+        manual: bool,
+    ) -> Result<Vec<PlannedStep>, String> {
+        let driver_steps = bmc.steps(&node.uuid, &node.driver_info).await;
+        if !manual {
+            return Ok(steps::automated_plan(
+                &[],
+                &driver_steps,
+                &self.config.cleaning.priority_overrides,
+            ));
+        }
+        let requested: Vec<RequestedStep> = node
+            .driver_internal_info
+            .get("requested_clean_steps")
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default();
+        steps::manual_plan(&requested, &steps::available(&[], &driver_steps))
+            .map_err(|e| e.to_string())
     }
 
     /// A manual plan that needs no ramdisk: every requested step is the driver's or the
@@ -524,7 +572,7 @@ impl Conductor {
 }
 
 /// What `clean_step` on the node shows while a step runs.
-fn step_doc(step: &PlannedStep) -> Value {
+pub(super) fn step_doc(step: &PlannedStep) -> Value {
     json!({
         "interface": step.step.interface,
         "step": step.step.step,

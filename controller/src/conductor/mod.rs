@@ -8,6 +8,7 @@
 
 pub mod agent;
 mod cleaning;
+mod deploying;
 mod errors;
 mod inspection;
 mod membership;
@@ -17,9 +18,10 @@ pub mod steps;
 mod verbs;
 
 pub use errors::ConductorError;
+pub use verbs::AbortRefusal;
 
 use crate::config::Config;
-use crate::drivers::{self, fake::FakeBmc, Bmc};
+use crate::drivers::{self, fake::FakeBmc, Bmc, BootDevice};
 use crate::fsm::{self, Event};
 use crate::store::{Node, Store, StoreError};
 use chrono::Utc;
@@ -131,7 +133,9 @@ impl Conductor {
             }
             let agent_wait = matches!(
                 node.provision_state,
-                ProvisionState::CleanWait | ProvisionState::InspectWait
+                ProvisionState::CleanWait
+                    | ProvisionState::InspectWait
+                    | ProvisionState::WaitCallBack
             );
             if !node.provision_state.is_conductor_busy() && !agent_wait {
                 return Ok(());
@@ -171,7 +175,10 @@ impl Conductor {
             // Another controller may have finished the work meanwhile (rings disagree for a
             // moment after a membership change): a resting node keeps no reservation.
             let holds = node.provision_state.is_conductor_busy()
-                || matches!(node.provision_state, CleanWait | CleanHold | InspectWait);
+                || matches!(
+                    node.provision_state,
+                    CleanWait | CleanHold | InspectWait | WaitCallBack
+                );
             if !holds {
                 self.store.release_lease(&node.uuid, self.id()).await?;
                 return Ok(None);
@@ -203,26 +210,95 @@ impl Conductor {
             }
             Cleaning | CleanWait => self.advance_cleaning(node, bmc.as_ref()).await,
             Deleting => {
-                if let Err(e) = bmc
-                    .set_power(&node.uuid, &node.driver_info, PowerState::Off)
-                    .await
-                {
+                // Tear down: power off, boot from the network again (the next boot is the
+                // cleaning ramdisk's), forget the instance, then automated cleaning.
+                let torn = async {
+                    bmc.set_power(&node.uuid, &node.driver_info, PowerState::Off)
+                        .await?;
+                    if !node.interfaces.fake_boot(&node.driver) {
+                        bmc.set_boot_device_persistent(
+                            &node.uuid,
+                            &node.driver_info,
+                            BootDevice::Pxe,
+                        )
+                        .await?;
+                    }
+                    Ok::<_, crate::drivers::DriverError>(())
+                }
+                .await;
+                if let Err(e) = torn {
                     let msg = format!(
-                        "failed to power off node {} during tear-down: {e}",
+                        "failed to tear down node {}: {e}; fix the BMC and send `deleted` again",
                         node.ident()
                     );
                     return self.fail(node, &msg).await.map(Some);
                 }
                 node.power_state = Some(PowerState::Off);
                 node.instance_uuid = None;
+                node.instance_info.clear();
+                node.driver_internal_info.remove(deploying::RUN_KEY);
+                node.driver_internal_info.remove(deploying::IMAGE_KEY);
+                agent::forget_agent_token(&mut node);
+                let _ = self.store.cancel_pending(&node.uuid).await;
                 self.event(node, Event::Clean, None).await.map(Some)
             }
             Inspecting | InspectWait => self.advance_inspection(node, bmc.as_ref()).await,
-            // fake-hardware has no deploy, adopt or rescue work: they succeed at once.
-            Deploying | Adopting | Rescuing | Unrescuing => {
-                self.event(node, Event::Done, None).await.map(Some)
+            Deploying | WaitCallBack => self.advance_deploy(node, bmc.as_ref()).await,
+            Adopting => self.adopt(node, bmc.as_ref()).await.map(Some),
+            // Only the fake rescue interface (fake-hardware) is served; the API refuses
+            // rescue for any other, so reaching here means there is no work to do.
+            Rescuing | Unrescuing => {
+                if node
+                    .interfaces
+                    .check_verb(
+                        node.ident(),
+                        &node.driver,
+                        rivet_protocol::states::Verb::Rescue,
+                    )
+                    .is_ok()
+                {
+                    self.event(node, Event::Done, None).await.map(Some)
+                } else {
+                    let msg = format!(
+                        "node {} has rescue_interface {:?}, which cannot rescue",
+                        node.ident(),
+                        node.interfaces
+                            .get(&node.driver, crate::interfaces::Iface::Rescue)
+                    );
+                    self.fail(node, &msg).await.map(Some)
+                }
             }
             _ => Ok(None),
+        }
+    }
+
+    /// Adopt a node that already runs its instance: check the deploy interface has what it
+    /// needs (the image the instance came from) and that the BMC answers, then `active`.
+    /// Nothing is written and the power is left alone.
+    async fn adopt(&self, mut node: Node, bmc: &dyn Bmc) -> Result<Node, ConductorError> {
+        if node.interfaces.uses_agent(&node.driver) {
+            if let Err(e) = verbs::check_image_info(&node) {
+                let msg = format!("adoption of node {} failed: {e}", node.ident());
+                return self.fail(node, &msg).await;
+            }
+        }
+        let checked = match bmc.validate(&node.driver_info) {
+            Ok(()) => bmc.get_power(&node.uuid, &node.driver_info).await,
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok(power) => {
+                node.power_state = Some(power);
+                tracing::info!(node = %node.uuid, power = %power, "node adopted");
+                self.event(node, Event::Done, None).await
+            }
+            Err(e) => {
+                let msg = format!(
+                    "adoption of node {} failed: its BMC did not answer: {e}; fix driver_info and `adopt` again",
+                    node.ident()
+                );
+                self.fail(node, &msg).await
+            }
         }
     }
 
@@ -259,8 +335,12 @@ impl Conductor {
         if let Some(err) = last_error {
             node.last_error = Some(err);
         }
-        // Cleaning keeps the node reserved for the whole run, waits and holds included.
-        let keeps = matches!(to, ProvisionState::CleanWait | ProvisionState::CleanHold);
+        // Cleaning and deploy keep the node reserved for the whole run, waits and holds
+        // included.
+        let keeps = matches!(
+            to,
+            ProvisionState::CleanWait | ProvisionState::CleanHold | ProvisionState::WaitCallBack
+        );
         if !to.is_conductor_busy() && !keeps {
             node.reservation = None;
         }

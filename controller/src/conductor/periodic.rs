@@ -41,7 +41,11 @@ impl Conductor {
         }
         // Waits too: a result that landed just before the crash may never have been acted on.
         let mut states = BUSY.to_vec();
-        states.extend([ProvisionState::CleanWait, ProvisionState::InspectWait]);
+        states.extend([
+            ProvisionState::CleanWait,
+            ProvisionState::InspectWait,
+            ProvisionState::WaitCallBack,
+        ]);
         let nodes: Vec<_> = self
             .store
             .nodes_in_states(&states)
@@ -61,7 +65,7 @@ impl Conductor {
         match state {
             ProvisionState::CleanWait => c.clean_wait_timeout_s,
             ProvisionState::InspectWait => c.inspect_wait_timeout_s,
-            ProvisionState::WaitCallBack => c.deploy_wait_timeout_s,
+            ProvisionState::WaitCallBack => c.deploy_callback_timeout_s,
             _ => c.rescue_wait_timeout_s,
         }
     }
@@ -79,6 +83,7 @@ impl Conductor {
         let step = node
             .clean_step
             .as_ref()
+            .or(node.deploy_step.as_ref())
             .and_then(|s| s.get("step"))
             .and_then(serde_json::Value::as_str)
             .map(|s| format!(" while step {s:?} was running"))
@@ -91,12 +96,29 @@ impl Conductor {
                     node.ident()
                 ));
             }
+        }
+        if state == ProvisionState::WaitCallBack {
+            let step_limit = self.config.cleaning.step_timeout_s as i64;
+            if let Some(age) = Self::deploy_step_started(node)
+                .map(|t| (now - t).num_seconds())
+                .filter(|a| *a >= step_limit)
+            {
+                return Some(format!(
+                    "deploy step timed out on node {} after {age} s (limit cleaning.step_timeout_s = {step_limit} s){step}",
+                    node.ident()
+                ));
+            }
+        }
+        if matches!(
+            state,
+            ProvisionState::CleanWait | ProvisionState::WaitCallBack
+        ) {
             let hb_limit = self.config.agent.heartbeat_timeout_s as i64;
             if dii.contains_key("agent_token_hash") {
                 if let Some(age) = since("agent_last_heartbeat").filter(|a| *a >= hb_limit) {
                     return Some(format!(
                         "no heartbeat from the agent of node {} for {age} s (limit {hb_limit} s){step}; \
-                         the ramdisk died or lost its network — check its console, then `manage` and clean again",
+                         the ramdisk died or lost its network — check its console, then retry the operation",
                         node.ident()
                     ));
                 }
@@ -134,7 +156,9 @@ impl Conductor {
                         !n.maintenance
                             && matches!(
                                 n.provision_state,
-                                ProvisionState::CleanWait | ProvisionState::InspectWait
+                                ProvisionState::CleanWait
+                                    | ProvisionState::InspectWait
+                                    | ProvisionState::WaitCallBack
                             )
                     })
                     .map(|n| n.uuid.clone()),
@@ -154,7 +178,8 @@ impl Conductor {
                 .driver_internal_info
                 .get("clean_command")
                 .and_then(serde_json::Value::as_str)
-                .map(str::to_string);
+                .map(str::to_string)
+                .or_else(|| Self::deploy_command(&node));
             match self.event(node, Event::Fail, Some(msg)).await {
                 Ok(n) => {
                     tracing::warn!(node = %n.uuid, state = %state, "wait timed out");

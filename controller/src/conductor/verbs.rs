@@ -22,6 +22,89 @@ fn truncate_chars(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
+/// Check the image fields of `instance_info` a `direct` deploy needs, before anything
+/// changes (Ironic refuses these with a 400 too): an http(s) `image_source` and a way to
+/// verify it (`image_os_hash_algo` + `image_os_hash_value`, or `image_checksum`).
+pub(crate) fn check_image_info(node: &Node) -> Result<(), String> {
+    let info = &node.instance_info;
+    let s = |k: &str| info.get(k).and_then(Value::as_str).map(str::trim);
+    let Some(source) = s("image_source").filter(|v| !v.is_empty()) else {
+        return Err(format!(
+            "node {} has no instance_info.image_source; set it to the image's http(s) URL (`rivet node deploy {} --image URL`)",
+            node.ident(),
+            node.ident()
+        ));
+    };
+    if !(source.starts_with("http://") || source.starts_with("https://")) {
+        return Err(format!(
+            "node {}: instance_info.image_source {source:?} must be an http:// or https:// URL (the agent downloads it)",
+            node.ident()
+        ));
+    }
+    if let Some(t) = s("image_type") {
+        if t != "whole-disk" {
+            return Err(format!(
+                "node {}: instance_info.image_type {t:?} is not supported; Rivet deploys whole-disk images",
+                node.ident()
+            ));
+        }
+    }
+    let hex_len = |algo: &str| match algo {
+        "sha256" => Some(64),
+        "sha512" => Some(128),
+        _ => None,
+    };
+    match (s("image_os_hash_algo"), s("image_os_hash_value"), s("image_checksum")) {
+        (Some(algo), Some(value), _) => {
+            let Some(len) = hex_len(algo) else {
+                return Err(format!(
+                    "node {}: instance_info.image_os_hash_algo {algo:?} is not supported; use sha256 or sha512",
+                    node.ident()
+                ));
+            };
+            if value.len() != len || !value.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "node {}: instance_info.image_os_hash_value must be {len} hex digits for {algo}",
+                    node.ident()
+                ));
+            }
+            Ok(())
+        }
+        (Some(_), None, _) | (None, Some(_), _) => Err(format!(
+            "node {}: set both instance_info.image_os_hash_algo and image_os_hash_value",
+            node.ident()
+        )),
+        (None, None, Some(c)) => {
+            let url = c.starts_with("http://") || c.starts_with("https://");
+            let hex = c.chars().all(|ch| ch.is_ascii_hexdigit());
+            if url || (hex && matches!(c.len(), 64 | 128)) {
+                Ok(())
+            } else if hex && c.len() == 32 {
+                Err(format!(
+                    "node {}: instance_info.image_checksum looks like an MD5 digest, which is refused; use image_os_hash_algo sha256 or sha512",
+                    node.ident()
+                ))
+            } else {
+                Err(format!(
+                    "node {}: instance_info.image_checksum must be a sha256/sha512 hex digest or the URL of a checksums file",
+                    node.ident()
+                ))
+            }
+        }
+        (None, None, None) => Err(format!(
+            "node {} has no image checksum; set instance_info.image_os_hash_algo and image_os_hash_value (or image_checksum)",
+            node.ident()
+        )),
+    }
+}
+
+/// The configdrive of a deploy request as the agent takes it: a URL, or gzip+base64 ISO.
+fn prepare_configdrive(cd: &Value, node: &Node) -> Result<String, String> {
+    // PENDING(configdrive module): replaced by crate::configdrive::prepare.
+    let _ = (cd, node);
+    Err("configdrive support is being built".into())
+}
+
 /// Microversion a verb needs (Ironic's milestones).
 fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
     match verb {
@@ -34,6 +117,32 @@ fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
         Verb::Rescue | Verb::Unrescue => (1, 38),
         _ => (1, 1),
     }
+}
+
+/// Why `DELETE /v1/nodes/{id}/provision` did not abort.
+#[derive(Debug, thiserror::Error)]
+pub enum AbortRefusal {
+    /// No provision task runs (404).
+    #[error("node {node} is in \"{state}\": no provision task is running to abort")]
+    NoTask {
+        /// The node.
+        node: String,
+        /// Its state.
+        state: ProvisionState,
+    },
+    /// The running step may not be interrupted (403).
+    #[error("node {node} is running step {step:?} in \"{state}\", which is not abortable; wait for it to end, then abort")]
+    NotAbortable {
+        /// The node.
+        node: String,
+        /// The step.
+        step: String,
+        /// Its state.
+        state: ProvisionState,
+    },
+    /// Anything else (state errors, store failures).
+    #[error(transparent)]
+    Other(#[from] ConductorError),
 }
 
 impl Conductor {
@@ -66,6 +175,45 @@ impl Conductor {
                 "target \"clean\" needs clean_steps (a list, possibly empty)".into(),
             ));
         }
+        match (&req.rescue_password, verb) {
+            (Some(p), Verb::Rescue) if !p.is_empty() => {}
+            (_, Verb::Rescue) => {
+                return Err(ConductorError::BadRequest(
+                    "target \"rescue\" needs a non-empty rescue_password".into(),
+                ))
+            }
+            (Some(_), _) => {
+                return Err(ConductorError::BadRequest(format!(
+                    "rescue_password is only valid with target \"rescue\", not \"{verb}\""
+                )))
+            }
+            (None, _) => {}
+        }
+        let deploys = matches!(verb, Verb::Active | Verb::Deploy | Verb::Rebuild);
+        if req.configdrive.is_some() && !deploys {
+            return Err(ConductorError::BadRequest(format!(
+                "configdrive is only valid with target \"active\" or \"rebuild\", not \"{verb}\""
+            )));
+        }
+        if let Some(steps) = &req.deploy_steps {
+            if !deploys {
+                return Err(ConductorError::BadRequest(format!(
+                    "deploy_steps is only valid with target \"active\" or \"rebuild\", not \"{verb}\""
+                )));
+            }
+            if version < (1, 69) {
+                return Err(ConductorError::BadRequest(
+                    "deploy_steps needs API version 1.69 or later".into(),
+                ));
+            }
+            super::deploying::check_requested(steps)
+                .map_err(|e| ConductorError::BadRequest(format!("node {}: {e}", node.ident())))?;
+        }
+        if matches!(req.configdrive, Some(Value::Object(_))) && version < (1, 56) {
+            return Err(ConductorError::BadRequest(
+                "a configdrive given as a JSON object needs API version 1.56 or later; send X-OpenStack-Ironic-API-Version: 1.56".into(),
+            ));
+        }
         let to = fsm::next_for_verb(state, verb).ok_or_else(|| ConductorError::InvalidState {
             node: node.ident().to_string(),
             state,
@@ -73,9 +221,12 @@ impl Conductor {
             allowed: fsm::allowed_verbs(state),
         })?;
         if let Some(by) = &node.reservation {
-            // Cleaning holds the node for the whole run; abort and unhold are how an
-            // operator steers that run.
-            if !matches!(verb, Verb::Abort | Verb::Unhold) {
+            // Cleaning and deploy hold the node for the whole run; abort and unhold are how an
+            // operator steers that run, and a deploy waiting on its ramdisk may be torn down.
+            let steering = matches!(verb, Verb::Abort | Verb::Unhold)
+                || (state == ProvisionState::WaitCallBack
+                    && matches!(verb, Verb::Deleted | Verb::Undeploy));
+            if !steering {
                 return Err(ConductorError::Locked {
                     node: node.ident().to_string(),
                     by: by.clone(),
@@ -90,6 +241,39 @@ impl Conductor {
                 node.ident()
             )));
         }
+        node.interfaces
+            .check_verb(node.ident(), &node.driver, verb)
+            .map_err(|e| ConductorError::BadRequest(e.to_string()))?;
+        let direct = node.interfaces.uses_agent(&node.driver);
+        if (deploys || verb == Verb::Adopt) && direct {
+            check_image_info(&node).map_err(ConductorError::BadRequest)?;
+            if let Some(fmt) = node
+                .instance_info
+                .get("image_disk_format")
+                .and_then(Value::as_str)
+            {
+                let permitted = &self.config.deploy.permitted_image_formats;
+                if !permitted.iter().any(|p| p == fmt) {
+                    return Err(ConductorError::BadRequest(format!(
+                        "node {}: instance_info.image_disk_format {fmt:?} is not permitted here; permitted: {}",
+                        node.ident(),
+                        permitted.join(", ")
+                    )));
+                }
+            }
+        }
+        if deploys {
+            if let Some(cd) = &req.configdrive {
+                let text = prepare_configdrive(cd, &node).map_err(|e| {
+                    ConductorError::BadRequest(format!("node {}: {e}", node.ident()))
+                })?;
+                node.instance_info
+                    .insert("configdrive".into(), Value::from(text));
+            }
+            if !direct && node.instance_info.contains_key("configdrive") {
+                tracing::info!(node = %node.uuid, "fake deploy interface: the configdrive is kept but nothing writes it");
+            }
+        }
         if verb == Verb::Clean {
             self.check_manual_steps(&node, req.clean_steps.as_deref().unwrap_or_default())
                 .await?;
@@ -103,6 +287,9 @@ impl Conductor {
             && matches!(state, ProvisionState::CleanWait | ProvisionState::CleanHold)
         {
             return self.abort_cleaning(node).await;
+        }
+        if verb == Verb::Abort && state == ProvisionState::WaitCallBack {
+            return self.abort_deploy(node).await;
         }
         let event = Event::from_verb(verb);
         node.target_provision_state = fsm::target_of(state, event, to);
@@ -136,6 +323,22 @@ impl Conductor {
             node.inspection_finished_at = None;
             super::agent::forget_agent_token(&mut node);
         }
+        if deploys {
+            // A fresh run: the conductor plans it from the default steps and these.
+            node.driver_internal_info.remove(super::deploying::RUN_KEY);
+            node.driver_internal_info
+                .remove(super::deploying::IMAGE_KEY);
+            node.driver_internal_info.remove("requested_deploy_steps");
+            if let Some(steps) = &req.deploy_steps {
+                node.driver_internal_info.insert(
+                    "requested_deploy_steps".into(),
+                    serde_json::to_value(steps)
+                        .map_err(|e| ConductorError::BadRequest(e.to_string()))?,
+                );
+            }
+            node.deploy_step = None;
+            node.reservation = Some(self.owner_of(&node.uuid));
+        }
         if verb == Verb::Clean {
             let steps = serde_json::to_value(req.clean_steps.as_deref().unwrap_or_default())
                 .map_err(|e| ConductorError::BadRequest(e.to_string()))?;
@@ -162,6 +365,103 @@ impl Conductor {
         Ok(node)
     }
 
+    /// `abort` in wait call-back. The running step, if the agent runs one that is not
+    /// abortable, finishes first (the abort is recorded on `deploy_step`); otherwise the
+    /// deploy fails now, the agent is told to stop and the node is powered off.
+    async fn abort_deploy(self: &Arc<Self>, mut node: Node) -> Result<Node, ConductorError> {
+        let state = node.provision_state;
+        match Self::running_deploy_step(&node) {
+            Some((step, false)) => {
+                if let Some(obj) = node.deploy_step.as_mut().and_then(Value::as_object_mut) {
+                    obj.insert("abort_after".into(), Value::Bool(true));
+                }
+                let node = self.store.update_node(&node).await?;
+                tracing::warn!(node = %node.uuid, step = %step, "abort requested during a non-abortable deploy step; the deploy fails when it ends");
+                Ok(node)
+            }
+            running => {
+                let during = match running {
+                    Some((step, _)) => format!("during step {step:?}"),
+                    None => "while waiting for the ramdisk to call back".into(),
+                };
+                let msg =
+                    format!("deploy operation was aborted by an operator in \"{state}\" {during}");
+                node.last_error = Some(msg.clone());
+                let node = self.event(node, Event::Abort, Some(msg)).await?;
+                let this = self.clone();
+                let stopped = node.clone();
+                // The BMC may take seconds: the answer does not wait for it.
+                tokio::spawn(async move { this.stop_after_abort(&stopped).await });
+                Ok(node)
+            }
+        }
+    }
+
+    /// `DELETE /v1/nodes/{id}/provision`: abort the running provision task. `Ok(node)` when
+    /// it was aborted (or marked to abort after a step that cannot be interrupted is not
+    /// possible here: that is [`AbortRefusal::NotAbortable`]).
+    pub async fn abort_task(self: &Arc<Self>, ident: &str, by: &str) -> Result<Node, AbortRefusal> {
+        let node = self
+            .store
+            .get_node(ident)
+            .await
+            .map_err(|e| AbortRefusal::Other(e.into()))?;
+        let state = node.provision_state;
+        let running_step = match state {
+            ProvisionState::WaitCallBack => Self::running_deploy_step(&node),
+            ProvisionState::CleanWait | ProvisionState::CleanHold => {
+                let step = node
+                    .clean_step
+                    .as_ref()
+                    .and_then(|s| s.get("step"))
+                    .and_then(Value::as_str);
+                let abortable = node
+                    .clean_step
+                    .as_ref()
+                    .and_then(|s| s.get("abortable"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true);
+                let running = node.driver_internal_info.contains_key("clean_command");
+                step.map(|s| (s.to_string(), abortable || !running))
+            }
+            ProvisionState::InspectWait | ProvisionState::RescueWait => None,
+            s if s.is_conductor_busy() => {
+                return Err(AbortRefusal::Other(ConductorError::Locked {
+                    node: node.ident().to_string(),
+                    by: node
+                        .reservation
+                        .clone()
+                        .unwrap_or_else(|| self.id().to_string()),
+                    state: s,
+                }))
+            }
+            _ => {
+                return Err(AbortRefusal::NoTask {
+                    node: node.ident().to_string(),
+                    state,
+                })
+            }
+        };
+        if let Some((step, false)) = running_step {
+            return Err(AbortRefusal::NotAbortable {
+                node: node.ident().to_string(),
+                step,
+                state,
+            });
+        }
+        let req = ProvisionRequest {
+            target: Verb::Abort,
+            clean_steps: None,
+            configdrive: None,
+            deploy_steps: None,
+            rescue_password: None,
+            disable_ramdisk: None,
+        };
+        self.provision(ident, &req, rivet_protocol::api::MAX_VERSION, by)
+            .await
+            .map_err(AbortRefusal::Other)
+    }
+
     /// Manual steps are checked before anything runs: against the node's cached steps (from
     /// its last cleaning), the driver's out-of-band steps and the conductor's reserved ones.
     /// Without a cache, agent steps are checked when the agent reports its steps instead.
@@ -172,10 +472,15 @@ impl Conductor {
     ) -> Result<(), ConductorError> {
         let bmc = self.bmc(node)?;
         let driver = bmc.steps(&node.uuid, &node.driver_info).await;
-        let cached: Option<Vec<PlannedStep>> = node
-            .driver_internal_info
-            .get("cached_clean_steps")
-            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        // Without an agent (fake deploy interface) there are no in-band steps to wait for:
+        // every requested step is checked now.
+        let cached: Option<Vec<PlannedStep>> = if node.interfaces.uses_agent(&node.driver) {
+            node.driver_internal_info
+                .get("cached_clean_steps")
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+        } else {
+            Some(Vec::new())
+        };
         let agent: Vec<_> = cached
             .as_deref()
             .unwrap_or_default()

@@ -100,6 +100,15 @@ impl Bmc for FakeBmc {
         Ok(())
     }
 
+    async fn set_boot_device_persistent(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        device: BootDevice,
+    ) -> Result<(), DriverError> {
+        self.set_boot_device(node, info, device).await
+    }
+
     async fn inspect(
         &self,
         _node: &str,

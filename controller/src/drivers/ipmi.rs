@@ -304,16 +304,46 @@ impl Bmc for IpmiBmc {
         driver_info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError> {
+        self.bootdev(node, driver_info, device, false).await
+    }
+
+    async fn set_boot_device_persistent(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        device: BootDevice,
+    ) -> Result<(), DriverError> {
+        self.bootdev(node, driver_info, device, true).await
+    }
+}
+
+impl IpmiBmc {
+    /// `chassis bootdev DEV [options=persistent,efiboot]`.
+    async fn bootdev(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        device: BootDevice,
+        persistent: bool,
+    ) -> Result<(), DriverError> {
         let info = parse(driver_info)?;
         let dev = match device {
             BootDevice::Pxe => "pxe",
             BootDevice::Disk => "disk",
             BootDevice::Cdrom => "cdrom",
         };
-        tracing::info!(node = %node, device = dev, "ipmi: boot device");
-        let mut cmd = vec!["chassis", "bootdev", dev];
+        tracing::info!(node = %node, device = dev, persistent, "ipmi: boot device");
+        let mut options = Vec::new();
+        if persistent {
+            options.push("persistent");
+        }
         if info.uefi {
-            cmd.push("options=efiboot");
+            options.push("efiboot");
+        }
+        let options = format!("options={}", options.join(","));
+        let mut cmd = vec!["chassis", "bootdev", dev];
+        if options != "options=" {
+            cmd.push(&options);
         }
         self.ipmitool(&info, &cmd).await.map(|_| ())
     }

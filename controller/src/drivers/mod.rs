@@ -80,6 +80,13 @@ pub trait Bmc: Send + Sync {
         driver_info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError>;
+    /// Boot device for every boot from now on (a deployed instance boots from its disk).
+    async fn set_boot_device_persistent(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        device: BootDevice,
+    ) -> Result<(), DriverError>;
 
     /// Out-of-band steps this driver offers for the node (BIOS, firmware…). The conductor
     /// merges them with the agent's in-band steps by priority.

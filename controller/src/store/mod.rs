@@ -112,6 +112,8 @@ pub struct Node {
     pub inspection_finished_at: Option<DateTime<Utc>>,
     /// Traits (e.g. from inspection rules).
     pub traits: Vec<String>,
+    /// The node's interface implementations (`boot_interface`, `deploy_interface`, …).
+    pub interfaces: crate::interfaces::Interfaces,
 }
 
 impl Node {
@@ -149,6 +151,7 @@ impl Node {
             inspection_started_at: None,
             inspection_finished_at: None,
             traits: Vec::new(),
+            interfaces: crate::interfaces::Interfaces::default(),
         }
     }
 

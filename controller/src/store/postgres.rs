@@ -145,6 +145,9 @@ CREATE TABLE conductors (
     last_seen TIMESTAMPTZ NOT NULL
 );
 "#,
+    r#"
+ALTER TABLE nodes ADD COLUMN interfaces JSON;
+"#,
 ];
 
 /// The schema version this build knows.
@@ -163,7 +166,7 @@ const POOL_SIZE: usize = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Node columns in one order for INSERT, UPDATE and SELECT; `true` marks JSON columns.
-const NODE_COLUMNS: [(&str, bool); 31] = [
+const NODE_COLUMNS: [(&str, bool); 32] = [
     ("uuid", false),
     ("name", false),
     ("driver", false),
@@ -195,6 +198,7 @@ const NODE_COLUMNS: [(&str, bool); 31] = [
     ("inspection_started_at", false),
     ("inspection_finished_at", false),
     ("traits", true),
+    ("interfaces", true),
 ];
 
 /// `uuid, name, …` for INSERT and UPDATE.
@@ -446,6 +450,9 @@ fn node_from_row(r: &Row) -> Result<Node, StoreError> {
         inspection_started_at: get(r, 28)?,
         inspection_finished_at: get(r, 29)?,
         traits: serde_json::from_str(get(r, 30)?).unwrap_or_default(),
+        interfaces: get::<Option<String>>(r, 31)?
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default(),
     })
 }
 
@@ -515,6 +522,7 @@ fn node_values(n: &Node, driver_info: String) -> Vec<Param> {
         Box::new(n.inspection_started_at),
         Box::new(n.inspection_finished_at),
         Box::new(serde_json::to_string(&n.traits).unwrap_or_else(|_| "[]".into())),
+        Box::new(serde_json::to_string(&n.interfaces).ok()),
     ]
 }
 

@@ -121,6 +121,11 @@ CREATE TABLE conductors (
     last_seen TEXT NOT NULL
 );
 "#,
+    // Per-node interface implementations (boot, deploy, …) as one JSON object; NULL = the
+    // hardware type's defaults.
+    r#"
+ALTER TABLE nodes ADD COLUMN interfaces TEXT;
+"#,
 ];
 
 /// The schema version this build knows.
@@ -162,7 +167,7 @@ const NODE_COLUMNS: &str = "uuid, name, driver, driver_info, driver_internal_inf
     provision_updated_at, power_state, target_power_state, maintenance, maintenance_reason, \
     fault, last_error, clean_step, deploy_step, reservation, conductor, automated_clean, \
     resource_class, created_at, updated_at, version, inspect_interface, inspection_started_at, \
-    inspection_finished_at, traits";
+    inspection_finished_at, traits, interfaces";
 
 fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
     let state: String = r.get(9)?;
@@ -204,6 +209,10 @@ fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
         inspection_started_at: parse_ts(r.get(28)?),
         inspection_finished_at: parse_ts(r.get(29)?),
         traits: serde_json::from_str(&r.get::<_, String>(30)?).unwrap_or_default(),
+        interfaces: r
+            .get::<_, Option<String>>(31)?
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default(),
     })
 }
 
@@ -368,6 +377,7 @@ fn node_values(n: &Node, driver_info: String) -> Vec<rusqlite::types::Value> {
         text(n.inspection_started_at.as_ref().map(ts)),
         text(n.inspection_finished_at.as_ref().map(ts)),
         V::Text(serde_json::to_string(&n.traits).unwrap_or_else(|_| "[]".into())),
+        text(serde_json::to_string(&n.interfaces).ok()),
     ]
 }
 
@@ -580,7 +590,7 @@ impl Store for SqliteStore {
             let r = c
                 .prepare_cached(
                     "UPDATE nodes SET driver_internal_info = ?2, clean_step = ?3, \
-                     provision_updated_at = ?4, updated_at = ?5, version = ?6 \
+                     provision_updated_at = ?4, updated_at = ?5, version = ?6, deploy_step = ?8 \
                      WHERE uuid = ?1 AND version = ?7",
                 )
                 .and_then(|mut st| {
@@ -591,7 +601,8 @@ impl Store for SqliteStore {
                         n.provision_updated_at.as_ref().map(ts),
                         n.updated_at.as_ref().map(ts),
                         n.version,
-                        expected
+                        expected,
+                        opt_json(&n.deploy_step)
                     ])
                 })
                 .map_err(backend)?;

@@ -241,10 +241,10 @@ fn boot_target(device: BootDevice) -> &'static str {
     }
 }
 
-async fn set_boot(ctx: &Ctx, device: BootDevice) -> Result<(), DriverError> {
+async fn set_boot(ctx: &Ctx, device: BootDevice, persistent: bool) -> Result<(), DriverError> {
     let mut boot = json!({
         "BootSourceOverrideTarget": boot_target(device),
-        "BootSourceOverrideEnabled": "Once",
+        "BootSourceOverrideEnabled": if persistent { "Continuous" } else { "Once" },
     });
     if let Some(mode) = ctx.info.boot_mode {
         boot["BootSourceOverrideMode"] = mode.redfish().into();
@@ -306,7 +306,18 @@ impl Bmc for RedfishBmc {
     ) -> Result<(), DriverError> {
         tracing::info!(node = %node, device = boot_target(device), "redfish: one-time boot override");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(set_boot(&ctx, device).instrument(span(node)).await)
+        ctx.scrub(set_boot(&ctx, device, false).instrument(span(node)).await)
+    }
+
+    async fn set_boot_device_persistent(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        device: BootDevice,
+    ) -> Result<(), DriverError> {
+        tracing::info!(node = %node, device = boot_target(device), "redfish: persistent boot device");
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(set_boot(&ctx, device, true).instrument(span(node)).await)
     }
 
     async fn steps(&self, _node: &str, _driver_info: &Map<String, Value>) -> Vec<StepDescriptor> {

@@ -1,0 +1,741 @@
+//! The deploy engine: `active`/`deploy`/`rebuild` run Ironic's deploy steps, merged by
+//! priority like clean steps.
+//!
+//! Default steps, highest priority first: `deploy` (100, conductor: boot the ramdisk through
+//! the boot interface), `write_image` (80, in-band: the agent streams and verifies the image
+//! and writes the configdrive), `prepare_instance_boot` (60: boot from disk, persistent),
+//! `tear_down_agent` (40: the agent powers off, then the BMC makes sure), `boot_instance`
+//! (20: power on). The agent's own deploy steps join the plan when it calls back
+//! (`get_deploy_steps`); `deploy_steps` of the request change priorities (0 drops a step) or
+//! add agent steps.
+//!
+//! The run is typed ([`DeployRun`]) and kept under one `driver_internal_info` key; a value
+//! that does not decode fails the deploy with a message naming the node and the field, it is
+//! never silently restarted. Like cleaning, every decision is written before it is acted on,
+//! so a controller killed mid-deploy resumes where it stopped: the agent keeps writing and
+//! reports to the new process. The `fake` deploy interface (fake-hardware only) does no work.
+
+use super::steps::{self, PlannedStep, Source};
+use super::{Conductor, ConductorError};
+use crate::drivers::{Bmc, BootDevice};
+use crate::fsm::Event;
+use crate::store::Node;
+use chrono::{DateTime, Utc};
+use rivet_protocol::agent::{CommandKind, CommandStatus, DeployStepsResult};
+use rivet_protocol::deploy::{WriteImageArgs, WRITE_IMAGE};
+use rivet_protocol::states::{PowerState, ProvisionState};
+use rivet_protocol::steps::{RequestedDeployStep, StepDescriptor};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// `driver_internal_info` key of the running deploy.
+pub(crate) const RUN_KEY: &str = "deploy_run";
+/// `driver_internal_info` key of what the last `write_image` reported (kept while `active`).
+pub(crate) const IMAGE_KEY: &str = "deployed_image";
+/// How long `tear_down_agent` waits for the agent to power the machine off itself before
+/// the BMC does it.
+const SOFT_POWER_OFF_WAIT_S: i64 = 30;
+
+/// The bookkeeping of one deploy run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeployRun {
+    /// Steps in order; the agent's join after it called back.
+    pub plan: Vec<PlannedStep>,
+    /// The step to run next.
+    pub index: usize,
+    /// Operator's `deploy_steps` (priority overrides and extra agent steps).
+    #[serde(default)]
+    pub requested: Vec<RequestedDeployStep>,
+    /// The agent's deploy steps are in the plan.
+    #[serde(default)]
+    pub agent_steps_merged: bool,
+    /// Id of the `get_deploy_steps` command.
+    #[serde(default)]
+    pub steps_command: Option<String>,
+    /// Id of the agent command running the current step.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// When the current agent step was sent.
+    #[serde(default)]
+    pub step_started_at: Option<DateTime<Utc>>,
+    /// Id of the `power_off` command `tear_down_agent` sent, and when.
+    #[serde(default)]
+    pub teardown_command: Option<String>,
+    /// When `tear_down_agent` asked the agent to power off.
+    #[serde(default)]
+    pub teardown_since: Option<DateTime<Utc>>,
+}
+
+/// A conductor deploy step.
+fn conductor_step(step: &str, priority: i64) -> PlannedStep {
+    PlannedStep {
+        step: StepDescriptor {
+            interface: "deploy".into(),
+            step: step.into(),
+            priority,
+            abortable: false,
+            argsinfo: Default::default(),
+            reboot_requested: false,
+            requires_ramdisk: false,
+        },
+        args: Map::new(),
+        source: Source::Conductor,
+    }
+}
+
+/// The conductor's default deploy steps.
+pub(crate) fn conductor_deploy_steps() -> Vec<PlannedStep> {
+    vec![
+        conductor_step("deploy", 100),
+        conductor_step("prepare_instance_boot", 60),
+        conductor_step("tear_down_agent", 40),
+        conductor_step("boot_instance", 20),
+    ]
+}
+
+/// Apply the operator's requested priorities and args to `plan`, drop priority 0, and sort
+/// (priority descending, Ironic's interface order on ties, stable otherwise).
+fn apply_requested(
+    mut plan: Vec<PlannedStep>,
+    requested: &[RequestedDeployStep],
+) -> Vec<PlannedStep> {
+    for p in &mut plan {
+        if let Some(r) = requested
+            .iter()
+            .find(|r| r.interface == p.step.interface && r.step == p.step.step)
+        {
+            p.step.priority = r.priority;
+            if !r.args.is_empty() {
+                p.args = r.args.clone();
+            }
+        }
+    }
+    plan.retain(|p| p.step.priority > 0);
+    plan.sort_by(|a, b| {
+        b.step.priority.cmp(&a.step.priority).then(
+            steps::interface_rank(&b.step.interface).cmp(&steps::interface_rank(&a.step.interface)),
+        )
+    });
+    plan
+}
+
+/// Requested deploy steps the default steps do not know: they must come from the agent.
+/// The `deploy` step itself cannot be dropped (it boots the ramdisk every other step needs).
+pub(crate) fn check_requested(requested: &[RequestedDeployStep]) -> Result<(), String> {
+    for r in requested {
+        if r.interface == "deploy" && r.step == "deploy" && r.priority == 0 {
+            return Err(
+                "deploy_steps: the deploy.deploy step boots the ramdisk and cannot be disabled"
+                    .into(),
+            );
+        }
+        if r.priority < 0 {
+            return Err(format!(
+                "deploy_steps: {}.{} has a negative priority; use 0 to skip it or a positive number",
+                r.interface, r.step
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Conductor {
+    /// Read a node's deploy run; `Ok(None)` when none started. A stored value that does not
+    /// decode is an error naming the field: the run is never silently started over.
+    fn deploy_run(node: &Node) -> Result<Option<DeployRun>, String> {
+        match node.driver_internal_info.get(RUN_KEY) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
+                format!(
+                    "node {}: driver_internal_info.{RUN_KEY} does not decode ({e}); the deploy cannot safely continue — `deleted` to tear down, or `rebuild`",
+                    node.ident()
+                )
+            }),
+        }
+    }
+
+    fn put_run(node: &mut Node, run: &DeployRun) {
+        node.driver_internal_info.insert(
+            RUN_KEY.into(),
+            serde_json::to_value(run).unwrap_or(Value::Null),
+        );
+    }
+
+    /// One decision of a deploy. `Some(node)` when something was written and the caller
+    /// should decide again; `None` when waiting for the agent.
+    pub(crate) async fn advance_deploy(
+        &self,
+        mut node: Node,
+        bmc: &dyn Bmc,
+    ) -> Result<Option<Node>, ConductorError> {
+        if !node.interfaces.uses_agent(&node.driver) {
+            // The fake deploy interface (fake-hardware only, validated at create/patch).
+            tracing::info!(node = %node.uuid, "fake deploy interface: nothing to write");
+            node.driver_internal_info.remove(RUN_KEY);
+            let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+            return self.event(node, Event::Done, None).await.map(Some);
+        }
+        let run = match Self::deploy_run(&node) {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let requested: Vec<RequestedDeployStep> = node
+                    .driver_internal_info
+                    .get("requested_deploy_steps")
+                    .and_then(|v| serde_json::from_value(v.clone()).ok())
+                    .unwrap_or_default();
+                let run = DeployRun {
+                    plan: apply_requested(conductor_deploy_steps(), &requested),
+                    requested,
+                    ..Default::default()
+                };
+                Self::put_run(&mut node, &run);
+                node.driver_internal_info.remove("requested_deploy_steps");
+                return self
+                    .ensure_state(node, ProvisionState::Deploying)
+                    .await
+                    .map(Some);
+            }
+            Err(msg) => {
+                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                return self.fail(node, &msg).await.map(Some);
+            }
+        };
+        let Some(step) = run.plan.get(run.index).cloned() else {
+            return self.finish_deploy(node).await.map(Some);
+        };
+        // Every step after `deploy` may be the agent's: its steps join the plan first.
+        if step.step.step != "deploy" && !run.agent_steps_merged {
+            return self.gather_deploy_steps(node, run).await;
+        }
+        node.deploy_step = Some(super::cleaning::step_doc(&step));
+        match step.source {
+            Source::Agent => self.advance_agent_deploy_step(node, run, &step).await,
+            Source::Driver => {
+                // Out-of-band deploy steps come only from deploy templates (not served yet):
+                // refuse rather than skip.
+                let msg = format!(
+                    "deploy step {}.{} of node {} is an out-of-band step, which Rivet does not run during deploy yet",
+                    step.step.interface,
+                    step.step.step,
+                    node.ident()
+                );
+                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                self.fail(node, &msg).await.map(Some)
+            }
+            Source::Conductor => self.run_conductor_deploy_step(node, run, &step, bmc).await,
+        }
+    }
+
+    /// Ask the agent for its deploy steps (once it has called back) and merge them in.
+    async fn gather_deploy_steps(
+        &self,
+        mut node: Node,
+        mut run: DeployRun,
+    ) -> Result<Option<Node>, ConductorError> {
+        let uuid = node.uuid.clone();
+        if !super::cleaning::has_agent(&node) {
+            // The ramdisk is booting: wait for its lookup.
+            return self
+                .ensure_state(node, ProvisionState::WaitCallBack)
+                .await
+                .map(|_| None);
+        }
+        let Some(id) = run.steps_command.clone() else {
+            let id = uuid::Uuid::new_v4().to_string();
+            run.steps_command = Some(id.clone());
+            Self::put_run(&mut node, &run);
+            let node = self
+                .ensure_state(node, ProvisionState::WaitCallBack)
+                .await?;
+            self.queue(
+                &uuid,
+                rivet_protocol::agent::Command {
+                    id,
+                    kind: CommandKind::GetDeploySteps,
+                },
+            )
+            .await?;
+            return Ok(Some(node));
+        };
+        let Some(result) = self
+            .ensure_queued(&uuid, &id, CommandKind::GetDeploySteps)
+            .await?
+        else {
+            return Ok(None);
+        };
+        if result.status != CommandStatus::Succeeded {
+            let msg = format!(
+                "the agent on node {} could not list its deploy steps: {}",
+                node.ident(),
+                result.error.unwrap_or_default()
+            );
+            let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+            return self.fail(node, &msg).await.map(Some);
+        }
+        let agent: Vec<StepDescriptor> =
+            match serde_json::from_value::<DeployStepsResult>(result.result) {
+                Ok(r) => r.deploy_steps,
+                Err(e) => {
+                    let msg = format!(
+                        "the agent on node {} sent unreadable deploy steps: {e}",
+                        node.ident()
+                    );
+                    let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                    return self.fail(node, &msg).await.map(Some);
+                }
+            };
+        if !agent.iter().any(|s| s.step == WRITE_IMAGE) {
+            let msg = format!(
+                "the agent on node {} offers no {WRITE_IMAGE} deploy step (its steps: {}); boot a Rivet ramdisk that can deploy",
+                node.ident(),
+                agent.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", ")
+            );
+            let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+            return self.fail(node, &msg).await.map(Some);
+        }
+        // Agent steps with priority 0 run only when requested with a priority.
+        let mut extra: Vec<PlannedStep> = agent
+            .into_iter()
+            .filter(|s| {
+                s.priority > 0
+                    || run
+                        .requested
+                        .iter()
+                        .any(|r| r.step == s.step && r.interface == s.interface && r.priority > 0)
+            })
+            .map(|s| PlannedStep {
+                step: s,
+                args: Map::new(),
+                source: Source::Agent,
+            })
+            .collect();
+        // Every requested step must exist somewhere.
+        for r in &run.requested {
+            let known = run
+                .plan
+                .iter()
+                .chain(extra.iter())
+                .any(|p| p.step.step == r.step && p.step.interface == r.interface);
+            if !known && r.priority > 0 {
+                let msg = format!(
+                    "deploy step {}.{} requested for node {} is offered neither by the conductor nor by its agent",
+                    r.interface,
+                    r.step,
+                    node.ident()
+                );
+                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                return self.fail(node, &msg).await.map(Some);
+            }
+        }
+        // The steps already run stay as they were; the rest are merged and re-sorted.
+        let done: Vec<PlannedStep> = run.plan.drain(..run.index).collect();
+        let mut rest: Vec<PlannedStep> = std::mem::take(&mut run.plan);
+        rest.append(&mut extra);
+        let rest = apply_requested(rest, &run.requested);
+        run.plan = done.into_iter().chain(rest).collect();
+        run.agent_steps_merged = true;
+        tracing::info!(node = %uuid, steps = ?run.plan.iter().map(|p| p.step.step.as_str()).collect::<Vec<_>>(), "deploy plan");
+        Self::put_run(&mut node, &run);
+        Ok(Some(self.store.update_node(&node).await?))
+    }
+
+    /// `write_image`'s arguments from the node: image fields of `instance_info`, root device
+    /// hints, the configdrive, and the operator's image policy.
+    pub(crate) fn write_image_args(&self, node: &Node) -> WriteImageArgs {
+        let info = &node.instance_info;
+        let s = |k: &str| info.get(k).and_then(Value::as_str).map(str::to_string);
+        WriteImageArgs {
+            image_source: s("image_source").unwrap_or_default(),
+            disk_format: s("image_disk_format"),
+            os_hash_algo: s("image_os_hash_algo"),
+            os_hash_value: s("image_os_hash_value"),
+            checksum: s("image_checksum"),
+            root_device: node
+                .properties
+                .get("root_device")
+                .and_then(Value::as_object)
+                .cloned(),
+            configdrive: s("configdrive"),
+            permitted_formats: self.config.deploy.permitted_image_formats.clone(),
+            ca_pem: self.config.deploy.image_ca_pem(),
+        }
+    }
+
+    async fn advance_agent_deploy_step(
+        &self,
+        mut node: Node,
+        mut run: DeployRun,
+        step: &PlannedStep,
+    ) -> Result<Option<Node>, ConductorError> {
+        let uuid = node.uuid.clone();
+        let args = if step.step.step == WRITE_IMAGE {
+            self.write_image_args(&node).to_args()
+        } else {
+            step.args.clone()
+        };
+        let kind = CommandKind::ExecuteStep {
+            interface: step.step.interface.clone(),
+            step: step.step.step.clone(),
+            args,
+        };
+        let Some(id) = run.command.clone() else {
+            if !super::cleaning::has_agent(&node) {
+                return self
+                    .ensure_state(node, ProvisionState::WaitCallBack)
+                    .await
+                    .map(|_| None);
+            }
+            let id = uuid::Uuid::new_v4().to_string();
+            run.command = Some(id.clone());
+            run.step_started_at = Some(Utc::now());
+            Self::put_run(&mut node, &run);
+            let node = self
+                .ensure_state(node, ProvisionState::WaitCallBack)
+                .await?;
+            self.queue(&uuid, rivet_protocol::agent::Command { id, kind })
+                .await?;
+            tracing::info!(node = %uuid, step = %step.step.step, "deploy step sent to the agent");
+            return Ok(Some(node));
+        };
+        let Some(result) = self.ensure_queued(&uuid, &id, kind).await? else {
+            if node.provision_state != ProvisionState::WaitCallBack {
+                return self
+                    .ensure_state(node, ProvisionState::WaitCallBack)
+                    .await
+                    .map(|_| None);
+            }
+            return Ok(None);
+        };
+        let abort_after = node
+            .deploy_step
+            .as_ref()
+            .and_then(|s| s.get("abort_after"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        match result.status {
+            CommandStatus::Succeeded => {
+                tracing::info!(node = %uuid, step = %step.step.step, "deploy step succeeded");
+                if step.step.step == WRITE_IMAGE {
+                    node.driver_internal_info
+                        .insert(IMAGE_KEY.into(), result.result.clone());
+                }
+                run.index += 1;
+                run.command = None;
+                run.step_started_at = None;
+                Self::put_run(&mut node, &run);
+                node.deploy_step = None;
+                if abort_after {
+                    let msg = format!(
+                        "deploy operation was aborted by an operator during step {:?}; the step is not abortable, so it ran to completion first",
+                        step.step.step
+                    );
+                    let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                    let node = self.fail(node, &msg).await?;
+                    self.stop_after_abort(&node).await;
+                    return Ok(Some(node));
+                }
+                self.ensure_state(node, ProvisionState::Deploying)
+                    .await
+                    .map(Some)
+            }
+            CommandStatus::Failed | CommandStatus::Aborted => {
+                let mut msg = format!(
+                    "deploy step {} failed on node {}: {}",
+                    step.step.step,
+                    node.ident(),
+                    result.error.unwrap_or_else(|| "no error message".into())
+                );
+                if let Some(tail) = result.log_tail.filter(|t| !t.trim().is_empty()) {
+                    msg.push_str("\nagent log (tail):\n");
+                    msg.push_str(tail.trim_end());
+                }
+                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                self.fail(node, &msg).await.map(Some)
+            }
+        }
+    }
+
+    async fn run_conductor_deploy_step(
+        &self,
+        mut node: Node,
+        mut run: DeployRun,
+        step: &PlannedStep,
+        bmc: &dyn Bmc,
+    ) -> Result<Option<Node>, ConductorError> {
+        let uuid = node.uuid.clone();
+        let name = step.step.step.as_str();
+        let outcome = match name {
+            "deploy" => {
+                // Boot the ramdisk; the step is done once the agent calls back (the next
+                // decision gathers its steps).
+                let booted = self.boot_ramdisk(&mut node, bmc).await;
+                if booted.is_ok() {
+                    tracing::info!(node = %uuid, "deploy ramdisk booting; waiting for the agent");
+                    run.index += 1;
+                    Self::put_run(&mut node, &run);
+                    node.deploy_step = None;
+                    return self
+                        .ensure_state(node, ProvisionState::WaitCallBack)
+                        .await
+                        .map(Some);
+                }
+                booted
+            }
+            "prepare_instance_boot" => {
+                bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk)
+                    .await
+            }
+            "tear_down_agent" => {
+                if super::cleaning::has_agent(&node) {
+                    match (&run.teardown_command, run.teardown_since) {
+                        (None, _) => {
+                            // Ask the ramdisk to power the machine off itself (it syncs
+                            // first); the BMC makes sure afterwards.
+                            let id = uuid::Uuid::new_v4().to_string();
+                            run.teardown_command = Some(id.clone());
+                            run.teardown_since = Some(Utc::now());
+                            Self::put_run(&mut node, &run);
+                            let node = self
+                                .ensure_state(node, ProvisionState::WaitCallBack)
+                                .await?;
+                            self.queue(
+                                &uuid,
+                                rivet_protocol::agent::Command {
+                                    id,
+                                    kind: CommandKind::PowerOff,
+                                },
+                            )
+                            .await?;
+                            return Ok(Some(node));
+                        }
+                        (Some(id), since) => {
+                            let answered = self
+                                .store
+                                .command(&uuid, id)
+                                .await
+                                .map(|c| c.result.is_some())
+                                .unwrap_or(true);
+                            let waited = since
+                                .map(|t| (Utc::now() - t).num_seconds())
+                                .unwrap_or(i64::MAX);
+                            if !answered && waited < SOFT_POWER_OFF_WAIT_S {
+                                return Ok(None);
+                            }
+                        }
+                    }
+                }
+                let off = bmc
+                    .set_power(&uuid, &node.driver_info, PowerState::Off)
+                    .await;
+                if off.is_ok() {
+                    node.power_state = Some(PowerState::Off);
+                    super::agent::forget_agent_token(&mut node);
+                    let _ = self.store.cancel_pending(&uuid).await;
+                }
+                off
+            }
+            "boot_instance" => {
+                let on = bmc
+                    .set_power(&uuid, &node.driver_info, PowerState::On)
+                    .await;
+                if on.is_ok() {
+                    node.power_state = Some(PowerState::On);
+                }
+                on
+            }
+            other => {
+                let msg = format!(
+                    "unknown conductor deploy step {other:?} on node {}",
+                    node.ident()
+                );
+                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                return self.fail(node, &msg).await.map(Some);
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(node = %uuid, step = name, "deploy step done");
+                run.index += 1;
+                run.teardown_command = None;
+                run.teardown_since = None;
+                Self::put_run(&mut node, &run);
+                node.deploy_step = None;
+                self.ensure_state(node, ProvisionState::Deploying)
+                    .await
+                    .map(Some)
+            }
+            Err(e) => {
+                let msg = format!("deploy step {name} failed on node {}: {e}", node.ident());
+                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                self.fail(node, &msg).await.map(Some)
+            }
+        }
+    }
+
+    async fn finish_deploy(&self, mut node: Node) -> Result<Node, ConductorError> {
+        node.driver_internal_info.remove(RUN_KEY);
+        node.deploy_step = None;
+        tracing::info!(node = %node.uuid, "deploy finished");
+        let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+        self.event(node, Event::Done, None).await
+    }
+
+    /// After an abort or an abort-after: tell the agent to stop and power the node off, so
+    /// nothing keeps writing to a node an operator gave up on.
+    pub(crate) async fn stop_after_abort(&self, node: &Node) {
+        let uuid = node.uuid.clone();
+        if let Some(id) = Self::deploy_run(node)
+            .ok()
+            .flatten()
+            .and_then(|r| r.command)
+        {
+            let _ = self
+                .send_command(&uuid, CommandKind::Abort { command_id: id })
+                .await;
+        }
+        let _ = self.send_command(&uuid, CommandKind::PowerOff).await;
+        let Ok(bmc) = self.bmc(node) else { return };
+        match bmc
+            .set_power(&uuid, &node.driver_info, PowerState::Off)
+            .await
+        {
+            Ok(()) => {
+                if let Ok(mut n) = self.store.get_node(&uuid).await {
+                    n.power_state = Some(PowerState::Off);
+                    if let Err(e) = self.store.update_node(&n).await {
+                        tracing::warn!(node = %uuid, error = %e, "could not record power off after abort");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(node = %uuid, error = %e, "could not power off the node after the deploy was aborted")
+            }
+        }
+    }
+
+    /// The step a deploy is running now and whether it may be interrupted.
+    pub(crate) fn running_deploy_step(node: &Node) -> Option<(String, bool)> {
+        let step = node.deploy_step.as_ref()?;
+        let name = step.get("step").and_then(Value::as_str)?.to_string();
+        let abortable = step
+            .get("abortable")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let running = Self::deploy_run(node)
+            .ok()
+            .flatten()
+            .and_then(|r| r.command);
+        Some((name, abortable || running.is_none()))
+    }
+
+    /// The agent command of the running deploy step, for timeouts and aborts.
+    pub(crate) fn deploy_command(node: &Node) -> Option<String> {
+        Self::deploy_run(node)
+            .ok()
+            .flatten()
+            .and_then(|r| r.command)
+    }
+
+    /// When the running agent deploy step was sent.
+    pub(crate) fn deploy_step_started(node: &Node) -> Option<DateTime<Utc>> {
+        Self::deploy_run(node)
+            .ok()
+            .flatten()
+            .and_then(|r| r.step_started_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rivet_protocol::deploy::WRITE_IMAGE_PRIORITY;
+    use serde_json::json;
+
+    fn names(plan: &[PlannedStep]) -> Vec<&str> {
+        plan.iter().map(|p| p.step.step.as_str()).collect()
+    }
+
+    #[test]
+    fn default_plan_and_requested_priorities() {
+        let mut plan = conductor_deploy_steps();
+        plan.push(PlannedStep {
+            step: StepDescriptor::in_band(WRITE_IMAGE, WRITE_IMAGE_PRIORITY),
+            args: Map::new(),
+            source: Source::Agent,
+        });
+        let p = apply_requested(plan.clone(), &[]);
+        assert_eq!(
+            names(&p),
+            vec![
+                "deploy",
+                "write_image",
+                "prepare_instance_boot",
+                "tear_down_agent",
+                "boot_instance"
+            ]
+        );
+        let req = vec![
+            RequestedDeployStep {
+                interface: "deploy".into(),
+                step: "boot_instance".into(),
+                args: Map::new(),
+                priority: 0,
+            },
+            RequestedDeployStep {
+                interface: "deploy".into(),
+                step: "tear_down_agent".into(),
+                args: Map::new(),
+                priority: 90,
+            },
+        ];
+        let p = apply_requested(plan, &req);
+        assert_eq!(
+            names(&p),
+            vec![
+                "deploy",
+                "tear_down_agent",
+                "write_image",
+                "prepare_instance_boot"
+            ]
+        );
+    }
+
+    #[test]
+    fn requested_steps_checked() {
+        let bad = RequestedDeployStep {
+            interface: "deploy".into(),
+            step: "deploy".into(),
+            args: Map::new(),
+            priority: 0,
+        };
+        assert!(check_requested(&[bad.clone()])
+            .unwrap_err()
+            .contains("cannot be disabled"));
+        let neg = RequestedDeployStep {
+            priority: -1,
+            step: "x".into(),
+            ..bad
+        };
+        assert!(check_requested(&[neg]).unwrap_err().contains("negative"));
+    }
+
+    #[test]
+    fn run_decodes_strictly() {
+        let mut n = Node::new("u".into(), "redfish".into());
+        n.driver_internal_info
+            .insert(RUN_KEY.into(), json!({"plan": "not a list"}));
+        let e = Conductor::deploy_run(&n).unwrap_err();
+        assert!(
+            e.contains("driver_internal_info.deploy_run does not decode"),
+            "{e}"
+        );
+        let run = DeployRun {
+            plan: conductor_deploy_steps(),
+            index: 2,
+            ..Default::default()
+        };
+        Conductor::put_run(&mut n, &run);
+        assert_eq!(Conductor::deploy_run(&n).unwrap(), Some(run));
+    }
+}

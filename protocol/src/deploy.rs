@@ -1,0 +1,146 @@
+//! Deploy wire types: the arguments of the agent's `write_image` deploy step and its result.
+//!
+//! rivetd builds [`WriteImageArgs`] from the node's `instance_info`, `properties.root_device`
+//! and the configdrive of the provision request, and sends it as the `args` of an
+//! `execute_step` command (`interface: deploy`, `step: write_image`). The agent streams the
+//! image to the chosen disk and answers with a [`WriteImageResult`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Name of the in-band deploy step that writes the image.
+pub const WRITE_IMAGE: &str = "write_image";
+/// Priority of `write_image` among deploy steps (Ironic's).
+pub const WRITE_IMAGE_PRIORITY: i64 = 80;
+/// Largest configdrive accepted, after decoding (IPA refuses larger).
+pub const MAX_CONFIGDRIVE_BYTES: u64 = 64 << 20;
+/// Image formats written when the operator permits nothing else (Ironic's default).
+pub const DEFAULT_PERMITTED_FORMATS: &[&str] = &["raw", "qcow2", "iso"];
+
+/// Arguments of `write_image`. Unknown fields are refused so a controller/agent mismatch is
+/// a clear error, not a silently ignored setting.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteImageArgs {
+    /// `http://` or `https://` URL of the image (`instance_info.image_source`).
+    pub image_source: String,
+    /// Declared format (`instance_info.image_disk_format`): `raw`, `qcow2`, `iso`. When set,
+    /// an image whose detected format differs is refused before anything is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_format: Option<String>,
+    /// `sha256` or `sha512` (`instance_info.image_os_hash_algo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_hash_algo: Option<String>,
+    /// Hex digest of the image file as served (`instance_info.image_os_hash_value`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_hash_value: Option<String>,
+    /// Legacy `instance_info.image_checksum`: a hex digest (its length names the algorithm:
+    /// 64 sha256, 128 sha512) or the http(s) URL of a checksums file (`SHA256SUMS` style,
+    /// the line naming the image's file is used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+    /// `properties.root_device` hints (Ironic's names and operators); none = the smallest
+    /// disk of at least 4 GiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_device: Option<Map<String, Value>>,
+    /// Configdrive: gzip+base64 of an ISO 9660 image, or the http(s) URL of such an image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configdrive: Option<String>,
+    /// Formats the operator permits; empty = [`DEFAULT_PERMITTED_FORMATS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permitted_formats: Vec<String>,
+    /// Extra PEM CA bundle trusted for the image and configdrive URLs (besides the
+    /// agent's own trust roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+}
+
+impl WriteImageArgs {
+    /// Parse from an `execute_step` args map, naming the bad field.
+    pub fn from_args(args: &Map<String, Value>) -> Result<WriteImageArgs, String> {
+        serde_json::from_value(Value::Object(args.clone()))
+            .map_err(|e| format!("write_image arguments: {e}"))
+    }
+
+    /// As an `execute_step` args map.
+    pub fn to_args(&self) -> Map<String, Value> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        }
+    }
+
+    /// The formats in force.
+    pub fn permitted(&self) -> Vec<String> {
+        if self.permitted_formats.is_empty() {
+            DEFAULT_PERMITTED_FORMATS
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            self.permitted_formats.clone()
+        }
+    }
+}
+
+/// Where a configdrive string points, by Ironic's rule: a URL is fetched, anything else is
+/// gzip+base64 data.
+pub fn configdrive_is_url(configdrive: &str) -> bool {
+    let c = configdrive.trim_start();
+    c.starts_with("http://") || c.starts_with("https://")
+}
+
+/// What `write_image` did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WriteImageResult {
+    /// The disk written (`/dev/vda`).
+    pub device: String,
+    /// Why this disk: `root device hints {…}` or `smallest disk of at least 4 GiB`.
+    pub chosen_by: String,
+    /// Detected format of the image content (`raw`, `qcow2`, `iso`).
+    pub format: String,
+    /// Compression the stream carried (`gzip`, `zstd`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
+    /// Bytes downloaded (the image file as served).
+    pub image_bytes: u64,
+    /// Virtual size of the image written to the disk.
+    pub virtual_size: u64,
+    /// Algorithm of the verified digest.
+    pub hash_algo: String,
+    /// The verified digest (hex).
+    pub hash_value: String,
+    /// Partition holding the configdrive (`/dev/vda3`), if one was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configdrive_partition: Option<String>,
+    /// Seconds from the first byte requested to the disk flushed.
+    pub seconds: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_round_trip_and_refuse_unknown_fields() {
+        let a = WriteImageArgs {
+            image_source: "http://10.0.0.1/img.raw".into(),
+            os_hash_algo: Some("sha256".into()),
+            os_hash_value: Some("ab".repeat(32)),
+            ..Default::default()
+        };
+        let m = a.to_args();
+        assert_eq!(WriteImageArgs::from_args(&m).unwrap(), a);
+        let mut bad = m.clone();
+        bad.insert("colour".into(), Value::from(1));
+        let e = WriteImageArgs::from_args(&bad).unwrap_err();
+        assert!(e.contains("colour"), "{e}");
+        assert_eq!(a.permitted(), vec!["raw", "qcow2", "iso"]);
+    }
+
+    #[test]
+    fn configdrive_kinds() {
+        assert!(configdrive_is_url("https://h/cd.iso"));
+        assert!(!configdrive_is_url("H4sIAAAAAAAA"));
+    }
+}
