@@ -3,8 +3,10 @@
 //! skips a test (developer machines) or fails it (CI sets `RIVET_REQUIRE_PEERS=1`).
 
 pub mod agentproc;
+pub mod fileserver;
 pub mod peers;
 pub mod qemu;
+pub mod workcheck;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;

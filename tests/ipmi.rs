@@ -209,3 +209,34 @@ fn boot_device_reaches_the_chassis() -> anyhow::Result<()> {
     assert_eq!(sim.boot(), "default");
     Ok(())
 }
+
+/// ipmi nodes reach no state without its work: deploy waits for an agent (the ramdisk boot
+/// reaches the chassis), abort powers the chassis off, adopt reads the BMC, rescue is
+/// refused up front (tests/workcheck.rs).
+#[test]
+fn no_state_without_work_through_ipmi_sim() -> anyhow::Result<()> {
+    if !ipmi_ok() {
+        return Ok(());
+    }
+    let sim = IpmiSim::start(USER, PASSWORD)?;
+    let dir = tempfile::tempdir()?;
+    let d = rivetd(dir.path(), "ipmitool")?;
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(
+            json!({"driver": "ipmi", "name": "w", "automated_clean": false,
+                    "driver_info": sim.driver_info(PASSWORD)}),
+        ),
+    )?;
+    anyhow::ensure!(s == 201, "{v}");
+    assert_eq!(v["deploy_interface"], "direct");
+    assert_eq!(v["boot_interface"], "ipxe");
+    let (n, _) = manage(&d, "w")?;
+    assert_eq!(n["provision_state"], "manageable", "{n}");
+    rivet_tests::workcheck::no_state_without_work(&d, "w", &|| Ok(sim.power() == "0"))?;
+    // The deploy step set a network boot at the chassis; tear-down left it there for the
+    // next (cleaning) boot, persistently.
+    assert!(sim.calls().contains("set boot pxe"), "{}", sim.calls());
+    Ok(())
+}

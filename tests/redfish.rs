@@ -452,3 +452,28 @@ fn unreachable_bmc_and_tls_failures_end_in_enroll_quickly() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// redfish nodes reach no state without its work: deploy boots the ramdisk through a Pxe
+/// override and waits for an agent, abort powers the system off in the emulator, adopt
+/// reads the BMC, rescue is refused up front (tests/workcheck.rs).
+#[test]
+fn no_state_without_work_through_sushy() -> anyhow::Result<()> {
+    if !sushy_ok() {
+        return Ok(());
+    }
+    let sys = FakeSystem::new("node-w", "52:54:00:12:34:09");
+    let sushy = Sushy::start(SushyOptions {
+        systems: vec![sys.clone()],
+        ..SushyOptions::default()
+    })?;
+    let dir = tempfile::tempdir()?;
+    let d = rivetd(dir.path(), "")?;
+    create(&d, "w", sushy.driver_info(&sys.uuid, USER, PASSWORD))?;
+    let (n, _) = manage(&d, "w")?;
+    assert_eq!(n["provision_state"], "manageable", "{n}");
+    assert_eq!(n["deploy_interface"], "direct", "{n}");
+    rivet_tests::workcheck::no_state_without_work(&d, "w", &|| {
+        Ok(sushy.power_state(&sys.uuid)? == "Off")
+    })?;
+    Ok(())
+}

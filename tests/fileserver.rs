@@ -1,0 +1,163 @@
+//! A static file server on a loopback port for the deploy scenarios: the image server an
+//! operator would point `instance_info.image_source` at. Plain HTTP/1.1 over std threads,
+//! `GET` and `HEAD`, `Content-Length`, single `Range: bytes=A-B` requests, and an optional
+//! pace (bytes per second) so a test can catch a deploy mid-write. Files are streamed, never
+//! read whole.
+
+use anyhow::Result;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A running file server; stops when dropped.
+pub struct FileServer {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    stop: Arc<AtomicBool>,
+    pace: Arc<AtomicU64>,
+    /// Requests served so far (`GET` and `HEAD`).
+    pub requests: Arc<AtomicU64>,
+}
+
+impl FileServer {
+    /// Serve the files of `root` (no sub-directories, no `..`).
+    pub fn start(root: &Path) -> Result<FileServer> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pace = Arc::new(AtomicU64::new(0));
+        let requests = Arc::new(AtomicU64::new(0));
+        let root = root.to_path_buf();
+        let (s, p, r) = (stop.clone(), pace.clone(), requests.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (root, p, r) = (root.clone(), p.clone(), r.clone());
+                        std::thread::spawn(move || {
+                            let _ = serve(conn, &root, &p, &r);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Ok(FileServer {
+            url,
+            stop,
+            pace,
+            requests,
+        })
+    }
+
+    /// URL of a file in the root.
+    pub fn url_of(&self, name: &str) -> String {
+        format!("{}/{name}", self.url)
+    }
+
+    /// Limit every body to about `bytes_per_s` (0 = as fast as possible); applies to
+    /// transfers in progress too.
+    pub fn set_pace(&self, bytes_per_s: u64) {
+        self.pace.store(bytes_per_s, Ordering::Relaxed);
+    }
+}
+
+impl Drop for FileServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn respond(conn: &mut TcpStream, status: &str, extra: &str) -> std::io::Result<()> {
+    write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n{extra}\r\n"
+    )
+}
+
+fn serve(mut conn: TcpStream, root: &Path, pace: &AtomicU64, requests: &AtomicU64) -> Result<()> {
+    conn.set_nonblocking(false)?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_string();
+    let target = parts.next().unwrap_or_default().to_string();
+    let mut range: Option<(u64, Option<u64>)> = None;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("range") {
+                let v = v.trim().trim_start_matches("bytes=");
+                if let Some((a, b)) = v.split_once('-') {
+                    range = a.parse().ok().map(|a| (a, b.parse().ok()));
+                }
+            }
+        }
+    }
+    requests.fetch_add(1, Ordering::Relaxed);
+    let name = target.trim_start_matches('/');
+    if name.is_empty() || name.contains('/') || name.contains("..") {
+        return Ok(respond(&mut conn, "404 Not Found", "")?);
+    }
+    let path: PathBuf = root.join(name);
+    let Ok(mut file) = std::fs::File::open(&path) else {
+        return Ok(respond(&mut conn, "404 Not Found", "")?);
+    };
+    let size = file.metadata()?.len();
+    let (start, end, status) = match range {
+        Some((a, b)) if a < size => {
+            let end = b.map(|b| b.min(size - 1)).unwrap_or(size - 1);
+            (a, end, "206 Partial Content")
+        }
+        Some(_) => {
+            return Ok(respond(
+                &mut conn,
+                "416 Range Not Satisfiable",
+                &format!("Content-Range: bytes */{size}\r\n"),
+            )?)
+        }
+        None => (0, size.saturating_sub(1), "200 OK"),
+    };
+    let len = if size == 0 { 0 } else { end - start + 1 };
+    let content_range = if status.starts_with("206") {
+        format!("Content-Range: bytes {start}-{end}/{size}\r\n")
+    } else {
+        String::new()
+    };
+    write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Length: {len}\r\nAccept-Ranges: bytes\r\nContent-Type: application/octet-stream\r\n{content_range}Connection: close\r\n\r\n"
+    )?;
+    if method == "HEAD" {
+        return Ok(());
+    }
+    file.seek(SeekFrom::Start(start))?;
+    let mut left = len;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let rate = pace.load(Ordering::Relaxed);
+        let chunk = if rate > 0 {
+            (rate / 10).clamp(4096, buf.len() as u64)
+        } else {
+            buf.len() as u64
+        };
+        let n = file.read(&mut buf[..chunk.min(left) as usize])?;
+        if n == 0 {
+            break;
+        }
+        conn.write_all(&buf[..n])?;
+        left -= n as u64;
+        if rate > 0 {
+            std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
+        }
+    }
+    Ok(())
+}
