@@ -364,6 +364,15 @@ fn checksum_mismatch_fails_with_both_digests() -> Result<()> {
     let err = failed["last_error"].as_str().unwrap_or_default();
     assert!(err.contains(&real) && err.contains(&wrong), "{err}");
     assert!(err.contains("write_image"), "{err}");
+    // Fixed, `rebuild` from deploy failed deploys it.
+    sc.set_image(&image, &real)?;
+    sc.boot()?;
+    sc.verb(json!({"target": "rebuild"}))?;
+    let active = sc.state("active", 180)?;
+    assert_eq!(
+        active["driver_internal_info"]["deployed_image"]["hash_value"],
+        real.as_str()
+    );
     Ok(())
 }
 

@@ -107,3 +107,145 @@ fn stock_ironic_client_drives_core_flow() -> anyhow::Result<()> {
     assert!(stderr.contains("ghost"), "{stderr}");
     Ok(())
 }
+
+/// The issue's "done" line: a fake-hardware node with `deploy_interface=direct`, served by a
+/// local `rivet-agent run --devices FILE`, deploys through the stock client with a
+/// configdrive (`baremetal node deploy --config-drive JSON`), then undeploys.
+#[test]
+fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
+    use rivet_tests::agentproc::{have, AgentProcess};
+    use rivet_tests::fileserver::FileServer;
+    if !prerequisite(
+        baremetal().exists(),
+        "python-ironicclient venv (.venv/bin/baremetal)",
+    ) || !prerequisite(have("sha256sum"), "sha256sum")
+    {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("rivetd.toml");
+    std::fs::write(
+        &cfg,
+        "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
+         [cleaning]\npriority_overrides = {\"deploy.erase_devices\" = 0}\n",
+    )?;
+    let cfg = cfg.display().to_string();
+    let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg])?;
+    // The node's disk: a sparse file; the image: 8 MiB of a pattern, served over loopback.
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk)?.set_len(64 << 20)?;
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www)?;
+    let image: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(www.join("img.raw"), &image)?;
+    let sum = Command::new("sha256sum")
+        .arg(www.join("img.raw"))
+        .output()?;
+    let sum = String::from_utf8_lossy(&sum.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let server = FileServer::start(&www)?;
+
+    let created = run(
+        &d,
+        &[
+            "node",
+            "create",
+            "--driver",
+            "fake-hardware",
+            "--name",
+            "dep",
+            "--deploy-interface",
+            "direct",
+            "-f",
+            "json",
+        ],
+    )?;
+    let created: serde_json::Value = serde_json::from_str(&created)?;
+    assert_eq!(created["deploy_interface"], "direct", "{created}");
+    let uuid = created["uuid"].as_str().unwrap_or_default().to_string();
+    run(
+        &d,
+        &[
+            "node",
+            "set",
+            "dep",
+            "--property",
+            &format!("root_device={{\"name\": \"{}\"}}", disk.display()),
+            "--instance-info",
+            &format!("image_source={}", server.url_of("img.raw")),
+            "--instance-info",
+            "image_os_hash_algo=sha256",
+            "--instance-info",
+            &format!("image_os_hash_value={sum}"),
+        ],
+    )?;
+    let agent_log = dir.path().join("agent.log");
+    let start_agent =
+        || AgentProcess::start(&d.url, &uuid, &[disk.as_path()], None, &agent_log, &[]);
+    run(&d, &["node", "manage", "dep", "--wait", "30"])?;
+    let agent = start_agent()?;
+    run(&d, &["node", "provide", "dep", "--wait", "120"])?;
+    drop(agent);
+    let agent = start_agent()?;
+    run(
+        &d,
+        &[
+            "node",
+            "deploy",
+            "dep",
+            "--wait",
+            "120",
+            "--config-drive",
+            r#"{"meta_data": {"hostname": "stock-client"}}"#,
+        ],
+    )
+    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", agent.log_text()))?;
+    let state = run(
+        &d,
+        &[
+            "node",
+            "show",
+            "dep",
+            "-f",
+            "value",
+            "-c",
+            "provision_state",
+        ],
+    )?;
+    assert_eq!(state.trim(), "active");
+    // The image is at the start of the disk file, byte for byte.
+    let written = std::fs::read(&disk)?;
+    assert!(
+        written[..image.len()] == image[..],
+        "image bytes differ on the disk"
+    );
+    // The configdrive ISO (volume config-2) is on the disk after the image.
+    let pvd = written[image.len()..]
+        .windows(6)
+        .position(|w| w == b"\x01CD001")
+        .map(|p| p + image.len());
+    let pvd =
+        pvd.ok_or_else(|| anyhow::anyhow!("no ISO 9660 volume descriptor after the image"))?;
+    // The volume identifier follows at byte 40 of the descriptor.
+    assert_eq!(&written[pvd + 40..pvd + 48], b"config-2", "volume label");
+    drop(agent);
+    let _agent = start_agent()?;
+    run(&d, &["node", "undeploy", "dep", "--wait", "120"])?;
+    let state = run(
+        &d,
+        &[
+            "node",
+            "show",
+            "dep",
+            "-f",
+            "value",
+            "-c",
+            "provision_state",
+        ],
+    )?;
+    assert_eq!(state.trim(), "available");
+    Ok(())
+}
