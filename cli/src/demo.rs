@@ -1,12 +1,15 @@
 //! `rivet demo`: the README's main command, end to end on one machine.
 //!
 //! Starts `rivetd` (found next to this executable) on a SQLite file in a temporary directory,
-//! enrolls a `fake-hardware` node and plays its ramdisk with a local `rivet-agent` process
-//! whose disks are two sparse files in that directory (never the host's disks). The node goes
-//! enroll → manageable → provide (automated cleaning: `erase_devices_metadata`, then
-//! `erase_devices`) → available, the disks are read back to check they are all zeroes, then
-//! manage → a manual clean with an explicit step list → manageable. Progress is printed as it
-//! happens, a summary at the end.
+//! enrolls a `fake-hardware` node (with the agent's deploy interface, `direct`) and plays its
+//! ramdisk with a local `rivet-agent` process whose disks are two sparse files in that
+//! directory (never the host's disks). The node goes enroll → manageable → provide (automated
+//! cleaning: `erase_devices_metadata`, then `erase_devices`) → available, the disks are read
+//! back to check they are all zeroes; then a generated whole-disk image is deployed with a
+//! configdrive (served over loopback HTTP, streamed and verified by the agent) → active, the
+//! image's bytes and the `config-2` partition are checked on the disk; undeploy → automated
+//! cleaning → available; then manage → a manual clean with an explicit step list →
+//! manageable. Progress is printed as it happens, a summary at the end.
 //!
 //! Everything it starts is stopped and the directory removed on every way out (guards that
 //! drop), and a failure prints the node's `last_error` and the tails of both logs.
@@ -273,9 +276,12 @@ fn plan_of(node: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `clean_step.progress` as a whole percentage, when it has `done` and `total`.
+/// The running step's progress (`clean_step` or `deploy_step`) as a whole percentage, when
+/// it has `done` and `total`.
 fn percent(node: &Value) -> Option<u64> {
-    let p = node.pointer("/clean_step/progress")?;
+    let p = node
+        .pointer("/clean_step/progress")
+        .or_else(|| node.pointer("/deploy_step/progress"))?;
     let done = p.get("done")?.as_u64()?;
     let total = p.get("total")?.as_u64().filter(|t| *t > 0)?;
     Some((done.min(total) * 100) / total)
@@ -408,6 +414,8 @@ impl Demo {
         println!("== the disks after cleaning, read back in full");
         check_zeroed(&self.disks)?;
 
+        self.deploy_and_undeploy(limit).await?;
+
         println!("== manage, then a manual clean: [deploy.erase_devices_metadata]");
         let t = Instant::now();
         self.verb(Verb::Manage, None).await?;
@@ -437,6 +445,102 @@ impl Demo {
 
         self.print_clean_steps().await?;
         self.summary();
+        Ok(())
+    }
+
+    /// Deploy a generated image with a configdrive, check the disk, then undeploy.
+    async fn deploy_and_undeploy(&mut self, limit: Duration) -> Result<()> {
+        let disk = self
+            .disks
+            .first()
+            .map(|d| d.path.clone())
+            .ok_or_else(|| anyhow!("the demo has no disk"))?;
+        let image = DemoImage::make(&self.dir)?;
+        let server = ImageServer::start(&image.path)?;
+        println!(
+            "== deploy: a {} MiB whole-disk image ({}), sha256 {}…, served at {}",
+            image.len / MIB,
+            image.layout,
+            &image.sha256[..12],
+            server.url
+        );
+        // The target disk by root device hint (Ironic's `name`), and the image to write.
+        let patch = serde_json::json!([
+            {"op": "add", "path": "/properties/root_device",
+             "value": {"name": disk.display().to_string()}},
+            {"op": "add", "path": "/instance_info/image_source", "value": server.url},
+            {"op": "add", "path": "/instance_info/image_os_hash_algo", "value": "sha256"},
+            {"op": "add", "path": "/instance_info/image_os_hash_value", "value": image.sha256},
+        ]);
+        self.client
+            .patch(&format!("/v1/nodes/{}", seg(self.uuid()?)), &patch)
+            .await
+            .context("setting the image on the node")?;
+        let t = Instant::now();
+        let body = ProvisionRequest {
+            target: Verb::Active,
+            clean_steps: None,
+            configdrive: Some(serde_json::json!({
+                "meta_data": {"hostname": "demo-1.example"},
+                "user_data": "#cloud-config\nfinal_message: deployed by rivet demo\n",
+            })),
+            deploy_steps: None,
+            rescue_password: None,
+            disable_ramdisk: None,
+        };
+        let path = format!("/v1/nodes/{}/states/provision", seg(self.uuid()?));
+        self.client
+            .put(&path, Some(&body))
+            .await
+            .context("\"active\" was refused")?;
+        self.wait_state("wait call-back", limit).await?;
+        println!("   the fake driver \"booted\" the deploy ramdisk: start rivet-agent again");
+        self.start_agent()?;
+        let node = self.wait_state("active", limit).await?;
+        self.end_phase("deploy", t, Vec::new());
+        let written = node
+            .pointer("/driver_internal_info/deployed_image")
+            .cloned()
+            .unwrap_or(Value::Null);
+        println!(
+            "   agent: wrote {} to {}, verified sha256, configdrive on {}",
+            written.get("format").and_then(Value::as_str).unwrap_or("?"),
+            written.get("device").and_then(Value::as_str).unwrap_or("?"),
+            written
+                .get("configdrive_partition")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+        );
+        image.check_on(&disk, self.uuid()?)?;
+        drop(server);
+
+        println!("== undeploy: tear down, automated cleaning, available");
+        let t = Instant::now();
+        self.verb(Verb::Deleted, None).await?;
+        self.wait_state("clean wait", limit).await?;
+        println!(
+            "   the fake driver \"rebooted\" the node into the ramdisk: start rivet-agent again"
+        );
+        self.start_agent()?;
+        let node = self.wait_state("available", limit).await?;
+        self.end_phase("undeploy + cleaning", t, Vec::new());
+        if node.get("instance_info") != Some(&serde_json::json!({})) {
+            bail!(
+                "instance_info is not empty after undeploy: {}",
+                node["instance_info"]
+            );
+        }
+        let first = read_range(&disk, 0, MIB as usize)?;
+        if first.iter().any(|b| *b != 0) {
+            bail!(
+                "{}: the first MiB holds data after undeploy",
+                file_name(&disk)
+            );
+        }
+        println!(
+            "   {}: partition table and configdrive erased, instance_info cleared",
+            file_name(&disk)
+        );
         Ok(())
     }
 
@@ -897,6 +1001,191 @@ fn scan(path: &Path) -> Result<(u64, u64)> {
             dirty += 1;
         }
     }
+}
+
+/// `len` bytes of a file from `offset`.
+fn read_range(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+    let mut f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut buf = vec![0u8; len];
+    f.seek(SeekFrom::Start(offset))
+        .and_then(|_| f.read_exact(&mut buf))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(buf)
+}
+
+/// The image the demo deploys: 32 MiB, a GPT with one partition when sgdisk is installed,
+/// filled with a pattern that names each MiB (so a misplaced block shows).
+struct DemoImage {
+    path: PathBuf,
+    len: u64,
+    sha256: String,
+    layout: &'static str,
+}
+
+impl DemoImage {
+    const MIB: u64 = 32;
+
+    fn make(dir: &Path) -> Result<DemoImage> {
+        use sha2::{Digest, Sha256};
+        let path = dir.join("demo-image.raw");
+        let len = Self::MIB * MIB;
+        {
+            let mut f =
+                File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+            for i in 0..Self::MIB {
+                let text = format!("rivet demo image, MiB {i:04}. ");
+                let block: Vec<u8> = text.bytes().cycle().take(MIB as usize).collect();
+                f.write_all(&block)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+        }
+        let layout = match find_tool("sgdisk") {
+            Some(sgdisk)
+                if Command::new(&sgdisk)
+                    .args(["-Z", "-o", "-n", "1:2048:0", "-c", "1:demo-root"])
+                    .arg(&path)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success()) =>
+            {
+                "GPT, one partition"
+            }
+            _ => "raw, no partition table (sgdisk not installed)",
+        };
+        let mut hasher = Sha256::new();
+        let mut f = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut buf = vec![0u8; MIB as usize];
+        loop {
+            let n = f
+                .read(&mut buf)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        let sha256 = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(DemoImage {
+            path,
+            len,
+            sha256,
+            layout,
+        })
+    }
+
+    /// The image's data (past its GPT, which the agent fixes up) is on `disk`, and a
+    /// `config-2` ISO 9660 volume holding the node's uuid follows it.
+    fn check_on(&self, disk: &Path, uuid: &str) -> Result<()> {
+        let span = (self.len - 2 * MIB) as usize;
+        let want = read_range(&self.path, MIB, span)?;
+        let got = read_range(disk, MIB, span)?;
+        if want != got {
+            bail!("{}: the image's data is not on the disk", file_name(disk));
+        }
+        let size = std::fs::metadata(disk)
+            .with_context(|| format!("cannot stat {}", disk.display()))?
+            .len();
+        let tail = read_range(disk, self.len, (size - self.len) as usize)?;
+        let pvd = tail
+            .windows(6)
+            .position(|w| w == b"\x01CD001")
+            .ok_or_else(|| {
+                anyhow!(
+                    "{}: no configdrive (ISO 9660) after the image",
+                    file_name(disk)
+                )
+            })?;
+        let label = String::from_utf8_lossy(&tail[pvd + 40..pvd + 72])
+            .trim()
+            .to_string();
+        if label != "config-2" {
+            bail!(
+                "{}: the ISO after the image is labelled {label:?}, not config-2",
+                file_name(disk)
+            );
+        }
+        let has_uuid = tail.windows(uuid.len()).any(|w| w == uuid.as_bytes());
+        if !has_uuid {
+            bail!(
+                "{}: the configdrive does not hold the node's uuid",
+                file_name(disk)
+            );
+        }
+        println!(
+            "   {}: the image's {} MiB are on the disk; config-2 ISO at {} MiB holds meta_data uuid {uuid}",
+            file_name(disk),
+            self.len / MIB,
+            (self.len + pvd as u64) / MIB
+        );
+        Ok(())
+    }
+}
+
+/// A loopback HTTP server for one file (the operator's image server), on a thread; stops
+/// when dropped.
+struct ImageServer {
+    url: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ImageServer {
+    fn start(file: &Path) -> Result<ImageServer> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .context("cannot listen on a loopback port")?;
+        listener.set_nonblocking(true)?;
+        let url = format!("http://{}/{}", listener.local_addr()?, file_name(file));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (s, file) = (stop.clone(), file.to_path_buf());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let file = file.clone();
+                        std::thread::spawn(move || {
+                            let _ = serve_file(conn, &file);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Ok(ImageServer { url, stop })
+    }
+}
+
+impl Drop for ImageServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Answer one request with the file (any path: the server has one file).
+fn serve_file(mut conn: std::net::TcpStream, file: &Path) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
+        if conn.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let mut f = File::open(file)?;
+    let len = f.metadata()?.len();
+    write!(
+        conn,
+        "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
+    )?;
+    if !head.starts_with(b"HEAD") {
+        std::io::copy(&mut f, &mut conn)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
