@@ -149,6 +149,7 @@ pub trait HardwareManager: Send + Sync {
 mod dispatch;
 pub use dispatch::Dispatcher;
 
+pub mod deploy;
 pub mod erase;
 pub mod example_vendor;
 pub mod generic;

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod api;
 pub mod deploy;
+pub mod hints;
 pub mod inventory;
 pub mod limits;
 pub mod patch;

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-/// Every whole disk under /sys/block, as `lsblk -d` lists them: RAM disks and loop devices
-/// without a backing file are left out.
+/// Every whole disk under /sys/block, as `lsblk -d` lists them, less what IPA leaves out:
+/// RAM disks, zram (compressed RAM), loop devices without a backing file and empty slots
+/// (size 0, e.g. a card reader without a card) are not disks.
 pub fn collect_disks(root: &Root) -> Vec<Disk> {
     let Ok(entries) = std::fs::read_dir(root.path("/sys/block")) else {
         return Vec::new();
@@ -25,9 +26,10 @@ pub fn collect_disks(root: &Root) -> Vec<Disk> {
             let dir = root.path("/sys/block").join(name);
             let major = read_trimmed(&dir.join("dev"))
                 .and_then(|d| d.split(':').next().and_then(|m| m.parse::<u32>().ok()));
-            let is_ram = major == Some(1) || name.starts_with("ram");
+            let is_ram = major == Some(1) || name.starts_with("ram") || name.starts_with("zram");
             let unbacked_loop = name.starts_with("loop") && !dir.join("loop/backing_file").exists();
-            !is_ram && !unbacked_loop
+            let empty = read_u64(&dir.join("size")).unwrap_or(0) == 0;
+            !is_ram && !unbacked_loop && !empty
         })
         .map(|name| {
             let dir = root.path("/sys/block").join(&name);
@@ -232,8 +234,11 @@ mod tests {
                 "/dev/disk/by-path/pci-0000:00:1f.2-ata-1-part1",
                 "../../sda1",
             );
-        // Excluded: RAM disk, unbacked loop. Included: backed loop.
+        // Excluded: RAM disk, zram (even with a size), empty slot, unbacked loop.
+        // Included: backed loop.
         fake_disk(&t, "ram0", "virtual", "1:0\n", "8192\n");
+        fake_disk(&t, "zram0", "virtual", "252:0\n", "8388608\n");
+        fake_disk(&t, "sdz", "virtual", "8:240\n", "0\n");
         fake_disk(&t, "loop0", "virtual", "7:0\n", "0\n");
         fake_disk(&t, "loop1", "virtual", "7:1\n", "2048\n");
         t.file(
@@ -267,9 +272,9 @@ mod tests {
         let t = TempTree::new("disks-odd");
         fake_disk(&t, "vdz", "virtual", "garbage", "-5\n");
         t.file("/sys/block/notadir", "x");
+        // An unreadable size is no size: not a disk.
         let disks = collect_disks(&Root::new(t.path()));
-        let vdz = disks.iter().find(|d| d.name == "/dev/vdz").unwrap();
-        assert_eq!(vdz.size, 0);
+        assert!(disks.iter().all(|d| d.name != "/dev/vdz"), "{disks:?}");
     }
 
     #[test]

@@ -24,93 +24,19 @@ pub struct Derived {
     pub ports: Vec<(String, bool)>,
 }
 
-/// Does a disk match one hint?
-fn hint_matches(disk: &Disk, key: &str, want: &Value) -> Result<bool, String> {
-    let text = |v: &Option<String>| v.as_deref().unwrap_or("").to_string();
-    let want_str = || {
-        want.as_str()
-            .map(str::to_string)
-            .ok_or_else(|| format!("root device hint {key} must be a string"))
-    };
-    Ok(match key {
-        "name" => {
-            let w = want_str()?;
-            let w = if w.starts_with("/dev/") { w } else { format!("/dev/{w}") };
-            disk.name == w
-        }
-        "serial" => text(&disk.serial).eq_ignore_ascii_case(&want_str()?),
-        "wwn" => text(&disk.wwn).eq_ignore_ascii_case(&want_str()?),
-        "model" => text(&Some(disk.model.clone())).eq_ignore_ascii_case(&want_str()?),
-        "vendor" => text(&disk.vendor).eq_ignore_ascii_case(&want_str()?),
-        "by_path" => text(&disk.by_path) == want_str()?,
-        "rotational" => {
-            let w = match want {
-                Value::Bool(b) => *b,
-                Value::String(s) => matches!(s.to_ascii_lowercase().as_str(), "true" | "1" | "yes"),
-                _ => return Err("root device hint rotational must be a boolean".into()),
-            };
-            disk.rotational == w
-        }
-        "size" => {
-            let gib = disk.size / GIB;
-            match want {
-                Value::Number(n) => Some(gib) == n.as_u64(),
-                Value::String(s) => size_op(gib, s)?,
-                _ => return Err("root device hint size must be GiB as a number or \">= N\"".into()),
-            }
-        }
-        other => return Err(format!("unknown root device hint {other:?} (supported: name, serial, wwn, size, model, vendor, rotational, by_path)")),
-    })
-}
-
-/// `"100"`, `">= 100"`, `"<= 100"`, `"> 100"`, `"< 100"`, `"== 100"`.
-fn size_op(gib: u64, spec: &str) -> Result<bool, String> {
-    let s = spec.trim();
-    let (op, num) = ["<=", ">=", "==", "<", ">"]
-        .iter()
-        .find_map(|op| s.strip_prefix(op).map(|rest| (*op, rest.trim())))
-        .unwrap_or(("==", s));
-    let n: u64 = num.parse().map_err(|_| {
-        format!("root device hint size {spec:?} is not GiB with an optional <, <=, ==, >=, >")
-    })?;
-    Ok(match op {
-        "<=" => gib <= n,
-        ">=" => gib >= n,
-        "<" => gib < n,
-        ">" => gib > n,
-        _ => gib == n,
-    })
-}
-
-/// Pick the root disk: every hint must match (first match in inventory order); without
-/// hints the smallest disk of at least 4 GiB, as IPA does.
+/// Pick the root disk by Ironic's root device hints (`rivet_protocol::hints`, shared with the
+/// agent's `write_image`); without hints the smallest disk of at least 4 GiB, as IPA does.
 pub fn root_disk<'a>(
     disks: &'a [Disk],
     hints: Option<&Map<String, Value>>,
 ) -> Result<Option<&'a Disk>, String> {
-    match hints.filter(|h| !h.is_empty()) {
-        Some(h) => {
-            for d in disks {
-                let mut ok = true;
-                for (k, v) in h {
-                    if !hint_matches(d, k, v)? {
-                        ok = false;
-                        break;
-                    }
-                }
-                if ok {
-                    return Ok(Some(d));
-                }
-            }
-            Err(format!(
-                "no disk matches the root device hints {}",
-                Value::Object(h.clone())
-            ))
-        }
-        None => Ok(disks
-            .iter()
-            .filter(|d| d.size >= 4 * GIB)
-            .min_by_key(|d| d.size)),
+    let found = rivet_protocol::hints::root_disk(disks, hints).map_err(|e| e.to_string())?;
+    match (found, hints.filter(|h| !h.is_empty())) {
+        (None, Some(h)) => Err(format!(
+            "no disk matches the root device hints {}",
+            Value::Object(h.clone())
+        )),
+        (found, _) => Ok(found),
     }
 }
 

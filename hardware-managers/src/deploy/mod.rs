@@ -1,0 +1,733 @@
+//! Deploying an image: IPA's `write_image` deploy step, in bounded memory.
+//!
+//! The image streams from its URL straight to the chosen disk: the download (the agent's
+//! [`ImageFetcher`], on its own runtime), the digest (a thread of its own, over the bytes
+//! exactly as served) and decompression + writing (the step's thread) overlap, so the disk
+//! sees large sequential writes while the network keeps going. Raw images, raw images
+//! compressed with gzip or zstd (detected by magic), ISO images and qcow2 (decoded in one
+//! sequential pass, [`qcow2`]) are written; the format is checked against what the operator
+//! declared and permits before any byte reaches the disk. After the image: the GPT's backup
+//! header moves to the end of the disk, and the configdrive goes into a `config-2`
+//! partition at its end ([`gpt`]).
+//!
+//! The ramdisk never holds the image in memory: at most a few MiB of it are in flight.
+//! Networking belongs to the agent crate; this module sees only the [`ImageFetcher`] trait.
+
+pub mod gpt;
+pub mod qcow2;
+pub mod writer;
+
+use crate::erase::device::{self, Target};
+use crate::{HardwareManager, StepContext, StepError, SupportLevel};
+use rivet_protocol::deploy::{
+    configdrive_is_url, WriteImageArgs, WriteImageResult, MAX_CONFIGDRIVE_BYTES, WRITE_IMAGE,
+    WRITE_IMAGE_PRIORITY,
+};
+use rivet_protocol::inventory::Disk;
+use rivet_protocol::steps::{ArgInfo, StepDescriptor};
+use serde_json::{Map, Value};
+use sha2::Digest;
+use std::collections::BTreeMap;
+use std::io::{Cursor, Read};
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use writer::{AlignedBuf, DiskWriter};
+
+/// An opened download.
+pub struct Fetched {
+    /// The body, streamed.
+    pub reader: Box<dyn Read + Send>,
+    /// `Content-Length`, when the server sent one.
+    pub len: Option<u64>,
+}
+
+/// How the deploy manager reaches image and configdrive URLs (the agent provides it).
+pub trait ImageFetcher: Send + Sync {
+    /// Open `url` for a streaming read, trusting `ca_pem` besides the usual roots.
+    fn open(&self, url: &str, ca_pem: Option<&str>) -> Result<Fetched, String>;
+}
+
+/// Lists the machine's disks (the agent's inventory code, or the `--devices` list).
+pub type DiskLister = Arc<dyn Fn() -> Vec<Disk> + Send + Sync>;
+
+/// The manager offering `write_image`.
+pub struct DeployManager {
+    fetcher: Arc<dyn ImageFetcher>,
+    disks: DiskLister,
+}
+
+/// Name under which the deploy manager registers.
+pub const NAME: &str = "deploy_hardware_manager";
+
+impl DeployManager {
+    /// A deploy manager downloading through `fetcher` onto one of `disks`.
+    pub fn new(fetcher: Arc<dyn ImageFetcher>, disks: DiskLister) -> DeployManager {
+        DeployManager { fetcher, disks }
+    }
+}
+
+fn arg(description: &str, required: bool) -> ArgInfo {
+    ArgInfo {
+        description: description.into(),
+        required,
+    }
+}
+
+impl HardwareManager for DeployManager {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn evaluate_support(&self) -> SupportLevel {
+        SupportLevel::Generic
+    }
+
+    fn deploy_steps(&self) -> Vec<StepDescriptor> {
+        let mut args = BTreeMap::new();
+        args.insert("image_source".into(), arg("http(s) URL of the image", true));
+        args.insert("disk_format".into(), arg("declared format: raw, qcow2, iso", false));
+        args.insert("os_hash_algo".into(), arg("sha256 or sha512", false));
+        args.insert("os_hash_value".into(), arg("hex digest of the image as served", false));
+        args.insert("checksum".into(), arg("legacy digest or checksums-file URL", false));
+        args.insert("root_device".into(), arg("root device hints", false));
+        args.insert("configdrive".into(), arg("gzip+base64 ISO or its URL", false));
+        args.insert("permitted_formats".into(), arg("formats allowed", false));
+        args.insert("ca_pem".into(), arg("extra CA for the URLs", false));
+        vec![StepDescriptor {
+            argsinfo: args,
+            ..StepDescriptor::in_band(WRITE_IMAGE, WRITE_IMAGE_PRIORITY)
+        }]
+    }
+
+    fn execute(
+        &self,
+        step: &str,
+        args: &Map<String, Value>,
+        ctx: &StepContext,
+    ) -> Result<Value, StepError> {
+        if step != WRITE_IMAGE {
+            return Err(StepError::UnknownStep(step.into()));
+        }
+        let a = WriteImageArgs::from_args(args).map_err(|e| StepError::BadArgument {
+            name: "args".into(),
+            reason: e,
+        })?;
+        let result = self.write_image(&a, ctx)?;
+        serde_json::to_value(result).map_err(|e| StepError::Failed(e.to_string()))
+    }
+}
+
+fn failed(m: impl Into<String>) -> StepError {
+    StepError::Failed(m.into())
+}
+
+/// The digest to verify: algorithm and lower-case hex.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Expected {
+    algo: &'static str,
+    hex: String,
+}
+
+fn algo_for_len(len: usize) -> Option<&'static str> {
+    match len {
+        64 => Some("sha256"),
+        128 => Some("sha512"),
+        _ => None,
+    }
+}
+
+/// The line of a checksums file (`HEX  name`, `HEX *name` or BSD `SHA256 (name) = HEX`)
+/// that names `file`.
+pub(crate) fn checksum_from_file(text: &str, file: &str) -> Option<String> {
+    for line in text.lines() {
+        let l = line.trim();
+        if let Some(rest) = l.split_once(" (").map(|(_, r)| r) {
+            if let Some((name, hex)) = rest.split_once(") = ") {
+                if name == file {
+                    return Some(hex.trim().to_ascii_lowercase());
+                }
+            }
+        }
+        let mut parts = l.split_whitespace();
+        if let (Some(hex), Some(name)) = (parts.next(), parts.next()) {
+            let name = name.trim_start_matches('*');
+            if name == file || name.rsplit('/').next() == Some(file) {
+                return Some(hex.to_ascii_lowercase());
+            }
+        }
+    }
+    None
+}
+
+fn url_file_name(url: &str) -> String {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+/// Which way the stream is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compression {
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    fn sniff(b: &[u8]) -> Option<Compression> {
+        if b.starts_with(&[0x1f, 0x8b]) {
+            Some(Compression::Gzip)
+        } else if b.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Some(Compression::Zstd)
+        } else {
+            None
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+/// The content format of (decompressed) image bytes.
+pub fn detect_format(head: &[u8]) -> &'static str {
+    if head.starts_with(qcow2::MAGIC) {
+        "qcow2"
+    } else if head.len() >= 0x8006 && &head[0x8001..0x8006] == b"CD001" {
+        "iso"
+    } else {
+        "raw"
+    }
+}
+
+/// Read until `buf` is full or the stream ends; bytes read.
+fn fill(r: &mut dyn Read, buf: &mut [u8]) -> Result<usize, std::io::Error> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The bytes as served pass through here: counted, and handed to the digest thread.
+struct Tee {
+    inner: Box<dyn Read + Send>,
+    hash: Option<SyncSender<Vec<u8>>>,
+    count: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Read for Tee {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // At most 1 MiB a read: the digest channel then holds at most 16 MiB.
+        let cap = buf.len().min(1 << 20);
+        let n = self.inner.read(&mut buf[..cap])?;
+        if n > 0 {
+            if let Some(tx) = &self.hash {
+                if tx.send(buf[..n].to_vec()).is_err() {
+                    return Err(std::io::Error::other("the digest thread stopped"));
+                }
+            }
+            self.count
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+}
+
+/// Hash chunks off the channel until it closes; the hex digest.
+fn digest_thread(algo: &'static str, rx: Receiver<Vec<u8>>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        fn run<D: Digest>(rx: Receiver<Vec<u8>>) -> String {
+            let mut d = D::new();
+            for chunk in rx {
+                d.update(&chunk);
+            }
+            d.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        }
+        match algo {
+            "sha512" => run::<sha2::Sha512>(rx),
+            _ => run::<sha2::Sha256>(rx),
+        }
+    })
+}
+
+/// Progress, every half second: bytes of the image as served, its total and the rate.
+struct Meter<'a> {
+    ctx: &'a StepContext,
+    device: String,
+    total: u64,
+    count: Arc<std::sync::atomic::AtomicU64>,
+    last: Instant,
+    last_done: u64,
+}
+
+fn human(b: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < 3 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+impl Meter<'_> {
+    fn tick(&mut self, force: bool) -> Result<(), String> {
+        if self.ctx.is_cancelled() {
+            return Err("write_image aborted".into());
+        }
+        let now = Instant::now();
+        if !force && now - self.last < Duration::from_millis(500) {
+            return Ok(());
+        }
+        let done = self.count.load(std::sync::atomic::Ordering::Relaxed);
+        let secs = (now - self.last).as_secs_f64().max(1e-3);
+        let rate = ((done - self.last_done) as f64 / secs) as u64;
+        self.last = now;
+        self.last_done = done;
+        let of = if self.total > 0 {
+            format!(" of {}", human(self.total))
+        } else {
+            String::new()
+        };
+        self.ctx.set_progress_rate(
+            done,
+            self.total,
+            Some(rate),
+            format!("writing {}: {}{of} at {}/s", self.device, human(done), human(rate)),
+        );
+        Ok(())
+    }
+}
+
+struct QcowSink<'a, 'b> {
+    disk: &'a mut DiskWriter,
+    bounce: &'a mut AlignedBuf,
+    meter: &'a mut Meter<'b>,
+}
+
+impl qcow2::ClusterSink for QcowSink<'_, '_> {
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+        self.disk.write_copy(offset, data, self.bounce)
+    }
+
+    fn progress(&mut self, _consumed: u64) -> Result<(), String> {
+        self.meter.tick(false)
+    }
+}
+
+impl DeployManager {
+    fn expected(&self, a: &WriteImageArgs) -> Result<Expected, StepError> {
+        match (&a.os_hash_algo, &a.os_hash_value, &a.checksum) {
+            (Some(algo), Some(hex), _) => {
+                let algo = match algo.as_str() {
+                    "sha256" => "sha256",
+                    "sha512" => "sha512",
+                    other => return Err(failed(format!("os_hash_algo {other:?} is not supported; use sha256 or sha512"))),
+                };
+                Ok(Expected {
+                    algo,
+                    hex: hex.trim().to_ascii_lowercase(),
+                })
+            }
+            (_, _, Some(c)) if configdrive_is_url(c) => {
+                let fetched = self
+                    .fetcher
+                    .open(c, a.ca_pem.as_deref())
+                    .map_err(|e| failed(format!("fetching the checksums file {c}: {e}")))?;
+                let mut text = String::new();
+                fetched
+                    .reader
+                    .take(1 << 20)
+                    .read_to_string(&mut text)
+                    .map_err(|e| failed(format!("reading the checksums file {c}: {e}")))?;
+                let file = url_file_name(&a.image_source);
+                let hex = checksum_from_file(&text, &file).ok_or_else(|| {
+                    failed(format!("the checksums file {c} has no line for {file}"))
+                })?;
+                let algo = algo_for_len(hex.len()).ok_or_else(|| {
+                    failed(format!("the checksum for {file} in {c} is not a sha256 or sha512 digest"))
+                })?;
+                Ok(Expected { algo, hex })
+            }
+            (_, _, Some(c)) => {
+                let hex = c.trim().to_ascii_lowercase();
+                let algo = algo_for_len(hex.len()).ok_or_else(|| {
+                    failed("image_checksum must be a sha256 or sha512 hex digest (md5 is refused)")
+                })?;
+                Ok(Expected { algo, hex })
+            }
+            _ => Err(failed("no digest to verify the image with: give os_hash_algo and os_hash_value, or checksum")),
+        }
+    }
+
+    /// The disk to write: root device hints over the safe candidates, else the smallest of
+    /// at least 4 GiB. Mounted disks, swap, disks holding the running ramdisk, read-only
+    /// devices, zram/ram and empty devices are never candidates.
+    fn choose_target(&self, a: &WriteImageArgs) -> Result<(Target, String), StepError> {
+        let mounts = device::mounts();
+        let boot = device::boot_media(&mounts);
+        let swaps = device::swap_devnos();
+        let mut left_out = Vec::new();
+        let mut safe: Vec<(Disk, Target)> = Vec::new();
+        for d in (self.disks)() {
+            let base = d.name.rsplit('/').next().unwrap_or_default();
+            if d.size == 0 || base.starts_with("zram") || base.starts_with("ram") {
+                left_out.push(format!("{} (not a disk)", d.name));
+                continue;
+            }
+            let t = match Target::open(&PathBuf::from(&d.name)) {
+                Ok(t) => t,
+                Err(e) => {
+                    left_out.push(format!("{} ({e})", d.name));
+                    continue;
+                }
+            };
+            match device::check(&t, &[], false, &mounts, &boot, &swaps) {
+                Ok(None) => safe.push((d, t)),
+                Ok(Some(skip)) => left_out.push(format!("{} ({skip})", d.name)),
+                Err(e) => left_out.push(format!("{} ({e})", d.name)),
+            }
+        }
+        let disks: Vec<Disk> = safe.iter().map(|(d, _)| d.clone()).collect();
+        let hints = a.root_device.as_ref().filter(|h| !h.is_empty());
+        let chosen = rivet_protocol::hints::root_disk(&disks, hints)
+            .map_err(|e| failed(e.to_string()))?;
+        let Some(chosen) = chosen else {
+            let wanted = match hints {
+                Some(h) => format!("no disk matches the root device hints {}", Value::Object(h.clone())),
+                None => "no disk of at least 4 GiB".into(),
+            };
+            let candidates: Vec<String> = disks
+                .iter()
+                .map(|d| format!("{} ({})", d.name, human(d.size)))
+                .collect();
+            return Err(failed(format!(
+                "{wanted}; candidates: [{}]; left out: [{}]",
+                candidates.join(", "),
+                left_out.join(", ")
+            )));
+        };
+        let why = match hints {
+            Some(h) => format!("root device hints {}", Value::Object(h.clone())),
+            None => "smallest disk of at least 4 GiB".into(),
+        };
+        let target = safe
+            .into_iter()
+            .find(|(d, _)| d.name == chosen.name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| failed("chosen disk vanished"))?;
+        Ok((target, why))
+    }
+
+    /// The configdrive ISO's bytes: decoded from gzip+base64, or fetched (raw or gzip).
+    fn configdrive(&self, a: &WriteImageArgs, cd: &str) -> Result<Vec<u8>, StepError> {
+        use base64::Engine;
+        let compressed: Box<dyn Read> = if configdrive_is_url(cd) {
+            let f = self
+                .fetcher
+                .open(cd.trim(), a.ca_pem.as_deref())
+                .map_err(|e| failed(format!("fetching the configdrive {cd}: {e}")))?;
+            let mut head = vec![0u8; 2];
+            let mut r = f.reader;
+            let n = fill(&mut r, &mut head).map_err(|e| failed(format!("reading the configdrive: {e}")))?;
+            head.truncate(n);
+            let body = Cursor::new(head.clone()).chain(r);
+            if head.starts_with(&[0x1f, 0x8b]) {
+                Box::new(flate2::read::MultiGzDecoder::new(body))
+            } else {
+                Box::new(body)
+            }
+        } else {
+            let clean: String = cd.chars().filter(|c| !c.is_whitespace()).collect();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(clean.as_bytes())
+                .map_err(|e| failed(format!("the configdrive is not base64: {e}")))?;
+            if bytes.starts_with(&[0x1f, 0x8b]) {
+                Box::new(flate2::read::MultiGzDecoder::new(Cursor::new(bytes)))
+            } else {
+                Box::new(Cursor::new(bytes))
+            }
+        };
+        let mut iso = Vec::new();
+        compressed
+            .take(MAX_CONFIGDRIVE_BYTES + 1)
+            .read_to_end(&mut iso)
+            .map_err(|e| failed(format!("decoding the configdrive: {e}")))?;
+        if iso.len() as u64 > MAX_CONFIGDRIVE_BYTES {
+            return Err(failed(format!(
+                "the configdrive is larger than {} MiB",
+                MAX_CONFIGDRIVE_BYTES >> 20
+            )));
+        }
+        if detect_format(&iso) != "iso" {
+            return Err(failed("the configdrive is not an ISO 9660 image"));
+        }
+        Ok(iso)
+    }
+
+    fn write_image(&self, a: &WriteImageArgs, ctx: &StepContext) -> Result<WriteImageResult, StepError> {
+        let started = Instant::now();
+        if !(a.image_source.starts_with("http://") || a.image_source.starts_with("https://")) {
+            return Err(failed(format!("image_source {:?} is not an http(s) URL", a.image_source)));
+        }
+        let expected = self.expected(a)?;
+        let (target, chosen_by) = self.choose_target(a)?;
+        let device = target.display();
+        tracing::info!(device = %device, chosen_by = %chosen_by, image = %a.image_source, "write_image: target chosen");
+        let fetched = self
+            .fetcher
+            .open(&a.image_source, a.ca_pem.as_deref())
+            .map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
+        let (tx, rx) = sync_channel::<Vec<u8>>(16);
+        let hasher = digest_thread(expected.algo, rx);
+        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut tee = Tee {
+            inner: fetched.reader,
+            hash: Some(tx),
+            count: count.clone(),
+        };
+        let mut meter = Meter {
+            ctx,
+            device: device.clone(),
+            total: fetched.len.unwrap_or(0),
+            count: count.clone(),
+            last: started,
+            last_done: 0,
+        };
+        let outcome = self.stream(a, &mut tee, &target, &mut meter);
+        // Drain what the decoder did not need (padding, trailing refcounts), for the digest.
+        let drained = outcome.as_ref().ok().map(|_| {
+            let mut sink = std::io::sink();
+            std::io::copy(&mut tee, &mut sink)
+        });
+        drop(tee);
+        let actual = hasher
+            .join()
+            .map_err(|_| failed("the digest thread panicked"))?;
+        let (disk, format, compression, virtual_size) = outcome?;
+        if let Some(Err(e)) = drained {
+            return Err(failed(format!("reading the end of {}: {e}", a.image_source)));
+        }
+        if actual != expected.hex {
+            return Err(failed(format!(
+                "image {} failed verification: {} expected {}, computed {}; {device} holds an unverified image and must not be booted",
+                a.image_source, expected.algo, expected.hex, actual
+            )));
+        }
+        meter.tick(true).map_err(failed)?;
+        disk.flush().map_err(failed)?;
+        let dev = gpt::Device::new(disk.file(), &device, target.sector, target.size);
+        gpt::relocate_backup(&dev).map_err(|e| failed(e.to_string()))?;
+        let mut configdrive_partition = None;
+        if let Some(cd) = a.configdrive.as_deref().filter(|c| !c.trim().is_empty()) {
+            ctx.check()?;
+            let iso = self.configdrive(a, cd)?;
+            let placed = {
+                let label_at = |offset: u64| iso_label_at(disk.file(), offset).as_deref() == Some("config-2");
+                gpt::config_partition(&dev, (iso.len() as u64).max(64 << 20), &label_at)
+                    .map_err(|e| failed(e.to_string()))?
+            };
+            if iso.len() as u64 > placed.len {
+                return Err(failed(format!(
+                    "the configdrive ({} bytes) does not fit its partition ({} bytes) on {device}",
+                    iso.len(),
+                    placed.len
+                )));
+            }
+            // Clear the start of the partition (a stale filesystem signature) before the ISO.
+            use std::os::unix::fs::FileExt;
+            let head = vec![0u8; (placed.len.min(1 << 20)) as usize];
+            disk.file()
+                .write_all_at(&head, placed.offset)
+                .and_then(|_| disk.file().write_all_at(&iso, placed.offset))
+                .and_then(|_| disk.file().sync_all())
+                .map_err(|e| failed(format!("{device}: writing the configdrive: {e}")))?;
+            configdrive_partition = Some(partition_path(&device, placed.number));
+            tracing::info!(device = %device, partition = placed.number, reused = placed.reused, "configdrive written");
+        }
+        if let Err(e) = disk.reread() {
+            tracing::warn!(error = %e, "the kernel did not re-read the partition table; the table on the disk is right");
+        }
+        let image_bytes = count.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(WriteImageResult {
+            device,
+            chosen_by,
+            format: format.to_string(),
+            compression: compression.map(|c| c.name().to_string()),
+            image_bytes,
+            virtual_size,
+            hash_algo: expected.algo.to_string(),
+            hash_value: actual,
+            configdrive_partition,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Decompress, check the format, write. Returns the writer, the format, the
+    /// compression and the virtual size.
+    #[allow(clippy::type_complexity)]
+    fn stream(
+        &self,
+        a: &WriteImageArgs,
+        tee: &mut Tee,
+        target: &Target,
+        meter: &mut Meter<'_>,
+    ) -> Result<(DiskWriter, &'static str, Option<Compression>, u64), StepError> {
+        let mut head = vec![0u8; 4];
+        let n = fill(tee, &mut head).map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
+        head.truncate(n);
+        let compression = Compression::sniff(&head);
+        let raw_in = Cursor::new(head).chain(tee);
+        let mut body: Box<dyn Read + '_> = match compression {
+            Some(Compression::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(raw_in)),
+            Some(Compression::Zstd) => Box::new(
+                ruzstd::decoding::StreamingDecoder::new(raw_in)
+                    .map_err(|e| failed(format!("the image is not valid zstd: {e}")))?,
+            ),
+            None => Box::new(raw_in),
+        };
+        // Enough to recognise qcow2 and ISO 9660 (its descriptor sits at 32 KiB), and a whole
+        // qcow2 header cluster of up to 64 KiB... (bigger clusters are read by the decoder).
+        let mut first = vec![0u8; 128 << 10];
+        let n = fill(&mut *body, &mut first).map_err(|e| failed(format!("reading the image: {e}")))?;
+        first.truncate(n);
+        let format = detect_format(&first);
+        if let Some(declared) = &a.disk_format {
+            let same = declared == format || (declared == "raw" && format == "iso") || (declared == "iso" && format == "raw");
+            if !same {
+                return Err(failed(format!(
+                    "image {} is {format} but instance_info declares {declared}: refused before writing",
+                    a.image_source
+                )));
+            }
+        }
+        if !a.permitted().iter().any(|p| p == format) {
+            return Err(failed(format!(
+                "image format {format} is not permitted (permitted: {}): refused before writing",
+                a.permitted().join(", ")
+            )));
+        }
+        if format == "qcow2" {
+            // Vet the header before the disk is even opened.
+            qcow2::parse_header(&first).map_err(|e| failed(e.to_string()))?;
+        }
+        let mut disk = DiskWriter::open(target).map_err(failed)?;
+        let mut bounce = AlignedBuf::new(8 << 20);
+        let virtual_size = if format == "qcow2" {
+            let decoded = {
+                let mut sink = QcowSink {
+                    disk: &mut disk,
+                    bounce: &mut bounce,
+                    meter: &mut *meter,
+                };
+                qcow2::decode(first, &mut *body, &mut sink)
+            };
+            let (header, _) = decoded.map_err(|e| match e {
+                qcow2::Qcow2Error::Sink(m) if m.contains("aborted") => StepError::Aborted,
+                e => failed(e.to_string()),
+            })?;
+            if header.size > disk.size {
+                return Err(failed(format!(
+                    "the image's virtual size ({} bytes) is larger than {} ({} bytes)",
+                    header.size, disk.device, disk.size
+                )));
+            }
+            let check = || if meter_cancelled(meter) { Err("write_image aborted".to_string()) } else { Ok(()) };
+            disk.zero_gaps(header.size, &check).map_err(failed)?;
+            header.size
+        } else {
+            // Raw (and ISO): sequential, aligned, 8 MiB at a time.
+            let mut offset = 0u64;
+            let head_len = first.len();
+            bounce.as_mut()[..head_len].copy_from_slice(&first);
+            let mut have = head_len;
+            loop {
+                let cap = bounce.as_mut().len();
+                let n = fill(&mut *body, &mut bounce.as_mut()[have..cap])
+                    .map_err(|e| failed(format!("reading the image: {e}")))?;
+                have += n;
+                if have == 0 {
+                    break;
+                }
+                disk.write_at(offset, bounce.slice(have)).map_err(failed)?;
+                offset += have as u64;
+                meter.tick(false).map_err(|e| if e.contains("aborted") { StepError::Aborted } else { failed(e) })?;
+                if n == 0 || have < cap {
+                    break;
+                }
+                have = 0;
+            }
+            offset
+        };
+        Ok((disk, format, compression, virtual_size))
+    }
+}
+
+fn meter_cancelled(m: &Meter<'_>) -> bool {
+    m.ctx.is_cancelled()
+}
+
+/// `/dev/vda` + 3 → `/dev/vda3`; `/dev/nvme0n1`, `/dev/loop3` → `…p3`; a file → `file#3`.
+fn partition_path(device: &str, n: u32) -> String {
+    if !device.starts_with("/dev/") {
+        return format!("{device}#{n}");
+    }
+    if device.ends_with(|c: char| c.is_ascii_digit()) {
+        format!("{device}p{n}")
+    } else {
+        format!("{device}{n}")
+    }
+}
+
+/// The ISO 9660 volume label at a byte offset of the disk, if an ISO starts there.
+fn iso_label_at(f: &std::fs::File, offset: u64) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let mut pvd = [0u8; 72];
+    f.read_exact_at(&mut pvd, offset + 0x8000).ok()?;
+    if &pvd[1..6] != b"CD001" {
+        return None;
+    }
+    Some(String::from_utf8_lossy(&pvd[40..72]).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_file_lines() {
+        let text = "abc123  other.img\nDEAD  image.raw\nSHA256 (bsd.img) = BEEF\n";
+        assert_eq!(checksum_from_file(text, "image.raw").as_deref(), Some("dead"));
+        assert_eq!(checksum_from_file(text, "bsd.img").as_deref(), Some("beef"));
+        assert_eq!(checksum_from_file(text, "nope"), None);
+        assert_eq!(url_file_name("http://h/a/b/img.qcow2?x=1"), "img.qcow2");
+    }
+
+    #[test]
+    fn formats_and_compression() {
+        assert_eq!(detect_format(b"QFI\xfb\0\0\0\x03"), "qcow2");
+        let mut iso = vec![0u8; 0x8010];
+        iso[0x8001..0x8006].copy_from_slice(b"CD001");
+        assert_eq!(detect_format(&iso), "iso");
+        assert_eq!(detect_format(&[0u8; 100]), "raw");
+        assert_eq!(Compression::sniff(&[0x1f, 0x8b, 8, 0]), Some(Compression::Gzip));
+        assert_eq!(Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]), Some(Compression::Zstd));
+        assert_eq!(partition_path("/dev/vda", 3), "/dev/vda3");
+        assert_eq!(partition_path("/dev/nvme0n1", 2), "/dev/nvme0n1p2");
+        assert_eq!(partition_path("/tmp/d.img", 2), "/tmp/d.img#2");
+    }
+}

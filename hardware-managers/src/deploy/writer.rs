@@ -1,0 +1,248 @@
+//! The target disk as the image writer sees it: large aligned writes (O_DIRECT on block
+//! devices, so the page cache neither fills up nor lies about what reached the disk),
+//! zeroing of the ranges no image data covered, and the final flush.
+
+use crate::erase::device::{Target, TargetKind};
+use crate::erase::ioctl;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// Alignment O_DIRECT needs for buffers, offsets and lengths (covers 4 KiB-sector disks).
+pub const ALIGN: usize = 4096;
+
+/// A buffer whose start is [`ALIGN`]-aligned, made without `unsafe`: a Vec one alignment
+/// longer, used from its first aligned byte.
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` zero bytes (rounded up to a multiple of [`ALIGN`]).
+    pub fn new(len: usize) -> AlignedBuf {
+        let len = len.div_ceil(ALIGN) * ALIGN;
+        let raw = vec![0u8; len + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN).min(ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+
+    /// The whole buffer.
+    pub fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+
+    /// The first `n` bytes.
+    pub fn slice(&self, n: usize) -> &[u8] {
+        &self.raw[self.start..self.start + n.min(self.len)]
+    }
+}
+
+/// The disk being written.
+pub struct DiskWriter {
+    /// Path, for messages.
+    pub device: String,
+    direct: Option<File>,
+    buffered: File,
+    /// Size in bytes.
+    pub size: u64,
+    block: bool,
+    /// Guest ranges written so far (cluster-granular for qcow2), merged.
+    written: Vec<(u64, u64)>,
+}
+
+impl DiskWriter {
+    /// Open `target` for writing.
+    pub fn open(target: &Target) -> Result<DiskWriter, String> {
+        let device = target.display();
+        let (buffered, _) = target
+            .open_write(false)
+            .map_err(|e| e.to_string())?;
+        let direct = match target.open_write(true) {
+            Ok((f, true)) => Some(f),
+            _ => None,
+        };
+        Ok(DiskWriter {
+            device,
+            direct,
+            buffered,
+            size: target.size,
+            block: !matches!(target.kind, TargetKind::File),
+            written: Vec::new(),
+        })
+    }
+
+    fn check_fits(&self, offset: u64, len: u64) -> Result<(), String> {
+        if offset + len > self.size {
+            return Err(format!(
+                "the image is larger than {} ({} bytes): it needs at least {} bytes",
+                self.device,
+                self.size,
+                offset + len
+            ));
+        }
+        Ok(())
+    }
+
+    /// Write `data` at `offset`: directly when both are aligned, else through the page cache.
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.check_fits(offset, data.len() as u64)?;
+        let aligned = offset % ALIGN as u64 == 0
+            && data.len() % ALIGN == 0
+            && data.as_ptr().align_offset(ALIGN) == 0;
+        let f = match (&self.direct, aligned) {
+            (Some(d), true) => d,
+            _ => &self.buffered,
+        };
+        f.write_all_at(data, offset)
+            .map_err(|e| format!("{}: write at offset {offset}: {e}", self.device))?;
+        self.note(offset, data.len() as u64);
+        Ok(())
+    }
+
+    /// Like [`DiskWriter::write_at`] for data not known to be aligned in memory: aligned
+    /// pieces go through `bounce` directly.
+    pub fn write_copy(&mut self, offset: u64, data: &[u8], bounce: &mut AlignedBuf) -> Result<(), String> {
+        let cap = bounce.as_mut().len();
+        let mut done = 0;
+        while done < data.len() {
+            let n = (data.len() - done).min(cap);
+            let off = offset + done as u64;
+            if self.direct.is_some() && off % ALIGN as u64 == 0 && n % ALIGN == 0 {
+                bounce.as_mut()[..n].copy_from_slice(&data[done..done + n]);
+                self.write_at(off, bounce.slice(n))?;
+            } else {
+                self.write_at(off, &data[done..done + n])?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn note(&mut self, offset: u64, len: u64) {
+        match self.written.last_mut() {
+            Some((s, l)) if *s + *l == offset => *l += len,
+            _ => self.written.push((offset, len)),
+        }
+    }
+
+    /// Zero every byte of `[0, upto)` that no write covered (unallocated and zero clusters
+    /// of a qcow2): BLKZEROOUT on a block device (offloaded where the device can), hole
+    /// punching or zero writes on a file.
+    pub fn zero_gaps(&mut self, upto: u64, check: &dyn Fn() -> Result<(), String>) -> Result<u64, String> {
+        let mut w = std::mem::take(&mut self.written);
+        w.sort_unstable();
+        let mut gaps = Vec::new();
+        let mut pos = 0u64;
+        for (s, l) in &w {
+            if *s > pos {
+                gaps.push((pos, *s - pos));
+            }
+            pos = pos.max(s + l);
+        }
+        if pos < upto {
+            gaps.push((pos, upto - pos));
+        }
+        self.written = w;
+        let mut zeroed = 0;
+        for (s, l) in gaps {
+            let l = l.min(upto.saturating_sub(s));
+            if l == 0 {
+                continue;
+            }
+            check()?;
+            self.zero_range(s, l)?;
+            zeroed += l;
+        }
+        Ok(zeroed)
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) -> Result<(), String> {
+        // BLKZEROOUT needs 512-byte alignment: the unaligned edges are written.
+        let start = offset.div_ceil(512) * 512;
+        let end = (offset + len) / 512 * 512;
+        if self.block && end > start {
+            if ioctl::zero_out(&self.buffered, start, end - start).is_ok() {
+                self.write_zeros(offset, start - offset)?;
+                return self.write_zeros(end, offset + len - end);
+            }
+        }
+        self.write_zeros(offset, len)
+    }
+
+    fn write_zeros(&self, offset: u64, len: u64) -> Result<(), String> {
+        if len == 0 {
+            return Ok(());
+        }
+        let zero = vec![0u8; (len.min(1 << 20)) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zero.len() as u64) as usize;
+            self.buffered
+                .write_all_at(&zero[..n], offset + done)
+                .map_err(|e| format!("{}: zeroing at {}: {e}", self.device, offset + done))?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Flush everything to stable storage.
+    pub fn flush(&self) -> Result<(), String> {
+        for f in self.direct.iter().chain(std::iter::once(&self.buffered)) {
+            f.sync_all()
+                .map_err(|e| format!("{}: flush: {e}", self.device))?;
+        }
+        if self.block {
+            let _ = ioctl::flush_buffers(&self.buffered);
+        }
+        Ok(())
+    }
+
+    /// The read-write file, for partition-table work after the image.
+    pub fn file(&self) -> &File {
+        &self.buffered
+    }
+
+    /// Ask the kernel to re-read the partition table. A loop device without partition
+    /// scanning refuses; that is reported, not fatal (the table on the disk is right).
+    pub fn reread(&self) -> Result<(), String> {
+        if !self.block {
+            return Ok(());
+        }
+        ioctl::reread_partitions(&self.buffered)
+            .map_err(|e| format!("{}: re-reading the partition table: {e}", self.device))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buffer_and_gaps() {
+        let mut b = AlignedBuf::new(5000);
+        assert_eq!(b.as_mut().len(), 8192);
+        assert_eq!(b.as_mut().as_ptr().align_offset(ALIGN), 0);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.img");
+        std::fs::write(&p, vec![0xAAu8; 64 << 10]).unwrap();
+        let t = Target::open(&p).unwrap();
+        let mut w = DiskWriter::open(&t).unwrap();
+        w.write_at(4096, &[1u8; 4096]).unwrap();
+        w.write_at(16384, &[2u8; 100]).unwrap();
+        let zeroed = w.zero_gaps(32768, &|| Ok(())).unwrap();
+        assert_eq!(zeroed, 32768 - 4096 - 100);
+        w.flush().unwrap();
+        let got = std::fs::read(&p).unwrap();
+        assert!(got[..4096].iter().all(|b| *b == 0));
+        assert!(got[4096..8192].iter().all(|b| *b == 1));
+        assert!(got[8192..16384].iter().all(|b| *b == 0));
+        assert!(got[16384..16484].iter().all(|b| *b == 2));
+        assert!(got[16484..32768].iter().all(|b| *b == 0));
+        assert!(got[32768..].iter().all(|b| *b == 0xAA), "past upto untouched");
+        assert!(w.write_at((64 << 10) - 10, &[0u8; 20]).unwrap_err().contains("larger than"));
+    }
+}
