@@ -10,6 +10,8 @@ use crate::inventory::{self, InventoryOptions, Root};
 use crate::logring::{self, LogRing};
 use crate::{pid1, HttpTransport};
 use clap::{Args, Parser, Subcommand};
+use crate::fetch::HttpFetcher;
+use rivet_hardware_managers::deploy::{DeployManager, DiskLister};
 use rivet_hardware_managers::{
     default_managers, Dispatcher, HardwareManager, ManagerConfig, StepContext,
 };
@@ -165,6 +167,23 @@ fn manager_config(settings: &Settings, local: &LocalArgs) -> ManagerConfig {
     cfg
 }
 
+/// The stock managers plus the deploy manager (`write_image`), which needs the agent's
+/// network (its [`HttpFetcher`]) and its view of the disks (the `--devices` list, or the
+/// inventory's disks).
+fn with_deploy(
+    mut managers: Vec<Arc<dyn HardwareManager>>,
+    settings: &Settings,
+) -> Vec<Arc<dyn HardwareManager>> {
+    let devices = settings.devices.clone();
+    let lister: DiskLister = Arc::new(move || match &devices {
+        Some(paths) => inventory::disks_for_paths(&Root::default(), paths),
+        None => inventory::collect_disks(&Root::default()),
+    });
+    let fetcher = Arc::new(HttpFetcher::new(settings.ca.clone()));
+    managers.push(Arc::new(DeployManager::new(fetcher, lister)));
+    managers
+}
+
 /// Shared set-up of the local subcommands: settings, quiet logging, dispatcher.
 fn local<M, F>(args: &LocalArgs, default_log: &str, managers: &M, body: F) -> ExitCode
 where
@@ -184,7 +203,10 @@ where
         settings.log = default_log.to_string();
     }
     logring::init(&settings.log, &LogRing::new(RING_LINES, true));
-    let dispatcher = Dispatcher::new(managers(&manager_config(&settings, args)));
+    let dispatcher = Dispatcher::new(with_deploy(
+        managers(&manager_config(&settings, args)),
+        &settings,
+    ));
     body(&settings, &dispatcher)
 }
 
@@ -278,10 +300,10 @@ where
     let ring = LogRing::new(RING_LINES, true);
     logring::init(&settings.log, &ring);
 
-    let dispatcher = Arc::new(Dispatcher::new(managers(&manager_config(
+    let dispatcher = Arc::new(Dispatcher::new(with_deploy(
+        managers(&manager_config(&settings, &args.local)),
         &settings,
-        &args.local,
-    ))));
+    )));
     for (name, level) in dispatcher.managers() {
         tracing::info!(manager = name, ?level, "hardware manager loaded");
     }

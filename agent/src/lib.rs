@@ -44,6 +44,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod executor;
+pub mod fetch;
 pub mod heartbeat;
 pub mod inventory;
 pub mod logring;

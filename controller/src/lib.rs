@@ -10,6 +10,7 @@ pub mod api;
 pub mod cluster;
 pub mod conductor;
 pub mod config;
+pub mod configdrive;
 pub mod drivers;
 pub mod fsm;
 pub mod inspection;

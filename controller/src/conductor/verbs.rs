@@ -100,9 +100,9 @@ pub(crate) fn check_image_info(node: &Node) -> Result<(), String> {
 
 /// The configdrive of a deploy request as the agent takes it: a URL, or gzip+base64 ISO.
 fn prepare_configdrive(cd: &Value, node: &Node) -> Result<String, String> {
-    // PENDING(configdrive module): replaced by crate::configdrive::prepare.
-    let _ = (cd, node);
-    Err("configdrive support is being built".into())
+    crate::configdrive::prepare(cd, &node.uuid, node.name.as_deref())
+        .map(crate::configdrive::Prepared::into_string)
+        .map_err(|e| e.to_string())
 }
 
 /// Microversion a verb needs (Ironic's milestones).

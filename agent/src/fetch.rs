@@ -1,0 +1,179 @@
+//! Image and configdrive downloads for `write_image`: the agent's side of
+//! [`rivet_hardware_managers::deploy::ImageFetcher`].
+//!
+//! Each download runs on a thread with its own small tokio runtime (the step runs on a
+//! blocking thread, in the ramdisk and in `rivet-agent step` alike) and hands the body to the
+//! step through a bounded channel of chunks: the network keeps going while the disk writes,
+//! and at most a few MiB are in flight, whatever the image's size. Dropping the reader ends
+//! the download. Opening retries a few times on connection errors and 5xx answers, as IPA
+//! does; errors name the URL and the HTTP status.
+
+use rivet_hardware_managers::deploy::{Fetched, ImageFetcher};
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::time::Duration;
+
+/// Chunks in flight between the download and the writer.
+const IN_FLIGHT: usize = 32;
+/// Attempts at opening a URL.
+const ATTEMPTS: u32 = 3;
+/// Pause between attempts.
+const RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// Downloads over HTTP(S) with rustls, trusting the usual roots, the agent's own CA (the
+/// controller's, `--ca`) and a CA the deploy names.
+#[derive(Debug, Clone, Default)]
+pub struct HttpFetcher {
+    agent_ca: Option<PathBuf>,
+}
+
+impl HttpFetcher {
+    /// A fetcher that also trusts the PEM file `agent_ca`.
+    pub fn new(agent_ca: Option<PathBuf>) -> HttpFetcher {
+        HttpFetcher { agent_ca }
+    }
+
+    fn client(&self, ca_pem: Option<&str>) -> Result<reqwest::Client, String> {
+        let mut b = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(Duration::from_secs(60))
+            .read_timeout(Duration::from_secs(120))
+            .user_agent(concat!("rivet-agent/", env!("CARGO_PKG_VERSION")));
+        let mut pems: Vec<Vec<u8>> = Vec::new();
+        if let Some(p) = &self.agent_ca {
+            pems.push(std::fs::read(p).map_err(|e| format!("reading CA {}: {e}", p.display()))?);
+        }
+        if let Some(p) = ca_pem {
+            pems.push(p.as_bytes().to_vec());
+        }
+        for pem in pems {
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("a CA certificate does not parse: {e}"))?;
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        b.build().map_err(|e| format!("building the HTTP client: {e}"))
+    }
+}
+
+/// The body's chunks as a blocking reader.
+struct ChannelReader {
+    rx: Receiver<Result<Vec<u8>, String>>,
+    current: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos >= self.current.len() {
+            match self.rx.recv() {
+                Ok(Ok(chunk)) => {
+                    self.current = chunk;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => return Err(std::io::Error::other(e)),
+                // The download ended (its sender is gone after the last chunk).
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.pos);
+        buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+impl ImageFetcher for HttpFetcher {
+    fn open(&self, url: &str, ca_pem: Option<&str>) -> Result<Fetched, String> {
+        let client = self.client(ca_pem)?;
+        let url = url.to_string();
+        let (open_tx, open_rx) = sync_channel::<Result<Option<u64>, String>>(1);
+        let (tx, rx) = sync_channel::<Result<Vec<u8>, String>>(IN_FLIGHT);
+        std::thread::Builder::new()
+            .name("image-download".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = open_tx.send(Err(format!("starting the download runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut last = String::new();
+                    let mut resp = None;
+                    for attempt in 1..=ATTEMPTS {
+                        match client.get(&url).send().await {
+                            Ok(r) if r.status().is_success() => {
+                                resp = Some(r);
+                                break;
+                            }
+                            Ok(r) if r.status().is_server_error() => {
+                                last = format!("{url} answered {}", r.status());
+                            }
+                            Ok(r) => {
+                                // 4xx: retrying will not help.
+                                last = format!("{url} answered {}", r.status());
+                                break;
+                            }
+                            Err(e) => last = format!("{url}: {}", chain(&e)),
+                        }
+                        if attempt < ATTEMPTS {
+                            tracing::warn!(url = %url, attempt, error = %last, "download failed; retrying");
+                            tokio::time::sleep(RETRY_PAUSE).await;
+                        }
+                    }
+                    let Some(mut resp) = resp else {
+                        let _ = open_tx.send(Err(last));
+                        return;
+                    };
+                    if open_tx.send(Ok(resp.content_length())).is_err() {
+                        return;
+                    }
+                    loop {
+                        match resp.chunk().await {
+                            Ok(Some(bytes)) => {
+                                // The reader went away (step aborted or failed): stop.
+                                if tx.send(Ok(bytes.to_vec())).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(None) => return,
+                            Err(e) => {
+                                let _ = tx.send(Err(format!("{url}: download interrupted: {}", chain(&e))));
+                                return;
+                            }
+                        }
+                    }
+                });
+            })
+            .map_err(|e| format!("starting the download thread: {e}"))?;
+        let len = open_rx
+            .recv()
+            .map_err(|_| "the download thread stopped".to_string())??;
+        Ok(Fetched {
+            reader: Box::new(ChannelReader {
+                rx,
+                current: Vec::new(),
+                pos: 0,
+            }),
+            len,
+        })
+    }
+}
