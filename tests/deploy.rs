@@ -268,9 +268,10 @@ fn config2_partition(disk: &Path) -> Result<PathBuf> {
 fn read_meta_data(iso: &Path, dir: &Path) -> Result<Value> {
     let out = dir.join("meta_data.json");
     let _ = std::fs::remove_file(&out);
+    // xorriso takes a block device only with the stdio: prefix.
     run(Command::new("osirrox")
         .arg("-indev")
-        .arg(iso)
+        .arg(format!("stdio:{}", iso.display()))
         .args(["-extract", "/openstack/latest/meta_data.json"])
         .arg(&out))?;
     Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
