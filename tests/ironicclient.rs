@@ -119,6 +119,7 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
         baremetal().exists(),
         "python-ironicclient venv (.venv/bin/baremetal)",
     ) || !prerequisite(have("sha256sum"), "sha256sum")
+        || !prerequisite(have("sgdisk"), "sgdisk (gdisk)")
     {
         return Ok(());
     }
@@ -136,8 +137,15 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
     std::fs::File::create(&disk)?.set_len(64 << 20)?;
     let www = dir.path().join("www");
     std::fs::create_dir(&www)?;
-    let image: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
-    std::fs::write(www.join("img.raw"), &image)?;
+    // A GPT whole-disk image (the configdrive partition needs a table to join).
+    let pattern: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(www.join("img.raw"), &pattern)?;
+    let gpt = Command::new("sgdisk")
+        .args(["-o", "-n", "1:2048:0"])
+        .arg(www.join("img.raw"))
+        .output()?;
+    anyhow::ensure!(gpt.status.success(), "sgdisk: {}", String::from_utf8_lossy(&gpt.stderr));
+    let image = std::fs::read(www.join("img.raw"))?;
     let sum = Command::new("sha256sum")
         .arg(www.join("img.raw"))
         .output()?;
@@ -216,10 +224,11 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
         ],
     )?;
     assert_eq!(state.trim(), "active");
-    // The image is at the start of the disk file, byte for byte.
+    // The image's partition is on the disk, byte for byte (its GPT moved its backup).
     let written = std::fs::read(&disk)?;
+    let part = (1 << 20)..(image.len() - (1 << 20));
     assert!(
-        written[..image.len()] == image[..],
+        written[part.clone()] == image[part],
         "image bytes differ on the disk"
     );
     // The configdrive ISO (volume config-2) is on the disk after the image.

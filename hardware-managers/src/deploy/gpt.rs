@@ -293,9 +293,29 @@ fn gpt_name(entry: &[u8]) -> String {
 /// make one of `len` bytes at the end of the disk: GPT gets a new entry (a fresh unique GUID,
 /// named `config-2`), MBR a primary partition (refused when four exist); on a disk over
 /// 2 TiB an MBR partition is placed just below the 2 TiB limit.
-pub fn config_partition(dev: &Device<'_>, len: u64, label_at: &dyn Fn(u64) -> bool) -> Result<Placed, TableError> {
+///
+/// The new partition is `want` bytes (IPA's 64 MiB) when the disk has room, else whatever is
+/// free after the last partition, as long as `need` bytes (the ISO) fit.
+pub fn config_partition(
+    dev: &Device<'_>,
+    want: u64,
+    need: u64,
+    label_at: &dyn Fn(u64) -> bool,
+) -> Result<Placed, TableError> {
     let align = (1u64 << 20) / dev.sector; // 1 MiB
-    let want = len.div_ceil(dev.sector).div_ceil(align) * align;
+    let want = want.max(need).div_ceil(dev.sector).div_ceil(align) * align;
+    let need_sectors = need.div_ceil(dev.sector);
+    // The start for a partition ending at `end` (inclusive) after `used_end`: `want` before
+    // the end if it fits, else the first aligned sector after the last partition.
+    let start_for = |end: u64, used_end: u64| -> Option<u64> {
+        let preferred = (end + 1).saturating_sub(want) / align * align;
+        let start = if preferred > used_end {
+            preferred
+        } else {
+            (used_end + 1).div_ceil(align) * align
+        };
+        (start <= end && end + 1 - start >= need_sectors).then_some(start)
+    };
     match table_kind(dev)? {
         TableKind::Gpt => {
             relocate_backup(dev)?;
@@ -313,14 +333,18 @@ pub fn config_partition(dev: &Device<'_>, len: u64, label_at: &dyn Fn(u64) -> bo
                 }
             }
             let last_usable = u64_at(&gpt.header, 48);
-            let used_end = gpt.used().map(|(_, e)| u64_at(e, 40)).max().unwrap_or(0);
-            let start = (last_usable + 1).saturating_sub(want) / align * align;
-            if start <= used_end || start < u64_at(&gpt.header, 40) {
+            let used_end = gpt
+                .used()
+                .map(|(_, e)| u64_at(e, 40))
+                .max()
+                .unwrap_or(0)
+                .max(u64_at(&gpt.header, 40).saturating_sub(1));
+            let Some(start) = start_for(last_usable, used_end) else {
                 return Err(dev.refused(format!(
-                    "no room for a {} MiB config-2 partition after the image's last partition",
-                    want * dev.sector >> 20
+                    "no room for the configdrive ({} KiB) after the image's last partition",
+                    need >> 10
                 )));
-            }
+            };
             let n = gpt.entries.len() / gpt.entry_size();
             let slot = (0..n)
                 .find(|i| gpt.entry(*i)[..16].iter().all(|b| *b == 0))
@@ -384,10 +408,12 @@ pub fn config_partition(dev: &Device<'_>, len: u64, label_at: &dyn Fn(u64) -> bo
                 .map(|e| e.2 + e.3)
                 .max()
                 .unwrap_or(1);
-            let start = (limit + 1).saturating_sub(want) / align * align;
-            if start < used_end {
-                return Err(dev.refused("no room for a config-2 partition after the image's partitions"));
-            }
+            let Some(start) = start_for(limit, used_end.saturating_sub(1)) else {
+                return Err(dev.refused(format!(
+                    "no room for the configdrive ({} KiB) after the image's partitions",
+                    need >> 10
+                )));
+            };
             let count = limit + 1 - start;
             let o = 446 + slot * 16;
             mbr[o..o + 16].fill(0);
@@ -473,11 +499,13 @@ mod tests {
         let dev = Device::new(&f, "d.img", 512, 128 << 20);
         assert!(relocate_backup(&dev).unwrap());
         assert!(!relocate_backup(&dev).unwrap(), "second call is a no-op");
-        let placed = config_partition(&dev, 1 << 20, &|_| false).unwrap();
+        let e = config_partition(&dev, 64 << 20, 200 << 20, &|_| false).unwrap_err();
+        assert!(e.to_string().contains("no room for the configdrive"), "{e}");
+        let placed = config_partition(&dev, 1 << 20, 1 << 20, &|_| false).unwrap();
         assert_eq!(placed.number, 2);
         assert!(!placed.reused);
         assert_eq!(placed.offset + placed.len, (128 << 20) - 33 * 512);
-        let again = config_partition(&dev, 1 << 20, &|_| false).unwrap();
+        let again = config_partition(&dev, 1 << 20, 1 << 20, &|_| false).unwrap();
         assert!(again.reused && again.offset == placed.offset);
         drop(f);
         let v = std::process::Command::new("sgdisk").arg("-v").arg(&p).output().unwrap();
@@ -505,12 +533,12 @@ mod tests {
         f.set_len(64 << 20).unwrap();
         let dev = Device::new(&f, "m.img", 512, 64 << 20);
         assert_eq!(table_kind(&dev).unwrap(), TableKind::Mbr);
-        let e = config_partition(&dev, 1 << 20, &|_| false).unwrap_err();
+        let e = config_partition(&dev, 1 << 20, 1 << 20, &|_| false).unwrap_err();
         assert!(e.to_string().contains("4 primary partitions"), "{e}");
         // With three, the fourth goes at the end.
         mbr[446 + 3 * 16 + 4] = 0;
         f.write_all_at(&mbr, 0).unwrap();
-        let placed = config_partition(&dev, 1 << 20, &|_| false).unwrap();
+        let placed = config_partition(&dev, 1 << 20, 1 << 20, &|_| false).unwrap();
         assert_eq!(placed.number, 4);
         assert_eq!(placed.offset + placed.len, 64 << 20);
     }

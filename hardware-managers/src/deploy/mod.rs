@@ -538,7 +538,7 @@ impl DeployManager {
             let iso = self.configdrive(a, cd)?;
             let placed = {
                 let label_at = |offset: u64| iso_label_at(disk.file(), offset).as_deref() == Some("config-2");
-                gpt::config_partition(&dev, (iso.len() as u64).max(64 << 20), &label_at)
+                gpt::config_partition(&dev, 64 << 20, iso.len() as u64, &label_at)
                     .map_err(|e| failed(e.to_string()))?
             };
             if iso.len() as u64 > placed.len {
