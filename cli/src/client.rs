@@ -101,7 +101,11 @@ impl Client {
             .map_err(|e| ClientError::Transport(format!("invalid rivetd URL {base:?}: {e}")))?;
         let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(120));
+            .timeout(Duration::from_secs(120))
+            // rivetd closes a keep-alive connection that sends no request within its header
+            // read timeout (10 s by default): never reuse one idle that long, or the next
+            // request meets a closed connection.
+            .pool_idle_timeout(Duration::from_secs(5));
         // A private CA (`rivetd tls init` makes one) for an https rivetd.
         if let Some(path) = std::env::var_os("RIVET_CA").filter(|p| !p.is_empty()) {
             let pem = std::fs::read(&path).map_err(|e| {

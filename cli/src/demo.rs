@@ -1090,37 +1090,43 @@ impl DemoImage {
         let size = std::fs::metadata(disk)
             .with_context(|| format!("cannot stat {}", disk.display()))?
             .len();
-        let tail = read_range(disk, self.len, (size - self.len) as usize)?;
-        let pvd = tail
-            .windows(6)
-            .position(|w| w == b"\x01CD001")
-            .ok_or_else(|| {
-                anyhow!(
-                    "{}: no configdrive (ISO 9660) after the image",
-                    file_name(disk)
-                )
-            })?;
-        let label = String::from_utf8_lossy(&tail[pvd + 40..pvd + 72])
-            .trim()
-            .to_string();
+        // Partitions start on MiB boundaries; an ISO 9660 volume descriptor sits 32 KiB in.
+        let mut found = None;
+        let mut at = self.len;
+        while at + 0x8000 + 2048 <= size {
+            let pvd = read_range(disk, at + 0x8000, 72)?;
+            if &pvd[..6] == b"\x01CD001" {
+                found = Some((at, pvd));
+                break;
+            }
+            at += MIB;
+        }
+        let (start, pvd) = found.ok_or_else(|| {
+            anyhow!(
+                "{}: no configdrive (ISO 9660) after the image",
+                file_name(disk)
+            )
+        })?;
+        let label = String::from_utf8_lossy(&pvd[40..72]).trim().to_string();
         if label != "config-2" {
             bail!(
                 "{}: the ISO after the image is labelled {label:?}, not config-2",
                 file_name(disk)
             );
         }
-        let has_uuid = tail.windows(uuid.len()).any(|w| w == uuid.as_bytes());
-        if !has_uuid {
+        let iso = read_range(disk, start, ((size - start).min(4 * MIB)) as usize)?;
+        if !iso.windows(uuid.len()).any(|w| w == uuid.as_bytes()) {
             bail!(
                 "{}: the configdrive does not hold the node's uuid",
                 file_name(disk)
             );
         }
+        let pvd = start;
         println!(
             "   {}: the image's {} MiB are on the disk; config-2 ISO at {} MiB holds meta_data uuid {uuid}",
             file_name(disk),
             self.len / MIB,
-            (self.len + pvd as u64) / MIB
+            pvd / MIB
         );
         Ok(())
     }
