@@ -54,10 +54,12 @@ pub enum NodeCmd {
     Abort(NodeArg),
     /// Leave a hold state.
     Unhold(NodeArg),
-    /// Deploy (target "active").
-    Deploy(NodeArg),
-    /// Tear down a deployment (target "deleted").
-    Undeploy(NodeArg),
+    /// Deploy an image (target "active"): sets instance_info from the flags, then deploys.
+    Deploy(DeployArgs),
+    /// Deploy again onto an active or failed node (target "rebuild").
+    Rebuild(DeployArgs),
+    /// Tear down a deployment (target "deleted"): then automated cleaning, then available.
+    Undeploy(WaitFlag),
     /// Manual cleaning from manageable.
     Clean {
         /// Node UUID or name.
@@ -86,6 +88,47 @@ pub enum NodeCmd {
     Inventory(NodeArg),
     /// Wait until the node reaches a provision state, showing progress on stderr.
     Wait(wait::WaitArgs),
+}
+
+/// `rivet node deploy` / `rebuild`.
+#[derive(Debug, Args)]
+pub struct DeployArgs {
+    /// Node UUID or name.
+    pub node: String,
+    /// http(s) URL of the whole-disk image (instance_info.image_source); kept as set when
+    /// not given.
+    #[arg(long, value_name = "URL")]
+    pub image: Option<String>,
+    /// The image's digest as ALGO:HEX (sha256, sha512), or HEX (its length tells sha256 from
+    /// sha512).
+    #[arg(long, value_name = "ALGO:HEX")]
+    pub checksum: Option<String>,
+    /// The image's format, checked by the agent before writing.
+    #[arg(long, value_name = "raw|qcow2|iso")]
+    pub disk_format: Option<String>,
+    /// Configdrive: a file (an ISO, sent gzip+base64; or a .json file), a JSON object
+    /// `{"meta_data": …, "user_data": …}`, or an http(s) URL.
+    #[arg(long, value_name = "FILE|JSON|URL")]
+    pub configdrive: Option<String>,
+    /// Wait for active, showing the image write's progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub timeout: u64,
+}
+
+/// A node, and whether to wait for the operation to end.
+#[derive(Debug, Args)]
+pub struct WaitFlag {
+    /// Node UUID or name.
+    pub node: String,
+    /// Wait until the node rests (available after undeploy's cleaning).
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub timeout: u64,
 }
 
 /// Just a node.
@@ -305,8 +348,20 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
         NodeCmd::Inspect(n) => provision(client, out, &n.node, Verb::Inspect, None).await,
         NodeCmd::Abort(n) => provision(client, out, &n.node, Verb::Abort, None).await,
         NodeCmd::Unhold(n) => provision(client, out, &n.node, Verb::Unhold, None).await,
-        NodeCmd::Deploy(n) => provision(client, out, &n.node, Verb::Active, None).await,
-        NodeCmd::Undeploy(n) => provision(client, out, &n.node, Verb::Deleted, None).await,
+        NodeCmd::Deploy(a) => deploy(client, out, a, Verb::Active).await,
+        NodeCmd::Rebuild(a) => deploy(client, out, a, Verb::Rebuild).await,
+        NodeCmd::Undeploy(w) => {
+            provision(client, out, &w.node, Verb::Deleted, None).await?;
+            if w.wait {
+                let args = wait::WaitArgs {
+                    node: w.node.clone(),
+                    state: "available".into(),
+                    timeout: w.timeout,
+                };
+                wait::run(args, client, out).await?;
+            }
+            Ok(())
+        }
         NodeCmd::Clean {
             node,
             clean_steps: s,
@@ -487,6 +542,110 @@ async fn provision(
     Ok(())
 }
 
+/// `--checksum`: `ALGO:HEX` or bare `HEX` → (algo, hex).
+fn parse_checksum(c: &str) -> Result<(String, String)> {
+    let (algo, hex) = match c.split_once(':') {
+        Some((a, h)) => (a.trim().to_ascii_lowercase(), h.trim().to_ascii_lowercase()),
+        None => {
+            let h = c.trim().to_ascii_lowercase();
+            let a = match h.len() {
+                64 => "sha256",
+                128 => "sha512",
+                n => bail!("--checksum {c:?}: a bare digest must be 64 (sha256) or 128 (sha512) hex digits, not {n}; or write ALGO:HEX"),
+            };
+            (a.to_string(), h)
+        }
+    };
+    let want = match algo.as_str() {
+        "sha256" => 64,
+        "sha512" => 128,
+        other => bail!("--checksum: {other} is not supported; use sha256 or sha512"),
+    };
+    if hex.len() != want || !hex.chars().all(|ch| ch.is_ascii_hexdigit()) {
+        bail!("--checksum: a {algo} digest is {want} hex digits");
+    }
+    Ok((algo, hex))
+}
+
+/// `--configdrive`: a URL as is, a JSON object as the object form, a file: `.json` parsed,
+/// anything else (an ISO) gzip+base64 encoded.
+fn parse_configdrive(c: &str) -> Result<Value> {
+    let t = c.trim();
+    if t.starts_with("http://") || t.starts_with("https://") {
+        return Ok(Value::from(t));
+    }
+    if t.starts_with('{') {
+        let v: Value = serde_json::from_str(t).context("--configdrive: not valid JSON")?;
+        return Ok(v);
+    }
+    let path = std::path::Path::new(t);
+    let bytes = std::fs::read(path).with_context(|| format!("--configdrive: cannot read {t}"))?;
+    if path.extension().is_some_and(|e| e == "json") {
+        return serde_json::from_slice(&bytes)
+            .with_context(|| format!("--configdrive: {t} is not valid JSON"));
+    }
+    Ok(Value::from(gzip_base64(&bytes)?))
+}
+
+fn gzip_base64(bytes: &[u8]) -> Result<String> {
+    use base64::Engine;
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(bytes)?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(gz.finish()?))
+}
+
+/// `rivet node deploy|rebuild`: instance_info from the flags (one patch), then the verb.
+async fn deploy(client: &Client, out: Output, a: DeployArgs, verb: Verb) -> Result<()> {
+    let mut ops = Vec::new();
+    let mut add = |key: &str, value: Value| {
+        ops.push(serde_json::json!({"op": "add", "path": format!("/instance_info/{key}"), "value": value}));
+    };
+    if let Some(url) = &a.image {
+        add("image_source", Value::from(url.clone()));
+    }
+    if let Some(c) = &a.checksum {
+        let (algo, hex) = parse_checksum(c)?;
+        add("image_os_hash_algo", Value::from(algo));
+        add("image_os_hash_value", Value::from(hex));
+    }
+    if let Some(f) = &a.disk_format {
+        add("image_disk_format", Value::from(f.clone()));
+    }
+    let configdrive = a
+        .configdrive
+        .as_deref()
+        .map(parse_configdrive)
+        .transpose()?;
+    if !ops.is_empty() {
+        client.patch(&node_path(&a.node), &ops).await?;
+    }
+    let body = ProvisionRequest {
+        target: verb,
+        clean_steps: None,
+        configdrive,
+        deploy_steps: None,
+        rescue_password: None,
+        disable_ramdisk: None,
+    };
+    client
+        .put(
+            &format!("{}/states/provision", node_path(&a.node)),
+            Some(&body),
+        )
+        .await?;
+    out.note(&format!("Accepted \"{verb}\" for node {}", a.node));
+    if a.wait {
+        let args = wait::WaitArgs {
+            node: a.node.clone(),
+            state: "active".into(),
+            timeout: a.timeout,
+        };
+        wait::run(args, client, out).await?;
+    }
+    Ok(())
+}
+
 /// `GET /v1/nodes/{id}/<what>`, printed as JSON. A 404 from a server that does not serve the
 /// endpoint yet is told apart from a missing node.
 async fn sub_document(client: &Client, node: &str, what: &str, label: &str) -> Result<()> {
@@ -559,5 +718,34 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert!(clean_steps(r#"[{"interface":"deploy"}]"#).is_err());
         assert!(clean_steps("@/nonexistent/steps.json").is_err());
+    }
+
+    #[test]
+    fn deploy_flags() {
+        let h = "ab".repeat(32);
+        assert_eq!(
+            parse_checksum(&h).unwrap(),
+            ("sha256".to_string(), h.clone())
+        );
+        assert_eq!(parse_checksum(&format!("SHA256:{h}")).unwrap().0, "sha256");
+        assert!(parse_checksum("md5:d41d8cd98f00b204e9800998ecf8427e").is_err());
+        assert!(parse_checksum("sha512:abcd").is_err());
+        assert_eq!(
+            parse_configdrive("https://h/cd").unwrap(),
+            json!("https://h/cd")
+        );
+        assert_eq!(
+            parse_configdrive(r#"{"meta_data": {}}"#).unwrap(),
+            json!({"meta_data": {}})
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let iso = dir.path().join("cd.iso");
+        std::fs::write(&iso, b"not really an iso").unwrap();
+        let v = parse_configdrive(iso.to_str().unwrap()).unwrap();
+        assert!(
+            v.as_str().is_some_and(|s| s.starts_with("H4sI")),
+            "gzip+base64: {v}"
+        );
+        assert!(parse_configdrive("/nonexistent/cd.iso").is_err());
     }
 }

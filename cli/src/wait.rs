@@ -80,9 +80,16 @@ fn progress_text(p: &Value) -> Option<String> {
             let message = non_empty_str(m.get("message"));
             // Erase steps count bytes; show them as sizes when they are big.
             let bytes = total.is_some_and(|t| t >= 1 << 20);
+            // An image write reports its rate (bytes/s) too.
+            let rate = m
+                .get("rate")
+                .and_then(Value::as_u64)
+                .filter(|r| *r > 0)
+                .map(|r| format!(" {}/s", amount(r, true)))
+                .unwrap_or_default();
             let counts = match (done, total) {
                 (Some(d), Some(t)) => Some(format!(
-                    "{}/{} ({:.0}%)",
+                    "{}/{} ({:.0}%){rate}",
                     amount(d, bytes),
                     amount(t, bytes),
                     (d as f64 * 100.0 / t as f64).min(100.0)
@@ -107,9 +114,12 @@ fn progress_text(p: &Value) -> Option<String> {
 impl Snapshot {
     /// Reduce a node document.
     pub fn of(node: &Value) -> Snapshot {
-        let clean = node
-            .get("clean_step")
-            .filter(|s| s.as_object().is_some_and(|m| !m.is_empty()));
+        // The running step: a clean step, or a deploy step (write_image's progress).
+        let non_empty = |k: &str| {
+            node.get(k)
+                .filter(|s| s.as_object().is_some_and(|m| !m.is_empty()))
+        };
+        let clean = non_empty("clean_step").or_else(|| non_empty("deploy_step"));
         let step = clean.and_then(|s| {
             let name = non_empty_str(s.get("step"))?;
             Some(match non_empty_str(s.get("interface")) {
@@ -359,6 +369,19 @@ mod tests {
 
     #[test]
     fn progress_forms() {
+        let write =
+            progress_text(&json!({"done": 1u64 << 30, "total": 2u64 << 30, "rate": 300u64 << 20}));
+        assert!(
+            write
+                .as_deref()
+                .is_some_and(|w| w.contains("(50%)") && w.ends_with("/s")),
+            "{write:?}"
+        );
+        let deploying = Snapshot::of(
+            &json!({"provision_state": "wait call-back", "clean_step": {},
+            "deploy_step": {"interface": "deploy", "step": "write_image", "progress": {"done": 1, "total": 4}}}),
+        );
+        assert_eq!(deploying.step.as_deref(), Some("deploy.write_image"));
         assert_eq!(progress_text(&json!(0.5)).as_deref(), Some("50%"));
         assert_eq!(progress_text(&json!(40)).as_deref(), Some("40%"));
         assert_eq!(
