@@ -14,7 +14,7 @@ cd "$root"
 
 log() { echo "setup-qemu: $*" >&2; }
 
-APT_PACKAGES=(qemu-system-x86 ovmf busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux)
+APT_PACKAGES=(qemu-system-x86 qemu-utils zstd ovmf busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -27,6 +27,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     updated=1
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# qemu-system-x86 alone can replace a newer qemu-utils and leave no qemu-img (seen on this
+# kind of machine): both are named above; make sure the tool is really there.
+qemu-img --version >/dev/null 2>&1 || { log "FAIL: qemu-img missing after installing qemu-utils"; exit 1; }
 
 cache="${RIVET_KERNEL_CACHE:-$root/target/kernel-cache}"
 mkdir -p "$cache"
