@@ -91,6 +91,7 @@ fn run_once(
         memory_mib: 512,
         log_dir: work.join(format!("vm-{i}")),
         accel,
+        image_port: None,
     })?;
     let deadline = Instant::now() + Duration::from_secs(300);
     let (mut lookup, mut heartbeat) = (None, None);

@@ -38,6 +38,14 @@ pub fn guest_controller_url() -> String {
 pub const TEST_KERNEL_ARGS: &str =
     "earlycon=uart8250,io,0x3f8,115200n8 console=ttyS0,115200n8 rivet.log=info";
 
+/// Where the guest finds the image server (forwarded by guestfwd to [`Config::image_port`]).
+pub const GUEST_IMAGE_IP: &str = "10.0.2.101";
+
+/// The URL of `file` on the image server as the guest sees it.
+pub fn guest_image_url(file: &str) -> String {
+    format!("http://{GUEST_IMAGE_IP}/{file}")
+}
+
 /// The full command line of a direct kernel boot.
 pub fn test_cmdline() -> String {
     format!(
@@ -167,6 +175,32 @@ pub fn build_artefacts(out: &Path, iso: bool) -> Result<ib::Report> {
     opts.cmdline = TEST_KERNEL_ARGS.into();
     opts.iso = iso;
     Ok(ib::build(&opts)?)
+}
+
+/// The bootable whole-disk test image (image-build's `testimage`: syslinux, the same kernel,
+/// an init that prints the configdrive's uuid), built once per process into
+/// `target/qemu-e2e/testimage.raw`.
+pub fn test_image() -> Result<PathBuf> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let build = || -> Result<PathBuf> {
+                let deb =
+                    kernel_package().context("no kernel package: run scripts/setup-qemu.sh")?;
+                let dir = extracted_kernel(&deb)?;
+                let kernel = ib::KernelPackage::open(&dir, &target_dir())?;
+                let out = target_dir().join("qemu-e2e/testimage.raw");
+                std::fs::create_dir_all(target_dir().join("qemu-e2e"))?;
+                Ok(ib::testimage::build(
+                    &kernel,
+                    Path::new("/bin/busybox"),
+                    &out,
+                )?)
+            };
+            build().map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 /// Artefacts shared by the tests of one process: built once into `target/qemu-e2e/artefacts`.
@@ -304,6 +338,8 @@ pub enum Boot {
     CdromUefi(PathBuf),
     /// Network boot: QEMU's iPXE option ROM fetches this URL (the DHCP boot file name).
     Pxe(String),
+    /// SeaBIOS boots the first disk (a deployed instance), no kernel given.
+    Disk,
 }
 
 /// One guest.
@@ -323,6 +359,8 @@ pub struct Config {
     pub log_dir: PathBuf,
     /// Acceleration.
     pub accel: Accel,
+    /// A loopback image server the guest reaches at `http://10.0.2.101/` (port 80).
+    pub image_port: Option<u16>,
 }
 
 /// OVMF's firmware code image (Debian `ovmf`), if installed.
@@ -421,6 +459,9 @@ impl Qemu {
                     .args(["-device", "ide-cd,drive=cd0,bootindex=1"]);
             }
             Boot::Pxe(_) => bootindex_nic = Some(1),
+            Boot::Disk => {
+                cmd.args(["-boot", "order=c"]);
+            }
         }
         for d in &cfg.disks {
             cmd.arg("-drive").arg(format!(
@@ -434,6 +475,11 @@ impl Qemu {
         );
         if let Boot::Pxe(url) = &cfg.boot {
             netdev.push_str(&format!(",bootfile={url}"));
+        }
+        if let Some(port) = cfg.image_port {
+            netdev.push_str(&format!(
+                ",guestfwd=tcp:{GUEST_IMAGE_IP}:80-cmd:socat - TCP:127.0.0.1:{port}"
+            ));
         }
         let mut nic = format!("virtio-net-pci,netdev=n0,mac={}", cfg.mac);
         if let Some(i) = bootindex_nic {

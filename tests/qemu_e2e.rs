@@ -181,6 +181,7 @@ fn direct_boot_looks_up_reports_inventory_and_cleans_both_disks() -> Result<()> 
         memory_mib: 512,
         log_dir: dir.path().join("vm"),
         accel: qemu::accel(&art.vmlinuz),
+        image_port: None,
     })?;
 
     let inv = wait_inventory(&d, &mut vm, &uuid, Duration::from_secs(180))?;
@@ -317,6 +318,7 @@ fn iso_boot(uefi: bool, mac: &str) -> Result<()> {
         memory_mib: 512,
         log_dir: dir.path().join("vm"),
         accel: qemu::accel(&art.vmlinuz),
+        image_port: None,
     })?;
     let inv = wait_inventory(&d, &mut vm, &uuid, Duration::from_secs(300))?;
     check_inventory(&inv, mac, &[("vda", 16 * MIB)])?;
@@ -378,6 +380,7 @@ fn pxe_chain_through_rivetd_boot_endpoints() -> Result<()> {
         memory_mib: 512,
         log_dir: dir.path().join("vm"),
         accel: qemu::accel(&art.vmlinuz),
+        image_port: None,
     })?;
     let inv = wait_inventory(&d, &mut vm, &uuid, Duration::from_secs(300))?;
     check_inventory(&inv, mac, &[])?;

@@ -19,6 +19,7 @@ pub mod init;
 pub mod ipxe;
 pub mod iso;
 pub mod modules;
+pub mod testimage;
 
 use cpio::{Archive, Content};
 use std::io::Write;

@@ -1,0 +1,208 @@
+//! A small bootable whole-disk image for deploy tests and the VM lab.
+//!
+//! A GPT disk (64 MiB) whose first partition is a FAT filesystem holding syslinux, the same
+//! Debian kernel as the ramdisk and a tiny initramfs (busybox + the virtio and ISO 9660
+//! modules). Legacy BIOS boots it (syslinux's `gptmbr.bin` → the partition flagged
+//! legacy-bootable). Its `/init` looks for a partition whose ISO 9660 volume label is
+//! `config-2`, reads `openstack/latest/meta_data.json` from it and prints
+//!
+//! ```text
+//! rivet-lab-instance booted uuid=<meta_data uuid>   (or uuid=none and why)
+//! ```
+//!
+//! on the serial console, then powers off: proof that a deployed image booted from its disk
+//! and saw the configdrive Rivet wrote. Built without mounting anything (mtools writes the
+//! FAT filesystem, `syslinux --install` works on the image file): Debian `syslinux`,
+//! `syslinux-common`, `dosfstools`, `mtools`, `gdisk`.
+
+use crate::cpio::{Archive, Content};
+use crate::{check_static, io, BuildError, KernelPackage};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The line the booted instance prints (followed by `uuid=…`).
+pub const MARKER: &str = "rivet-lab-instance booted";
+/// Size of the image.
+pub const IMAGE_MIB: u64 = 64;
+/// Modules the instance loads to find its disk and read the configdrive.
+const MODULES: &[&str] = &["virtio_pci", "virtio_blk", "isofs"];
+/// syslinux's GPT boot code.
+const GPTMBR: &str = "/usr/lib/syslinux/mbr/gptmbr.bin";
+
+fn tool(cmd: &mut Command, what: &str) -> Result<(), BuildError> {
+    let out = cmd.output().map_err(|e| BuildError::Tool {
+        tool: what.into(),
+        message: format!(
+            "cannot run it ({e}); install syslinux, syslinux-common, dosfstools, mtools and gdisk"
+        ),
+    })?;
+    if !out.status.success() {
+        return Err(BuildError::Tool {
+            tool: what.into(),
+            message: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// The instance's `/init`.
+fn init_script(version: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sysfs /sys
+/bin/busybox mount -t devtmpfs devtmpfs /dev
+for m in $(cat /lib/modules/{version}/load.list); do insmod /lib/modules/{version}/$m; done
+uuid=none
+why="no partition labelled config-2"
+i=0
+while [ $i -lt 20 ] && [ "$uuid" = none ]; do
+  for p in $(ls /sys/class/block); do
+    [ -e /sys/class/block/$p/partition ] || continue
+    label=$(dd if=/dev/$p bs=1 skip=32808 count=8 2>/dev/null)
+    [ "$label" = "config-2" ] || continue
+    mkdir -p /mnt/cd
+    if mount -t iso9660 -o ro /dev/$p /mnt/cd; then
+      u=$(sed -n 's/.*"uuid" *: *"\([^"]*\)".*/\1/p' /mnt/cd/openstack/latest/meta_data.json)
+      [ -n "$u" ] && uuid=$u || why="meta_data.json has no uuid"
+      umount /mnt/cd
+    else
+      why="config-2 on /dev/$p does not mount"
+    fi
+  done
+  [ "$uuid" = none ] && sleep 0.5
+  i=$((i + 1))
+done
+if [ "$uuid" = none ]; then
+  echo "{marker} uuid=none ($why)" > /dev/console
+else
+  echo "{marker} uuid=$uuid" > /dev/console
+fi
+sync
+poweroff -f
+"#,
+        marker = MARKER
+    )
+}
+
+/// Build the image at `out` from an opened kernel package and a static busybox.
+pub fn build(kernel: &KernelPackage, busybox: &Path, out: &Path) -> Result<PathBuf, BuildError> {
+    check_static(busybox, "busybox")?;
+    let scratch = tempfile::tempdir().map_err(io("creating a temp dir", Path::new("/tmp")))?;
+    let dir = scratch.path();
+
+    // The initramfs.
+    let sel = kernel.modules.resolve(MODULES)?;
+    if !sel.missing.is_empty() {
+        return Err(BuildError::Input(format!(
+            "the kernel package lacks modules {:?}",
+            sel.missing
+        )));
+    }
+    let mut a = Archive::new();
+    for d in ["bin", "sbin", "proc", "sys", "dev", "mnt", "tmp"] {
+        a.dir(d, 0o755)?;
+    }
+    a.add("dev/console", 0o600, Content::CharDev(5, 1))?;
+    a.file("bin/busybox", 0o755, busybox)?;
+    for applet in [
+        "sh", "mount", "umount", "insmod", "cat", "ls", "dd", "mkdir", "sed", "sleep", "sync",
+        "poweroff", "echo",
+    ] {
+        a.symlink(&format!("bin/{applet}"), "/bin/busybox")?;
+    }
+    a.bytes("init", 0o755, init_script(&kernel.modules.version))?;
+    let moddir = format!("lib/modules/{}", kernel.modules.version);
+    let mut load = String::new();
+    for m in &sel.order {
+        a.file(&format!("{moddir}/{}", m.rel), 0o644, &m.path)?;
+        load.push_str(&m.rel);
+        load.push('\n');
+    }
+    a.bytes(&format!("{moddir}/load.list"), 0o644, load)?;
+    let initrd = dir.join("initrd");
+    crate::write_initramfs(&a, &initrd, 6)?;
+
+    // The FAT partition: kernel, initrd, syslinux.
+    let part = dir.join("part.img");
+    let part_mib = IMAGE_MIB - 2;
+    tool(
+        Command::new("mkfs.vfat")
+            .args(["-n", "RIVETBOOT", "-C"])
+            .arg(&part)
+            .arg((part_mib * 1024).to_string()),
+        "mkfs.vfat",
+    )?;
+    let cfg = dir.join("syslinux.cfg");
+    std::fs::write(
+        &cfg,
+        "DEFAULT instance\nPROMPT 0\nTIMEOUT 1\nLABEL instance\n  KERNEL vmlinuz\n  INITRD initrd\n  APPEND console=ttyS0,115200 panic=-1 quiet\n",
+    )
+    .map_err(io("writing", &cfg))?;
+    tool(
+        Command::new("mcopy")
+            .arg("-i")
+            .arg(&part)
+            .arg(&kernel.vmlinuz)
+            .arg("::vmlinuz"),
+        "mcopy",
+    )?;
+    tool(
+        Command::new("mcopy")
+            .arg("-i")
+            .arg(&part)
+            .arg(&initrd)
+            .arg("::initrd"),
+        "mcopy",
+    )?;
+    tool(
+        Command::new("mcopy")
+            .arg("-i")
+            .arg(&part)
+            .arg(&cfg)
+            .arg("::syslinux.cfg"),
+        "mcopy",
+    )?;
+    tool(
+        Command::new("syslinux").arg("--install").arg(&part),
+        "syslinux --install",
+    )?;
+
+    // The disk: GPT, partition 1 legacy-bootable, syslinux's GPT MBR code.
+    let tmp = out.with_extension("tmp");
+    let f = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+    f.set_len(IMAGE_MIB << 20).map_err(io("sizing", &tmp))?;
+    drop(f);
+    tool(
+        Command::new("sgdisk")
+            .args([
+                "-o",
+                "-n",
+                &format!("1:2048:+{part_mib}M"),
+                "-t",
+                "1:8300",
+                "-A",
+                "1:set:2",
+                "-c",
+                "1:rivet-boot",
+            ])
+            .arg(&tmp),
+        "sgdisk",
+    )?;
+    let fat = std::fs::read(&part).map_err(io("reading", &part))?;
+    let mbr = std::fs::read(GPTMBR)
+        .map_err(io("reading (install syslinux-common)", Path::new(GPTMBR)))?;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tmp)
+            .map_err(io("opening", &tmp))?;
+        f.write_all_at(&fat, 1 << 20).map_err(io("writing", &tmp))?;
+        f.write_all_at(&mbr[..mbr.len().min(440)], 0)
+            .map_err(io("writing", &tmp))?;
+        f.sync_all().map_err(io("writing", &tmp))?;
+    }
+    std::fs::rename(&tmp, out).map_err(io("renaming", out))?;
+    Ok(out.to_path_buf())
+}

@@ -1,0 +1,236 @@
+//! Deploy on a real kernel: image-build's ramdisk boots under QEMU, its agent streams a
+//! bootable whole-disk image from a loopback image server (through the guest's restricted
+//! user network) onto the VM's virtio disk with a configdrive, and powers the VM off; QEMU is
+//! then started again from that disk, no `-kernel`, and the booted instance prints the
+//! configdrive's uuid — the node's. Then undeploy: the ramdisk boots again, cleaning erases
+//! the disk's metadata, the node is available and the disk's first MiB reads as zeroes.
+//!
+//! Needs scripts/setup-qemu.sh (QEMU, busybox-static, socat, a kernel package, syslinux,
+//! dosfstools, mtools, gdisk) and `cargo build --workspace --bins`. Skips locally without
+//! them; fails in CI. TCG: a few minutes.
+
+use anyhow::{bail, ensure, Context, Result};
+use rivet_tests::fileserver::FileServer;
+use rivet_tests::qemu::{self, Boot, Config, Qemu};
+use rivet_tests::{prerequisite, Rivetd};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn ready() -> bool {
+    qemu::require()
+        && prerequisite(
+            rivet_tests::bin("rivetd").exists(),
+            "rivetd is not built: cargo build --workspace --bins",
+        )
+        && prerequisite(
+            Path::new("/usr/lib/syslinux/mbr/gptmbr.bin").is_file(),
+            "syslinux-common (scripts/setup-qemu.sh installs it)",
+        )
+}
+
+fn wait_state(
+    d: &Rivetd,
+    uuid: &str,
+    want: &str,
+    secs: u64,
+    vm: &mut Option<Qemu>,
+) -> Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let n = d.node(uuid)?;
+        let state = n["provision_state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state == want {
+            return Ok(n);
+        }
+        let diag = vm.as_ref().map(|v| v.diagnostics(40)).unwrap_or_default();
+        if state.ends_with("failed") || Instant::now() > deadline {
+            bail!(
+                "node is {state:?}, not {want:?}: {}\n{diag}\n--- rivetd log:\n{}",
+                n["last_error"],
+                tail(&d.log_text(), 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let l: Vec<&str> = s.lines().collect();
+    l[l.len().saturating_sub(n)..].join("\n")
+}
+
+fn verb(d: &Rivetd, uuid: &str, body: Value) -> Result<()> {
+    let (s, v) = d.call(
+        "PUT",
+        &format!("/v1/nodes/{uuid}/states/provision"),
+        Some(body.clone()),
+    )?;
+    ensure!(s == 202, "{body}: {s} {v}");
+    Ok(())
+}
+
+#[test]
+fn deploy_boot_from_disk_undeploy() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let art = qemu::shared_artefacts()?;
+    let t = Instant::now();
+    let image = qemu::test_image()?;
+    eprintln!(
+        "test image {} built in {:.1?}",
+        image.display(),
+        t.elapsed()
+    );
+    let dir = tempfile::tempdir()?;
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www)?;
+    std::fs::copy(&image, www.join("instance.raw"))?;
+    let out = Command::new("sha256sum")
+        .arg(www.join("instance.raw"))
+        .output()?;
+    let digest = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let server = FileServer::start(&www)?;
+    let port: u16 = server
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("image server port")?;
+
+    let cfg = dir.path().join("rivetd.toml");
+    std::fs::write(
+        &cfg,
+        "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
+         [cleaning]\npriority_overrides = {\"deploy.erase_devices\" = 0}\n",
+    )?;
+    let cfg = cfg.display().to_string();
+    let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg])?;
+    let mac = "52:54:00:e2:d0:01";
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "vm-deploy",
+                    "automated_clean": false,
+                    "properties": {"root_device": {"name": "vda"}},
+                    "instance_info": {"image_source": qemu::guest_image_url("instance.raw"),
+                                      "image_os_hash_algo": "sha256", "image_os_hash_value": digest}})),
+    )?;
+    ensure!(s == 201, "{v}");
+    let uuid = v["uuid"].as_str().context("uuid")?.to_string();
+    let (s, v) = d.call(
+        "POST",
+        "/v1/ports",
+        Some(json!({"node_uuid": uuid, "address": mac})),
+    )?;
+    ensure!(s == 201, "{v}");
+    verb(&d, &uuid, json!({"target": "manage"}))?;
+    wait_state(&d, &uuid, "manageable", 30, &mut None)?;
+    verb(&d, &uuid, json!({"target": "provide"}))?;
+    wait_state(&d, &uuid, "available", 30, &mut None)?;
+    // Cleaning from now on (undeploy), metadata erase only.
+    let (s, v) = d.call(
+        "PATCH",
+        &format!("/v1/nodes/{uuid}"),
+        Some(json!([{"op": "replace", "path": "/automated_clean", "value": true}])),
+    )?;
+    ensure!(s == 200, "{v}");
+
+    // The VM's disk: 256 MiB, stale data at the start.
+    let disk = dir.path().join("vda.img");
+    std::fs::File::create(&disk)?.set_len(256 * MIB)?;
+    std::fs::write(&disk, vec![0xA5u8; MIB as usize])?;
+    std::fs::File::options()
+        .write(true)
+        .open(&disk)?
+        .set_len(256 * MIB)?;
+    let vm_config = |boot: Boot, name: &str| Config {
+        boot,
+        disks: vec![disk.clone()],
+        mac: mac.into(),
+        rivetd_port: d.port,
+        memory_mib: 512,
+        log_dir: dir.path().join(name),
+        accel: qemu::accel(&art.vmlinuz),
+        image_port: Some(port),
+    };
+    let ramdisk = || Boot::Kernel {
+        vmlinuz: art.vmlinuz.clone(),
+        initramfs: art.initramfs.clone(),
+        cmdline: qemu::test_cmdline(),
+    };
+
+    // Deploy, with the configdrive as Ironic's JSON form.
+    let t = Instant::now();
+    verb(
+        &d,
+        &uuid,
+        json!({"target": "active", "configdrive": {"meta_data": {"hostname": "vm-deploy"}}}),
+    )?;
+    let mut vm = Some(Qemu::start(&vm_config(ramdisk(), "vm-deploy"))?);
+    let active = wait_state(&d, &uuid, "active", 600, &mut vm)?;
+    let deploy_s = t.elapsed();
+    ensure!(
+        active["driver_internal_info"]["deployed_image"]["hash_value"] == digest.as_str(),
+        "{active}"
+    );
+    // tear_down_agent: the ramdisk powered the VM off itself.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while vm.as_mut().and_then(|v| v.exited()).is_none() {
+        ensure!(
+            Instant::now() < deadline,
+            "the ramdisk did not power the VM off"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(vm.take());
+
+    // Boot the instance from its disk.
+    let t = Instant::now();
+    let mut instance = Qemu::start(&vm_config(Boot::Disk, "vm-instance"))?;
+    let marker = format!("rivet-lab-instance booted uuid={uuid}");
+    let seen = instance
+        .wait_console(
+            rivet_image_build::testimage::MARKER,
+            Duration::from_secs(300),
+        )
+        .map(|_| instance.console_text())?;
+    ensure!(
+        seen.contains(&marker),
+        "the instance did not see the configdrive:\n{}",
+        instance.diagnostics(30)
+    );
+    eprintln!(
+        "deploy: active after {:.1?}; the instance booted from its disk and printed its uuid after {:.1?}",
+        deploy_s,
+        t.elapsed()
+    );
+    instance.kill();
+
+    // Undeploy: cleaning in the ramdisk, available, metadata gone.
+    let t = Instant::now();
+    verb(&d, &uuid, json!({"target": "deleted"}))?;
+    wait_state(&d, &uuid, "clean wait", 60, &mut None)?;
+    let mut vm = Some(Qemu::start(&vm_config(ramdisk(), "vm-clean"))?);
+    let n = wait_state(&d, &uuid, "available", 600, &mut vm)?;
+    ensure!(n["instance_info"] == json!({}), "{n}");
+    drop(vm.take());
+    eprintln!("undeploy + cleaning: available after {:.1?}", t.elapsed());
+    let first = rivet_tests::agentproc::read_at(&disk, 0, MIB as usize)?;
+    ensure!(
+        first.iter().all(|b| *b == 0),
+        "the disk's first MiB is not zero after undeploy"
+    );
+    Ok(())
+}
