@@ -144,7 +144,11 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
         .args(["-o", "-n", "1:2048:0"])
         .arg(www.join("img.raw"))
         .output()?;
-    anyhow::ensure!(gpt.status.success(), "sgdisk: {}", String::from_utf8_lossy(&gpt.stderr));
+    anyhow::ensure!(
+        gpt.status.success(),
+        "sgdisk: {}",
+        String::from_utf8_lossy(&gpt.stderr)
+    );
     let image = std::fs::read(www.join("img.raw"))?;
     let sum = Command::new("sha256sum")
         .arg(www.join("img.raw"))

@@ -235,7 +235,7 @@ fn every_format_lands_byte_for_byte() -> Result<()> {
     let r = write(&m, &args).map_err(anyhow::Error::msg)?;
     assert_eq!(r.hash_algo, "sha512");
     args.os_hash_value = Some("0".repeat(128));
-    let e = write(&m, &args).unwrap_err();
+    let e = write(&m, &args).expect_err("refused");
     assert!(e.contains(&sha512) && e.contains(&"0".repeat(128)), "{e}");
     Ok(())
 }
@@ -267,15 +267,15 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
         })
     };
     let before = read_at(&disk.path, 0, MIB as usize)?;
-    let e = write(&m, &base("backed.qcow2")?).unwrap_err();
+    let e = write(&m, &base("backed.qcow2")?).expect_err("refused");
     assert!(e.contains("backing file"), "{e}");
     let mut mislabelled = base("img.raw")?;
     mislabelled.disk_format = Some("qcow2".into());
-    let e = write(&m, &mislabelled).unwrap_err();
+    let e = write(&m, &mislabelled).expect_err("refused");
     assert!(e.contains("declares qcow2"), "{e}");
     let mut not_permitted = base("img.raw")?;
     not_permitted.permitted_formats = vec!["qcow2".into()];
-    let e = write(&m, &not_permitted).unwrap_err();
+    let e = write(&m, &not_permitted).expect_err("refused");
     assert!(e.contains("not permitted"), "{e}");
     let after = read_at(&disk.path, 0, MIB as usize)?;
     assert!(before == after, "a refused image changed the disk");
@@ -320,7 +320,7 @@ fn root_device_hints_choose_among_disks() -> Result<()> {
     let r = write(&m, &with(json!({"name": name}))).map_err(anyhow::Error::msg)?;
     assert_eq!(r.device, c.path.display().to_string());
     // Nothing matches: the error lists the candidates.
-    let e = write(&m, &with(json!({"size": 100}))).unwrap_err();
+    let e = write(&m, &with(json!({"size": 100}))).expect_err("refused");
     assert!(
         e.contains("no disk matches") && e.contains(&b.path.display().to_string()),
         "{e}"
@@ -343,7 +343,7 @@ fn root_device_hints_choose_among_disks() -> Result<()> {
         c.path.display().to_string(),
         "the mounted 5 GiB disk was skipped"
     );
-    let e = write(&m, &with(json!({"name": a.path.display().to_string()}))).unwrap_err();
+    let e = write(&m, &with(json!({"name": a.path.display().to_string()}))).expect_err("refused");
     assert!(e.contains("mounted"), "{e}");
     Ok(())
 }

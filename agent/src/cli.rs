@@ -5,12 +5,12 @@
 
 use crate::config::{self, Overrides, Settings};
 use crate::executor::{Executor, ExecutorOptions, PowerMode};
+use crate::fetch::HttpFetcher;
 use crate::heartbeat::{Agent, AgentOptions};
 use crate::inventory::{self, InventoryOptions, Root};
 use crate::logring::{self, LogRing};
 use crate::{pid1, HttpTransport};
 use clap::{Args, Parser, Subcommand};
-use crate::fetch::HttpFetcher;
 use rivet_hardware_managers::deploy::{DeployManager, DiskLister};
 use rivet_hardware_managers::{
     default_managers, Dispatcher, HardwareManager, ManagerConfig, StepContext,

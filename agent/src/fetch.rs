@@ -54,7 +54,8 @@ impl HttpFetcher {
                 b = b.add_root_certificate(c);
             }
         }
-        b.build().map_err(|e| format!("building the HTTP client: {e}"))
+        b.build()
+            .map_err(|e| format!("building the HTTP client: {e}"))
     }
 }
 

@@ -29,7 +29,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// `scripts/build-agent.sh` prints the static binary's path last on stdout.
-fn build_static_agent() -> Result<PathBuf> {
+pub(crate) fn static_agent() -> Result<PathBuf> {
     let root = repo_root();
     let out = Command::new("bash")
         .arg(root.join("scripts/build-agent.sh"))
@@ -65,7 +65,7 @@ fn file_kind(bin: &Path) -> String {
 pub fn run(o: AgentOpts) -> Result<Vec<String>> {
     let (bin, note) = match o.agent_bin {
         Some(b) => (b, String::new()),
-        None => match build_static_agent() {
+        None => match static_agent() {
             Ok(b) => (b, String::new()),
             Err(e) => {
                 let fallback = repo_root().join("target/release/rivet-agent");

@@ -4,7 +4,8 @@
 //! - `fleet`: N simulated agents heartbeating against a release rivetd at offered rates;
 //! - `clean-fleet`: automated cleaning of N nodes whose agents offer no-op steps;
 //! - `api`: node listing and GET latency with N nodes in the store, rivetd RSS;
-//! - `agent`: static agent size, inventory time and peak RSS.
+//! - `agent`: static agent size, inventory time and peak RSS;
+//! - `deploy`: the static agent's `write_image` against `curl | dd` on a loop device (root).
 //!
 //! rivetd runs as a child (`target/release/rivetd` next to this binary, or `--rivetd`) on a
 //! free 127.0.0.1 port with a SQLite file in a temporary directory; it is killed at the end.
@@ -14,6 +15,7 @@
 
 mod agent;
 mod api;
+mod deploy;
 mod fleet;
 mod procstat;
 mod rivetd;
@@ -142,6 +144,21 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         runs: usize,
     },
+    /// `write_image` (raw, qcow2, zstd) against `curl | dd` on a loop device (needs root).
+    Deploy {
+        /// Image size in GiB.
+        #[arg(long, default_value_t = 2)]
+        size_gib: u64,
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// The agent binary (default: built by scripts/build-agent.sh).
+        #[arg(long, value_name = "PATH")]
+        agent_bin: Option<PathBuf>,
+        /// Directory for the images and the disk's backing file (default: the temp dir).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn fleet_opts(f: &FleetArgs) -> fleet::FleetOpts {
@@ -216,6 +233,17 @@ fn main() -> Result<()> {
             keep: common.keep,
         }))?,
         Cmd::Agent { agent_bin, runs } => agent::run(agent::AgentOpts { agent_bin, runs })?,
+        Cmd::Deploy {
+            size_gib,
+            reps,
+            agent_bin,
+            dir,
+        } => deploy::run_bench(deploy::DeployOpts {
+            size_gib: size_gib.max(1),
+            reps: reps.max(1),
+            agent_bin,
+            dir,
+        })?,
     };
     if cli.header {
         println!("| What | Result | Command |");

@@ -721,6 +721,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unwrap_used)]
     fn deploy_flags() {
         let h = "ab".repeat(32);
         assert_eq!(

@@ -40,7 +40,9 @@ pub enum ConfigDriveError {
     #[error("configdrive URL {0:?} is not a valid http(s) URL")]
     BadUrl(String),
     /// Not base64.
-    #[error("configdrive is neither an http(s) URL nor base64 (gzip+base64 of an ISO 9660 image): {0}")]
+    #[error(
+        "configdrive is neither an http(s) URL nor base64 (gzip+base64 of an ISO 9660 image): {0}"
+    )]
     NotBase64(String),
     /// Not gzip.
     #[error("configdrive decodes from base64 but is not gzip-compressed: {0}")]
@@ -159,7 +161,8 @@ pub fn build_iso(
     meta.entry("uuid")
         .or_insert_with(|| Value::from(node_uuid.to_string()));
     if let Some(name) = node_name {
-        meta.entry("name").or_insert_with(|| Value::from(name.to_string()));
+        meta.entry("name")
+            .or_insert_with(|| Value::from(name.to_string()));
     }
     let json = |v: Map<String, Value>| serde_json::to_vec(&Value::Object(v)).unwrap_or_default();
     let file = |name: &str, contents: Vec<u8>| IsoFile::File {
@@ -231,15 +234,36 @@ mod tests {
             prepare(&json!("https://h/cd.iso"), "u", None).unwrap(),
             Prepared::Url("https://h/cd.iso".into())
         );
-        assert!(matches!(prepare(&json!("http:// x"), "u", None), Err(ConfigDriveError::BadUrl(_))));
-        assert!(matches!(prepare(&json!("!!!"), "u", None), Err(ConfigDriveError::NotBase64(_))));
+        assert!(matches!(
+            prepare(&json!("http:// x"), "u", None),
+            Err(ConfigDriveError::BadUrl(_))
+        ));
+        assert!(matches!(
+            prepare(&json!("!!!"), "u", None),
+            Err(ConfigDriveError::NotBase64(_))
+        ));
         let not_gz = base64::engine::general_purpose::STANDARD.encode(b"plain");
-        assert!(matches!(prepare(&json!(not_gz), "u", None), Err(ConfigDriveError::NotGzip(_))));
+        assert!(matches!(
+            prepare(&json!(not_gz), "u", None),
+            Err(ConfigDriveError::NotGzip(_))
+        ));
         let not_iso = encode(b"hello").unwrap();
-        assert!(matches!(prepare(&json!(not_iso), "u", None), Err(ConfigDriveError::NotIso)));
-        assert!(matches!(prepare(&json!({"colour": 1}), "u", None), Err(ConfigDriveError::UnknownKey(_))));
-        assert!(matches!(prepare(&json!({"meta_data": 1}), "u", None), Err(ConfigDriveError::NotObject(_))));
-        assert!(matches!(prepare(&json!(7), "u", None), Err(ConfigDriveError::WrongType)));
+        assert!(matches!(
+            prepare(&json!(not_iso), "u", None),
+            Err(ConfigDriveError::NotIso)
+        ));
+        assert!(matches!(
+            prepare(&json!({"colour": 1}), "u", None),
+            Err(ConfigDriveError::UnknownKey(_))
+        ));
+        assert!(matches!(
+            prepare(&json!({"meta_data": 1}), "u", None),
+            Err(ConfigDriveError::NotObject(_))
+        ));
+        assert!(matches!(
+            prepare(&json!(7), "u", None),
+            Err(ConfigDriveError::WrongType)
+        ));
         // A gzip bomb stops at the limit.
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         let zeros = vec![0u8; 1 << 20];
@@ -247,7 +271,10 @@ mod tests {
             gz.write_all(&zeros).unwrap();
         }
         let bomb = base64::engine::general_purpose::STANDARD.encode(gz.finish().unwrap());
-        assert!(matches!(prepare(&json!(bomb), "u", None), Err(ConfigDriveError::TooBig)));
+        assert!(matches!(
+            prepare(&json!(bomb), "u", None),
+            Err(ConfigDriveError::TooBig)
+        ));
     }
 
     /// The built ISO, read back by xorriso: label, paths, the uuid filled in, user_data
@@ -260,8 +287,14 @@ mod tests {
             Some("n1"),
         )
         .unwrap();
-        let Prepared::Inline(text) = built.clone() else { panic!("inline") };
-        assert_eq!(prepare(&json!(text), "x", None).unwrap(), built, "the inline form is accepted back");
+        let Prepared::Inline(text) = built.clone() else {
+            panic!("inline")
+        };
+        assert_eq!(
+            prepare(&json!(text), "x", None).unwrap(),
+            built,
+            "the inline form is accepted back"
+        );
         let iso = decode_inline(&text).unwrap();
         assert_eq!(String::from_utf8_lossy(&iso[0x8028..0x8030]), "config-2");
         if !have("osirrox") {
@@ -272,7 +305,10 @@ mod tests {
         let p = dir.path().join("cd.iso");
         std::fs::write(&p, &iso).unwrap();
         for (inner, want) in [
-            ("/openstack/latest/meta_data.json", "0b5c3e0e-1111-4222-8333-944444444444"),
+            (
+                "/openstack/latest/meta_data.json",
+                "0b5c3e0e-1111-4222-8333-944444444444",
+            ),
             ("/openstack/latest/user_data", "runcmd"),
             ("/openstack/latest/network_data.json", "{}"),
         ] {
@@ -285,7 +321,11 @@ mod tests {
                 .arg(&out)
                 .output()
                 .unwrap();
-            assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+            assert!(
+                st.status.success(),
+                "{}",
+                String::from_utf8_lossy(&st.stderr)
+            );
             let text = std::fs::read_to_string(&out).unwrap();
             assert!(text.contains(want), "{inner}: {text}");
         }

@@ -380,6 +380,7 @@ impl Interfaces {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

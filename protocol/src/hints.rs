@@ -66,7 +66,10 @@ fn split_op<'a>(expr: &'a str, ops: &[&'static str]) -> (Option<&'static str>, &
 fn alternatives(expr: &str) -> Vec<&str> {
     let e = expr.trim();
     if e.starts_with("<or>") {
-        e.split("<or>").map(str::trim).filter(|s| !s.is_empty()).collect()
+        e.split("<or>")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect()
     } else {
         vec![e]
     }
@@ -117,7 +120,11 @@ fn number_matches(key: &str, have: u64, want: &Value) -> Result<bool, HintError>
     let expr = match want {
         Value::Number(n) => n.to_string(),
         Value::String(s) => s.clone(),
-        _ => return Err(err(format!("root device hint {key} must be a number of GiB"))),
+        _ => {
+            return Err(err(format!(
+                "root device hint {key} must be a number of GiB"
+            )))
+        }
     };
     for alt in alternatives(&expr) {
         let (op, value) = split_op(alt, NUMBER_OPS);
@@ -146,7 +153,9 @@ fn bool_matches(key: &str, have: bool, want: &Value) -> Result<bool, HintError> 
     let parse = |s: &str| match s.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(err(format!("root device hint {key} must be true or false, not {s:?}"))),
+        _ => Err(err(format!(
+            "root device hint {key} must be true or false, not {s:?}"
+        ))),
     };
     let w = match want {
         Value::Bool(b) => *b,
@@ -251,22 +260,83 @@ mod tests {
             disk("/dev/sdb", 10, "BBB", false),
             disk("/dev/sdc", 20, "CCC", true),
         ];
-        assert_eq!(pick(&disks, json!({"size": 10})).unwrap().as_deref(), Some("/dev/sdb"));
-        assert_eq!(pick(&disks, json!({"size": ">= 15"})).unwrap().as_deref(), Some("/dev/sdc"));
-        assert_eq!(pick(&disks, json!({"size": "<or> 7 <or> 20"})).unwrap().as_deref(), Some("/dev/sdc"));
-        assert_eq!(pick(&disks, json!({"size": "!= 2"})).unwrap().as_deref(), Some("/dev/sdb"));
-        assert_eq!(pick(&disks, json!({"serial": "s== ccc"})).unwrap().as_deref(), Some("/dev/sdc"));
-        assert_eq!(pick(&disks, json!({"serial": "s!= AAA"})).unwrap().as_deref(), Some("/dev/sdb"));
-        assert_eq!(pick(&disks, json!({"serial": "s> BBB"})).unwrap().as_deref(), Some("/dev/sdc"));
-        assert_eq!(pick(&disks, json!({"model": "<in> harddisk"})).unwrap().as_deref(), Some("/dev/sda"));
-        assert_eq!(pick(&disks, json!({"name": "sdb"})).unwrap().as_deref(), Some("/dev/sdb"));
-        assert_eq!(pick(&disks, json!({"rotational": false})).unwrap().as_deref(), Some("/dev/sdb"));
-        assert_eq!(pick(&disks, json!({"rotational": "<is> True", "size": "> 5"})).unwrap().as_deref(), Some("/dev/sdc"));
-        assert_eq!(pick(&disks, json!({"hctl": "0:0:20:0"})).unwrap().as_deref(), Some("/dev/sdc"));
+        assert_eq!(
+            pick(&disks, json!({"size": 10})).unwrap().as_deref(),
+            Some("/dev/sdb")
+        );
+        assert_eq!(
+            pick(&disks, json!({"size": ">= 15"})).unwrap().as_deref(),
+            Some("/dev/sdc")
+        );
+        assert_eq!(
+            pick(&disks, json!({"size": "<or> 7 <or> 20"}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sdc")
+        );
+        assert_eq!(
+            pick(&disks, json!({"size": "!= 2"})).unwrap().as_deref(),
+            Some("/dev/sdb")
+        );
+        assert_eq!(
+            pick(&disks, json!({"serial": "s== ccc"}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sdc")
+        );
+        assert_eq!(
+            pick(&disks, json!({"serial": "s!= AAA"}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sdb")
+        );
+        assert_eq!(
+            pick(&disks, json!({"serial": "s> BBB"}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sdc")
+        );
+        assert_eq!(
+            pick(&disks, json!({"model": "<in> harddisk"}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sda")
+        );
+        assert_eq!(
+            pick(&disks, json!({"name": "sdb"})).unwrap().as_deref(),
+            Some("/dev/sdb")
+        );
+        assert_eq!(
+            pick(&disks, json!({"rotational": false}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sdb")
+        );
+        assert_eq!(
+            pick(&disks, json!({"rotational": "<is> True", "size": "> 5"}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sdc")
+        );
+        assert_eq!(
+            pick(&disks, json!({"hctl": "0:0:20:0"}))
+                .unwrap()
+                .as_deref(),
+            Some("/dev/sdc")
+        );
         assert_eq!(pick(&disks, json!({"size": 99})).unwrap(), None);
-        assert!(pick(&disks, json!({"colour": "red"})).unwrap_err().0.contains("unknown root device hint"));
-        assert!(pick(&disks, json!({"size": ">= lots"})).unwrap_err().0.contains("size"));
-        assert!(pick(&disks, json!({"rotational": "maybe"})).unwrap_err().0.contains("rotational"));
+        assert!(pick(&disks, json!({"colour": "red"}))
+            .unwrap_err()
+            .0
+            .contains("unknown root device hint"));
+        assert!(pick(&disks, json!({"size": ">= lots"}))
+            .unwrap_err()
+            .0
+            .contains("size"));
+        assert!(pick(&disks, json!({"rotational": "maybe"}))
+            .unwrap_err()
+            .0
+            .contains("rotational"));
     }
 
     #[test]
@@ -276,7 +346,10 @@ mod tests {
             disk("/dev/sdb", 30, "B", true),
             disk("/dev/sdc", 8, "C", true),
         ];
-        assert_eq!(root_disk(&disks, None).unwrap().map(|d| d.name.as_str()), Some("/dev/sdc"));
+        assert_eq!(
+            root_disk(&disks, None).unwrap().map(|d| d.name.as_str()),
+            Some("/dev/sdc")
+        );
         assert_eq!(root_disk(&disks[..1], None).unwrap(), None);
     }
 }

@@ -647,6 +647,7 @@ impl Conductor {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use rivet_protocol::deploy::WRITE_IMAGE_PRIORITY;
@@ -709,7 +710,7 @@ mod tests {
             args: Map::new(),
             priority: 0,
         };
-        assert!(check_requested(&[bad.clone()])
+        assert!(check_requested(std::slice::from_ref(&bad))
             .unwrap_err()
             .contains("cannot be disabled"));
         let neg = RequestedDeployStep {

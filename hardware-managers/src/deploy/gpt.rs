@@ -35,7 +35,12 @@ pub enum TableError {
 
 const SIG: &[u8; 8] = b"EFI PART";
 /// Linux filesystem data (the type sgdisk gives a new partition by default).
-const LINUX_FS_TYPE: [u8; 16] = guid_bytes(0x0FC6_3DAF, 0x8483, 0x4772, [0x8E, 0x79, 0x3D, 0x69, 0xD8, 0x47, 0x7D, 0xE4]);
+const LINUX_FS_TYPE: [u8; 16] = guid_bytes(
+    0x0FC6_3DAF,
+    0x8483,
+    0x4772,
+    [0x8E, 0x79, 0x3D, 0x69, 0xD8, 0x47, 0x7D, 0xE4],
+);
 
 /// A GUID in its on-disk (mixed-endian) byte order.
 const fn guid_bytes(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
@@ -180,7 +185,9 @@ impl Gpt {
         let count = u32_at(&header, 80) as usize;
         let esize = u32_at(&header, 84) as usize;
         if esize < 128 || count == 0 || count * esize > 1 << 20 {
-            return Err(dev.refused(format!("GPT with {count} entries of {esize} bytes is not supported")));
+            return Err(dev.refused(format!(
+                "GPT with {count} entries of {esize} bytes is not supported"
+            )));
         }
         let entries = dev.read(u64_at(&header, 72) * dev.sector, count * esize)?;
         if crc32(&entries) != u32_at(&header, 88) {
@@ -456,6 +463,7 @@ fn fill_random(b: &mut [u8]) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -471,7 +479,10 @@ mod tests {
         // 0FC63DAF-8483-4772-8E79-3D69D8477DE4 as sgdisk writes it.
         assert_eq!(
             LINUX_FS_TYPE,
-            [0xAF, 0x3D, 0xC6, 0x0F, 0x83, 0x84, 0x72, 0x47, 0x8E, 0x79, 0x3D, 0x69, 0xD8, 0x47, 0x7D, 0xE4]
+            [
+                0xAF, 0x3D, 0xC6, 0x0F, 0x83, 0x84, 0x72, 0x47, 0x8E, 0x79, 0x3D, 0x69, 0xD8, 0x47,
+                0x7D, 0xE4
+            ]
         );
     }
 
@@ -494,7 +505,11 @@ mod tests {
             .output()
             .unwrap();
         assert!(ok.status.success());
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
         f.set_len(128 << 20).unwrap();
         let dev = Device::new(&f, "d.img", 512, 128 << 20);
         assert!(relocate_backup(&dev).unwrap());
@@ -508,10 +523,18 @@ mod tests {
         let again = config_partition(&dev, 1 << 20, 1 << 20, &|_| false).unwrap();
         assert!(again.reused && again.offset == placed.offset);
         drop(f);
-        let v = std::process::Command::new("sgdisk").arg("-v").arg(&p).output().unwrap();
+        let v = std::process::Command::new("sgdisk")
+            .arg("-v")
+            .arg(&p)
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&v.stdout);
         assert!(text.contains("No problems found"), "{text}");
-        let list = std::process::Command::new("sgdisk").arg("-p").arg(&p).output().unwrap();
+        let list = std::process::Command::new("sgdisk")
+            .arg("-p")
+            .arg(&p)
+            .output()
+            .unwrap();
         assert!(String::from_utf8_lossy(&list.stdout).contains("config-2"));
     }
 
@@ -529,7 +552,11 @@ mod tests {
         mbr[510] = 0x55;
         mbr[511] = 0xAA;
         std::fs::write(&p, &mbr).unwrap();
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
         f.set_len(64 << 20).unwrap();
         let dev = Device::new(&f, "m.img", 512, 64 << 20);
         assert_eq!(table_kind(&dev).unwrap(), TableKind::Mbr);

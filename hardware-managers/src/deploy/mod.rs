@@ -87,12 +87,24 @@ impl HardwareManager for DeployManager {
     fn deploy_steps(&self) -> Vec<StepDescriptor> {
         let mut args = BTreeMap::new();
         args.insert("image_source".into(), arg("http(s) URL of the image", true));
-        args.insert("disk_format".into(), arg("declared format: raw, qcow2, iso", false));
+        args.insert(
+            "disk_format".into(),
+            arg("declared format: raw, qcow2, iso", false),
+        );
         args.insert("os_hash_algo".into(), arg("sha256 or sha512", false));
-        args.insert("os_hash_value".into(), arg("hex digest of the image as served", false));
-        args.insert("checksum".into(), arg("legacy digest or checksums-file URL", false));
+        args.insert(
+            "os_hash_value".into(),
+            arg("hex digest of the image as served", false),
+        );
+        args.insert(
+            "checksum".into(),
+            arg("legacy digest or checksums-file URL", false),
+        );
         args.insert("root_device".into(), arg("root device hints", false));
-        args.insert("configdrive".into(), arg("gzip+base64 ISO or its URL", false));
+        args.insert(
+            "configdrive".into(),
+            arg("gzip+base64 ISO or its URL", false),
+        );
         args.insert("permitted_formats".into(), arg("formats allowed", false));
         args.insert("ca_pem".into(), arg("extra CA for the URLs", false));
         vec![StepDescriptor {
@@ -307,7 +319,12 @@ impl Meter<'_> {
             done,
             self.total,
             Some(rate),
-            format!("writing {}: {}{of} at {}/s", self.device, human(done), human(rate)),
+            format!(
+                "writing {}: {}{of} at {}/s",
+                self.device,
+                human(done),
+                human(rate)
+            ),
         );
         Ok(())
     }
@@ -404,11 +421,14 @@ impl DeployManager {
         }
         let disks: Vec<Disk> = safe.iter().map(|(d, _)| d.clone()).collect();
         let hints = a.root_device.as_ref().filter(|h| !h.is_empty());
-        let chosen = rivet_protocol::hints::root_disk(&disks, hints)
-            .map_err(|e| failed(e.to_string()))?;
+        let chosen =
+            rivet_protocol::hints::root_disk(&disks, hints).map_err(|e| failed(e.to_string()))?;
         let Some(chosen) = chosen else {
             let wanted = match hints {
-                Some(h) => format!("no disk matches the root device hints {}", Value::Object(h.clone())),
+                Some(h) => format!(
+                    "no disk matches the root device hints {}",
+                    Value::Object(h.clone())
+                ),
                 None => "no disk of at least 4 GiB".into(),
             };
             let candidates: Vec<String> = disks
@@ -443,7 +463,8 @@ impl DeployManager {
                 .map_err(|e| failed(format!("fetching the configdrive {cd}: {e}")))?;
             let mut head = vec![0u8; 2];
             let mut r = f.reader;
-            let n = fill(&mut r, &mut head).map_err(|e| failed(format!("reading the configdrive: {e}")))?;
+            let n = fill(&mut r, &mut head)
+                .map_err(|e| failed(format!("reading the configdrive: {e}")))?;
             head.truncate(n);
             let body = Cursor::new(head.clone()).chain(r);
             if head.starts_with(&[0x1f, 0x8b]) {
@@ -479,10 +500,17 @@ impl DeployManager {
         Ok(iso)
     }
 
-    fn write_image(&self, a: &WriteImageArgs, ctx: &StepContext) -> Result<WriteImageResult, StepError> {
+    fn write_image(
+        &self,
+        a: &WriteImageArgs,
+        ctx: &StepContext,
+    ) -> Result<WriteImageResult, StepError> {
         let started = Instant::now();
         if !(a.image_source.starts_with("http://") || a.image_source.starts_with("https://")) {
-            return Err(failed(format!("image_source {:?} is not an http(s) URL", a.image_source)));
+            return Err(failed(format!(
+                "image_source {:?} is not an http(s) URL",
+                a.image_source
+            )));
         }
         let expected = self.expected(a)?;
         let (target, chosen_by) = self.choose_target(a)?;
@@ -520,7 +548,10 @@ impl DeployManager {
             .map_err(|_| failed("the digest thread panicked"))?;
         let (disk, format, compression, virtual_size) = outcome?;
         if let Some(Err(e)) = drained {
-            return Err(failed(format!("reading the end of {}: {e}", a.image_source)));
+            return Err(failed(format!(
+                "reading the end of {}: {e}",
+                a.image_source
+            )));
         }
         if actual != expected.hex {
             return Err(failed(format!(
@@ -537,7 +568,8 @@ impl DeployManager {
             ctx.check()?;
             let iso = self.configdrive(a, cd)?;
             let placed = {
-                let label_at = |offset: u64| iso_label_at(disk.file(), offset).as_deref() == Some("config-2");
+                let label_at =
+                    |offset: u64| iso_label_at(disk.file(), offset).as_deref() == Some("config-2");
                 gpt::config_partition(&dev, 64 << 20, iso.len() as u64, &label_at)
                     .map_err(|e| failed(e.to_string()))?
             };
@@ -588,7 +620,8 @@ impl DeployManager {
         meter: &mut Meter<'_>,
     ) -> Result<(DiskWriter, &'static str, Option<Compression>, u64), StepError> {
         let mut head = vec![0u8; 4];
-        let n = fill(tee, &mut head).map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
+        let n = fill(tee, &mut head)
+            .map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
         head.truncate(n);
         let compression = Compression::sniff(&head);
         let raw_in = Cursor::new(head).chain(tee);
@@ -603,11 +636,14 @@ impl DeployManager {
         // Enough to recognise qcow2 and ISO 9660 (its descriptor sits at 32 KiB), and a whole
         // qcow2 header cluster of up to 64 KiB... (bigger clusters are read by the decoder).
         let mut first = vec![0u8; 128 << 10];
-        let n = fill(&mut *body, &mut first).map_err(|e| failed(format!("reading the image: {e}")))?;
+        let n =
+            fill(&mut *body, &mut first).map_err(|e| failed(format!("reading the image: {e}")))?;
         first.truncate(n);
         let format = detect_format(&first);
         if let Some(declared) = &a.disk_format {
-            let same = declared == format || (declared == "raw" && format == "iso") || (declared == "iso" && format == "raw");
+            let same = declared == format
+                || (declared == "raw" && format == "iso")
+                || (declared == "iso" && format == "raw");
             if !same {
                 return Err(failed(format!(
                     "image {} is {format} but instance_info declares {declared}: refused before writing",
@@ -646,18 +682,24 @@ impl DeployManager {
                     header.size, disk.device, disk.size
                 )));
             }
-            let check = || if meter_cancelled(meter) { Err("write_image aborted".to_string()) } else { Ok(()) };
+            let check = || {
+                if meter_cancelled(meter) {
+                    Err("write_image aborted".to_string())
+                } else {
+                    Ok(())
+                }
+            };
             disk.zero_gaps(header.size, &check).map_err(failed)?;
             header.size
         } else {
             // Raw (and ISO): sequential, aligned, 8 MiB at a time.
             let mut offset = 0u64;
             let head_len = first.len();
-            bounce.as_mut()[..head_len].copy_from_slice(&first);
+            bounce.buf_mut()[..head_len].copy_from_slice(&first);
             let mut have = head_len;
             loop {
-                let cap = bounce.as_mut().len();
-                let n = fill(&mut *body, &mut bounce.as_mut()[have..cap])
+                let cap = bounce.buf_mut().len();
+                let n = fill(&mut *body, &mut bounce.buf_mut()[have..cap])
                     .map_err(|e| failed(format!("reading the image: {e}")))?;
                 have += n;
                 if have == 0 {
@@ -665,7 +707,13 @@ impl DeployManager {
                 }
                 disk.write_at(offset, bounce.slice(have)).map_err(failed)?;
                 offset += have as u64;
-                meter.tick(false).map_err(|e| if e.contains("aborted") { StepError::Aborted } else { failed(e) })?;
+                meter.tick(false).map_err(|e| {
+                    if e.contains("aborted") {
+                        StepError::Aborted
+                    } else {
+                        failed(e)
+                    }
+                })?;
                 if n == 0 || have < cap {
                     break;
                 }
@@ -705,13 +753,17 @@ fn iso_label_at(f: &std::fs::File, offset: u64) -> Option<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn checksums_file_lines() {
         let text = "abc123  other.img\nDEAD  image.raw\nSHA256 (bsd.img) = BEEF\n";
-        assert_eq!(checksum_from_file(text, "image.raw").as_deref(), Some("dead"));
+        assert_eq!(
+            checksum_from_file(text, "image.raw").as_deref(),
+            Some("dead")
+        );
         assert_eq!(checksum_from_file(text, "bsd.img").as_deref(), Some("beef"));
         assert_eq!(checksum_from_file(text, "nope"), None);
         assert_eq!(url_file_name("http://h/a/b/img.qcow2?x=1"), "img.qcow2");
@@ -724,8 +776,14 @@ mod tests {
         iso[0x8001..0x8006].copy_from_slice(b"CD001");
         assert_eq!(detect_format(&iso), "iso");
         assert_eq!(detect_format(&[0u8; 100]), "raw");
-        assert_eq!(Compression::sniff(&[0x1f, 0x8b, 8, 0]), Some(Compression::Gzip));
-        assert_eq!(Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]), Some(Compression::Zstd));
+        assert_eq!(
+            Compression::sniff(&[0x1f, 0x8b, 8, 0]),
+            Some(Compression::Gzip)
+        );
+        assert_eq!(
+            Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]),
+            Some(Compression::Zstd)
+        );
         assert_eq!(partition_path("/dev/vda", 3), "/dev/vda3");
         assert_eq!(partition_path("/dev/nvme0n1", 2), "/dev/nvme0n1p2");
         assert_eq!(partition_path("/tmp/d.img", 2), "/tmp/d.img#2");

@@ -103,7 +103,10 @@ pub fn parse_header(b: &[u8]) -> Result<Header, Qcow2Error> {
         let incompatible = be64(b, 72);
         let header_len = be32(b, 100) as usize;
         if incompatible & 0x1 != 0 {
-            return refuse("it is marked dirty (not closed cleanly): repair it with `qemu-img check -r all`".into());
+            return refuse(
+                "it is marked dirty (not closed cleanly): repair it with `qemu-img check -r all`"
+                    .into(),
+            );
         }
         if incompatible & 0x2 != 0 {
             return refuse("it is marked corrupt".into());
@@ -121,7 +124,9 @@ pub fn parse_header(b: &[u8]) -> Result<Header, Qcow2Error> {
         }
         if incompatible & 0x8 != 0 {
             if header_len < 105 || b.len() < 105 {
-                return Err(Qcow2Error::Damaged("compression type bit set without the field".into()));
+                return Err(Qcow2Error::Damaged(
+                    "compression type bit set without the field".into(),
+                ));
             }
             compression = b[104];
             if compression > 1 {
@@ -164,11 +169,18 @@ pub fn parse_header(b: &[u8]) -> Result<Header, Qcow2Error> {
 enum Item {
     L1,
     /// An L2 table and the guest offset its first entry maps.
-    L2 { guest: u64 },
+    L2 {
+        guest: u64,
+    },
     /// A data cluster for guest offset `guest`.
-    Data { guest: u64 },
+    Data {
+        guest: u64,
+    },
     /// A compressed cluster of `len` bytes for guest offset `guest`.
-    Compressed { guest: u64, len: u64 },
+    Compressed {
+        guest: u64,
+        len: u64,
+    },
 }
 
 const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
@@ -187,7 +199,9 @@ pub fn decode(
     let mut items: BTreeMap<u64, Item> = BTreeMap::new();
     let l1_len = header.l1_entries * 8;
     if l1_len > 64 << 20 {
-        return Err(Qcow2Error::Refused(format!("an L1 table of {l1_len} bytes is too large")));
+        return Err(Qcow2Error::Refused(format!(
+            "an L1 table of {l1_len} bytes is too large"
+        )));
     }
     items.insert(header.l1_offset, Item::L1);
     // The window: bytes of the file from `win_start`.
@@ -265,7 +279,14 @@ pub fn decode(
                             let off = e & ((1u64 << x) - 1);
                             let sectors = (e >> x) & ((1u64 << (cs.trailing_zeros() - 8)) - 1);
                             let clen = (sectors + 1) * 512 - (off & 511);
-                            insert(&mut items, off, Item::Compressed { guest: g, len: clen })?;
+                            insert(
+                                &mut items,
+                                off,
+                                Item::Compressed {
+                                    guest: g,
+                                    len: clen,
+                                },
+                            )?;
                         } else {
                             let off = e & OFFSET_MASK;
                             // Bit 0 = reads as zero (v3); unallocated reads as zero (no
@@ -366,6 +387,7 @@ fn read_some(input: &mut dyn Read, buf: &mut [u8]) -> Result<usize, std::io::Err
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -383,19 +405,34 @@ mod tests {
         let mut b = h.clone();
         b[8..16].copy_from_slice(&512u64.to_be_bytes());
         b[16..20].copy_from_slice(&8u32.to_be_bytes());
-        assert!(parse_header(&b).unwrap_err().to_string().contains("backing file"));
+        assert!(parse_header(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("backing file"));
         let mut d = h.clone();
         d[79] = 0x4;
-        assert!(parse_header(&d).unwrap_err().to_string().contains("external data file"));
+        assert!(parse_header(&d)
+            .unwrap_err()
+            .to_string()
+            .contains("external data file"));
         let mut e = h.clone();
         e[35] = 1;
-        assert!(parse_header(&e).unwrap_err().to_string().contains("encrypted"));
+        assert!(parse_header(&e)
+            .unwrap_err()
+            .to_string()
+            .contains("encrypted"));
         let mut u = h.clone();
         u[78] = 0x1;
-        assert!(parse_header(&u).unwrap_err().to_string().contains("unknown incompatible"));
+        assert!(parse_header(&u)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown incompatible"));
         let mut x = h.clone();
         x[112..116].copy_from_slice(&0x4441_5441u32.to_be_bytes());
         x[116..120].copy_from_slice(&4u32.to_be_bytes());
-        assert!(parse_header(&x).unwrap_err().to_string().contains("names an external data file"));
+        assert!(parse_header(&x)
+            .unwrap_err()
+            .to_string()
+            .contains("names an external data file"));
     }
 }

@@ -28,7 +28,7 @@ impl AlignedBuf {
     }
 
     /// The whole buffer.
-    pub fn as_mut(&mut self) -> &mut [u8] {
+    pub fn buf_mut(&mut self) -> &mut [u8] {
         &mut self.raw[self.start..self.start + self.len]
     }
 
@@ -55,9 +55,7 @@ impl DiskWriter {
     /// Open `target` for writing.
     pub fn open(target: &Target) -> Result<DiskWriter, String> {
         let device = target.display();
-        let (buffered, _) = target
-            .open_write(false)
-            .map_err(|e| e.to_string())?;
+        let (buffered, _) = target.open_write(false).map_err(|e| e.to_string())?;
         let direct = match target.open_write(true) {
             Ok((f, true)) => Some(f),
             _ => None,
@@ -90,8 +88,8 @@ impl DiskWriter {
             return Ok(());
         }
         self.check_fits(offset, data.len() as u64)?;
-        let aligned = offset % ALIGN as u64 == 0
-            && data.len() % ALIGN == 0
+        let aligned = offset.is_multiple_of(ALIGN as u64)
+            && data.len().is_multiple_of(ALIGN)
             && data.as_ptr().align_offset(ALIGN) == 0;
         let f = match (&self.direct, aligned) {
             (Some(d), true) => d,
@@ -105,14 +103,20 @@ impl DiskWriter {
 
     /// Like [`DiskWriter::write_at`] for data not known to be aligned in memory: aligned
     /// pieces go through `bounce` directly.
-    pub fn write_copy(&mut self, offset: u64, data: &[u8], bounce: &mut AlignedBuf) -> Result<(), String> {
-        let cap = bounce.as_mut().len();
+    pub fn write_copy(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        bounce: &mut AlignedBuf,
+    ) -> Result<(), String> {
+        let cap = bounce.buf_mut().len();
         let mut done = 0;
         while done < data.len() {
             let n = (data.len() - done).min(cap);
             let off = offset + done as u64;
-            if self.direct.is_some() && off % ALIGN as u64 == 0 && n % ALIGN == 0 {
-                bounce.as_mut()[..n].copy_from_slice(&data[done..done + n]);
+            if self.direct.is_some() && off.is_multiple_of(ALIGN as u64) && n.is_multiple_of(ALIGN)
+            {
+                bounce.buf_mut()[..n].copy_from_slice(&data[done..done + n]);
                 self.write_at(off, bounce.slice(n))?;
             } else {
                 self.write_at(off, &data[done..done + n])?;
@@ -132,7 +136,11 @@ impl DiskWriter {
     /// Zero every byte of `[0, upto)` that no write covered (unallocated and zero clusters
     /// of a qcow2): BLKZEROOUT on a block device (offloaded where the device can), hole
     /// punching or zero writes on a file.
-    pub fn zero_gaps(&mut self, upto: u64, check: &dyn Fn() -> Result<(), String>) -> Result<u64, String> {
+    pub fn zero_gaps(
+        &mut self,
+        upto: u64,
+        check: &dyn Fn() -> Result<(), String>,
+    ) -> Result<u64, String> {
         let mut w = std::mem::take(&mut self.written);
         w.sort_unstable();
         let mut gaps = Vec::new();
@@ -164,11 +172,10 @@ impl DiskWriter {
         // BLKZEROOUT needs 512-byte alignment: the unaligned edges are written.
         let start = offset.div_ceil(512) * 512;
         let end = (offset + len) / 512 * 512;
-        if self.block && end > start {
-            if ioctl::zero_out(&self.buffered, start, end - start).is_ok() {
-                self.write_zeros(offset, start - offset)?;
-                return self.write_zeros(end, offset + len - end);
-            }
+        if self.block && end > start && ioctl::zero_out(&self.buffered, start, end - start).is_ok()
+        {
+            self.write_zeros(offset, start - offset)?;
+            return self.write_zeros(end, offset + len - end);
         }
         self.write_zeros(offset, len)
     }
@@ -218,14 +225,15 @@ impl DiskWriter {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn aligned_buffer_and_gaps() {
         let mut b = AlignedBuf::new(5000);
-        assert_eq!(b.as_mut().len(), 8192);
-        assert_eq!(b.as_mut().as_ptr().align_offset(ALIGN), 0);
+        assert_eq!(b.buf_mut().len(), 8192);
+        assert_eq!(b.buf_mut().as_ptr().align_offset(ALIGN), 0);
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.img");
         std::fs::write(&p, vec![0xAAu8; 64 << 10]).unwrap();
@@ -242,7 +250,13 @@ mod tests {
         assert!(got[8192..16384].iter().all(|b| *b == 0));
         assert!(got[16384..16484].iter().all(|b| *b == 2));
         assert!(got[16484..32768].iter().all(|b| *b == 0));
-        assert!(got[32768..].iter().all(|b| *b == 0xAA), "past upto untouched");
-        assert!(w.write_at((64 << 10) - 10, &[0u8; 20]).unwrap_err().contains("larger than"));
+        assert!(
+            got[32768..].iter().all(|b| *b == 0xAA),
+            "past upto untouched"
+        );
+        assert!(w
+            .write_at((64 << 10) - 10, &[0u8; 20])
+            .unwrap_err()
+            .contains("larger than"));
     }
 }
