@@ -5,7 +5,9 @@
 //! contributes, lowest level first), the generic manager and the exec-plugin adapter. It must
 //! not talk to the controller: the agent crate owns the network.
 //!
-//! Modules: [`generic`] (IPA's erase steps), [`erase`] (the erase engine: device safety,
+//! Modules: [`generic`] (IPA's erase steps), [`deploy`] (`write_image`: streaming an image
+//! and its configdrive to a disk; the network reaches it only through the agent's
+//! `ImageFetcher`), [`erase`] (the erase engine: device safety,
 //! metadata wipe, NVMe/ATA secure erase, zeroing, verification; ioctls in `erase::ioctl`),
 //! [`plugin`] (exec plugins, protocol in `PLUGINS.md`), [`example_vendor`] (a compiled-in
 //! vendor manager to copy). Everything here blocks: the agent calls it on a blocking thread.
