@@ -14,7 +14,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use rivet_tests::agentproc::{have, is_root, read_at, AgentProcess, LoopDevice};
 use rivet_tests::fileserver::FileServer;
-use rivet_tests::{prerequisite, Rivetd};
+use rivet_tests::{prerequisite, run_tool, sha256_file, Rivetd, DEPLOY_TEST_CONFIG};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,36 +38,27 @@ fn ready() -> bool {
         )
 }
 
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// A GPT whole-disk image: a 1 MiB BIOS-boot partition and a data partition filled with
 /// pseudo-random bytes (so a wrong offset or a short write shows), written to `path`.
 fn make_image(path: &Path, seed: u64) -> Result<()> {
     let f = std::fs::File::create(path)?;
     f.set_len(IMAGE_MIB * MIB)?;
     drop(f);
-    run(Command::new("sgdisk")
-        .args([
-            "-o",
-            "-n",
-            "1:2048:+1M",
-            "-t",
-            "1:ef02",
-            "-n",
-            "2:0:0",
-            "-t",
-            "2:8300",
-        ])
-        .arg(path))?;
+    run_tool(
+        Command::new("sgdisk")
+            .args([
+                "-o",
+                "-n",
+                "1:2048:+1M",
+                "-t",
+                "1:ef02",
+                "-n",
+                "2:0:0",
+                "-t",
+                "2:8300",
+            ])
+            .arg(path),
+    )?;
     // Data partition from 2 MiB: fill all but its last MiB (the backup GPT follows it).
     let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
     use std::io::Seek;
@@ -87,15 +78,6 @@ fn make_image(path: &Path, seed: u64) -> Result<()> {
     Ok(())
 }
 
-fn sha256(path: &Path) -> Result<String> {
-    let out = run(Command::new("sha256sum").arg(path))?;
-    Ok(out
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string())
-}
-
 struct Scene {
     dir: tempfile::TempDir,
     rivetd: Rivetd,
@@ -111,14 +93,7 @@ impl Scene {
     /// the agent's deploy interface) in available after its first automated cleaning.
     fn new() -> Result<Scene> {
         let dir = tempfile::tempdir()?;
-        let cfg = dir.path().join("rivetd.toml");
-        std::fs::write(
-            &cfg,
-            "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
-             [cleaning]\npriority_overrides = {\"deploy.erase_devices\" = 0}\n",
-        )?;
-        let cfg_arg = cfg.display().to_string();
-        let rivetd = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg_arg])?;
+        let rivetd = Rivetd::start_in(dir.path(), DEPLOY_TEST_CONFIG)?;
         let www = dir.path().join("www");
         std::fs::create_dir(&www)?;
         let images = FileServer::start(&www)?;
@@ -269,11 +244,13 @@ fn read_meta_data(iso: &Path, dir: &Path) -> Result<Value> {
     let out = dir.join("meta_data.json");
     let _ = std::fs::remove_file(&out);
     // xorriso takes a block device only with the stdio: prefix.
-    run(Command::new("osirrox")
-        .arg("-indev")
-        .arg(format!("stdio:{}", iso.display()))
-        .args(["-extract", "/openstack/latest/meta_data.json"])
-        .arg(&out))?;
+    run_tool(
+        Command::new("osirrox")
+            .arg("-indev")
+            .arg(format!("stdio:{}", iso.display()))
+            .args(["-extract", "/openstack/latest/meta_data.json"])
+            .arg(&out),
+    )?;
     Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
 }
 
@@ -285,7 +262,7 @@ fn deploy_with_configdrive_then_undeploy() -> Result<()> {
     let mut sc = Scene::new()?;
     let image = sc.path("disk.raw");
     make_image(&image, 7)?;
-    let digest = sha256(&image)?;
+    let digest = sha256_file(&image)?;
     sc.set_image(&image, &digest)?;
 
     sc.boot()?;
@@ -320,7 +297,7 @@ fn deploy_with_configdrive_then_undeploy() -> Result<()> {
         "the disk does not hold the image's data partition"
     );
     // The backup GPT moved to the end of the disk: sgdisk finds nothing wrong.
-    let verify = run(Command::new("sgdisk").arg("-v").arg(&sc.disk.path))?;
+    let verify = run_tool(Command::new("sgdisk").arg("-v").arg(&sc.disk.path))?;
     assert!(verify.contains("No problems found"), "{verify}");
     // config-2 is there, with the node's uuid and the hostname given.
     let part = config2_partition(&sc.disk.path)?;
@@ -356,7 +333,7 @@ fn checksum_mismatch_fails_with_both_digests() -> Result<()> {
     let mut sc = Scene::new()?;
     let image = sc.path("other.raw");
     make_image(&image, 11)?;
-    let real = sha256(&image)?;
+    let real = sha256_file(&image)?;
     let wrong = "0".repeat(64);
     sc.set_image(&image, &wrong)?;
     sc.boot()?;
@@ -385,7 +362,7 @@ fn abort_during_write_image_and_refused_outside_a_wait() -> Result<()> {
     let mut sc = Scene::new()?;
     let image = sc.path("slow.raw");
     make_image(&image, 3)?;
-    let digest = sha256(&image)?;
+    let digest = sha256_file(&image)?;
     sc.set_image(&image, &digest)?;
     // 4 MiB/s: the 64 MiB image takes ~16 s, time to abort in the middle.
     sc.images.set_pace(4 * MIB);
@@ -448,7 +425,7 @@ fn rivetd_killed_mid_write_then_deploy_finishes() -> Result<()> {
     let mut sc = Scene::new()?;
     let image = sc.path("restart.raw");
     make_image(&image, 5)?;
-    let digest = sha256(&image)?;
+    let digest = sha256_file(&image)?;
     sc.set_image(&image, &digest)?;
     sc.images.set_pace(8 * MIB);
     sc.boot()?;

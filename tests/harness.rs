@@ -39,6 +39,35 @@ pub fn prerequisite(ok: bool, what: &str) -> bool {
     false
 }
 
+/// rivetd's settings for the deploy scenarios: quick long polls and scans, and automated
+/// cleaning without the full erase (the metadata erase still runs).
+pub const DEPLOY_TEST_CONFIG: &str =
+    "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
+     [cleaning]\npriority_overrides = {\"deploy.erase_devices\" = 0}\n";
+
+/// Run a tool; its stdout, or an error with its stderr.
+pub fn run_tool(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The sha256 of a file, by `sha256sum`.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let out = run_tool(Command::new("sha256sum").arg(path))?;
+    Ok(out
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
 /// A free loopback port.
 pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -60,6 +89,14 @@ pub struct Rivetd {
 }
 
 impl Rivetd {
+    /// Start rivetd in `dir` (its database `rivet.db`) with `config` written to `rivetd.toml`.
+    pub fn start_in(dir: &Path, config: &str) -> Result<Rivetd> {
+        let cfg = dir.join("rivetd.toml");
+        std::fs::write(&cfg, config)?;
+        let cfg = cfg.display().to_string();
+        Self::start(&dir.join("rivet.db"), 0, &["--config", &cfg])
+    }
+
     /// Start rivetd with `--no-auth` on `db`, on `port` (0 = pick one), and wait until it serves.
     pub fn start(db: &Path, port: u16, extra: &[&str]) -> Result<Rivetd> {
         let port = if port == 0 { free_port()? } else { port };

@@ -124,14 +124,7 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("rivetd.toml");
-    std::fs::write(
-        &cfg,
-        "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
-         [cleaning]\npriority_overrides = {\"deploy.erase_devices\" = 0}\n",
-    )?;
-    let cfg = cfg.display().to_string();
-    let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg])?;
+    let d = Rivetd::start_in(dir.path(), rivet_tests::DEPLOY_TEST_CONFIG)?;
     // The node's disk: a sparse file; the image: 8 MiB of a pattern, served over loopback.
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk)?.set_len(64 << 20)?;
@@ -150,14 +143,7 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
         String::from_utf8_lossy(&gpt.stderr)
     );
     let image = std::fs::read(www.join("img.raw"))?;
-    let sum = Command::new("sha256sum")
-        .arg(www.join("img.raw"))
-        .output()?;
-    let sum = String::from_utf8_lossy(&sum.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let sum = rivet_tests::sha256_file(&www.join("img.raw"))?;
     let server = FileServer::start(&www)?;
 
     let created = run(

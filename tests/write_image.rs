@@ -7,7 +7,7 @@
 //! Needs root (loop devices), qemu-img (qemu-utils), gzip, zstd and sgdisk; skips without
 //! them unless `RIVET_REQUIRE_PEERS=1`.
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use rivet_agent::fetch::HttpFetcher;
 use rivet_hardware_managers::deploy::{DeployManager, DiskLister};
 use rivet_hardware_managers::{HardwareManager, StepContext};
@@ -15,7 +15,7 @@ use rivet_protocol::deploy::{WriteImageArgs, WriteImageResult};
 use rivet_protocol::inventory::Disk;
 use rivet_tests::agentproc::{have, is_root, read_at, LoopDevice};
 use rivet_tests::fileserver::FileServer;
-use rivet_tests::prerequisite;
+use rivet_tests::{prerequisite, run_tool, sha256_file};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,25 +30,6 @@ fn ready() -> bool {
         && prerequisite(have("gzip"), "gzip")
         && prerequisite(have("sgdisk"), "sgdisk (gdisk)")
         && prerequisite(have("sha256sum"), "sha256sum")
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn sha256(path: &Path) -> Result<String> {
-    let out = Command::new("sha256sum").arg(path).output()?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string())
 }
 
 /// A 24 MiB GPT image: pseudo-random data in its partition, with a 4 MiB hole of zeroes in
@@ -67,9 +48,12 @@ fn raw_image(path: &Path) -> Result<()> {
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
     std::fs::write(path, &data)?;
-    run(Command::new("sgdisk")
-        .args(["-o", "-n", "1:2048:0"])
-        .arg(path))
+    run_tool(
+        Command::new("sgdisk")
+            .args(["-o", "-n", "1:2048:0"])
+            .arg(path),
+    )?;
+    Ok(())
 }
 
 struct Lab {
@@ -157,20 +141,24 @@ fn every_format_lands_byte_for_byte() -> Result<()> {
     }
     let lab = Lab::new()?;
     // gzip, zstd, qcow2 and compressed qcow2 of the same image.
-    run(Command::new("sh").arg("-c").arg(format!(
+    run_tool(Command::new("sh").arg("-c").arg(format!(
         "gzip -c {0} > {1} && zstd -q -c {0} > {2}",
         lab.raw.display(),
         lab.www("img.raw.gz").display(),
         lab.www("img.raw.zst").display()
     )))?;
-    run(Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "qcow2"])
-        .arg(&lab.raw)
-        .arg(lab.www("img.qcow2")))?;
-    run(Command::new("qemu-img")
-        .args(["convert", "-c", "-f", "raw", "-O", "qcow2"])
-        .arg(&lab.raw)
-        .arg(lab.www("img-c.qcow2")))?;
+    run_tool(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(&lab.raw)
+            .arg(lab.www("img.qcow2")),
+    )?;
+    run_tool(
+        Command::new("qemu-img")
+            .args(["convert", "-c", "-f", "raw", "-O", "qcow2"])
+            .arg(&lab.raw)
+            .arg(lab.www("img-c.qcow2")),
+    )?;
     for (name, format, compression) in [
         ("img.raw", "raw", None),
         ("img.raw.gz", "raw", Some("gzip")),
@@ -180,7 +168,7 @@ fn every_format_lands_byte_for_byte() -> Result<()> {
     ] {
         let disk = lab.disk(&format!("{name}.disk"), 128)?;
         let m = manager(vec![disk.path.clone()]);
-        let digest = sha256(&lab.www(name))?;
+        let digest = sha256_file(&lab.www(name))?;
         let args = WriteImageArgs {
             image_source: lab.server.url_of(name),
             os_hash_algo: Some("sha256".into()),
@@ -247,10 +235,12 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
     }
     let lab = Lab::new()?;
     // A qcow2 whose backing file is a host file.
-    run(Command::new("qemu-img")
-        .args(["create", "-f", "qcow2", "-F", "raw", "-b"])
-        .arg(&lab.raw)
-        .arg(lab.www("backed.qcow2")))?;
+    run_tool(
+        Command::new("qemu-img")
+            .args(["create", "-f", "qcow2", "-F", "raw", "-b"])
+            .arg(&lab.raw)
+            .arg(lab.www("backed.qcow2")),
+    )?;
     let disk = lab.disk("d", 128)?;
     let m = manager(vec![disk.path.clone()]);
     let hints = json!({"name": disk.path.display().to_string()})
@@ -261,7 +251,7 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
         Ok(WriteImageArgs {
             image_source: lab.server.url_of(name),
             os_hash_algo: Some("sha256".into()),
-            os_hash_value: Some(sha256(&lab.www(name))?),
+            os_hash_value: Some(sha256_file(&lab.www(name))?),
             root_device: Some(hints.clone()),
             ..Default::default()
         })
@@ -294,7 +284,7 @@ fn root_device_hints_choose_among_disks() -> Result<()> {
     let c = lab.disk("c", 6 << 10)?;
     let all = vec![a.path.clone(), b.path.clone(), c.path.clone()];
     let m = manager(all);
-    let digest = sha256(&lab.raw)?;
+    let digest = sha256_file(&lab.raw)?;
     let with = |hints: Value| WriteImageArgs {
         image_source: lab.server.url_of("img.raw"),
         os_hash_algo: Some("sha256".into()),
@@ -328,8 +318,8 @@ fn root_device_hints_choose_among_disks() -> Result<()> {
     // A mounted disk is never a candidate.
     let mnt = lab.dir.path().join("mnt");
     std::fs::create_dir(&mnt)?;
-    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&a.path))?;
-    run(Command::new("mount").arg(&a.path).arg(&mnt))?;
+    run_tool(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&a.path))?;
+    run_tool(Command::new("mount").arg(&a.path).arg(&mnt))?;
     struct Unmount(PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {

@@ -10,9 +10,10 @@
 //! (losetup), curl, qemu-img and zstd; the loop device is detached on every way out.
 
 use crate::stats::percentile;
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Result};
 use rivet_tests::agentproc::LoopDevice;
 use rivet_tests::fileserver::FileServer;
+use rivet_tests::{run_tool, sha256_file};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -32,25 +33,6 @@ pub struct DeployOpts {
 }
 
 const MIB: u64 = 1 << 20;
-
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn sha256(path: &Path) -> Result<String> {
-    let out = Command::new("sha256sum").arg(path).output()?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string())
-}
 
 /// The raw image: odd MiBs pseudo-random, even MiBs zero, a GPT around them.
 fn make_image(path: &Path, gib: u64) -> Result<()> {
@@ -73,9 +55,12 @@ fn make_image(path: &Path, gib: u64) -> Result<()> {
     }
     f.flush()?;
     drop(f);
-    run(Command::new("sgdisk")
-        .args(["-o", "-n", "1:2048:0"])
-        .arg(path))
+    run_tool(
+        Command::new("sgdisk")
+            .args(["-o", "-n", "1:2048:0"])
+            .arg(path),
+    )?;
+    Ok(())
 }
 
 fn time(cmd: &mut Command) -> Result<Duration> {
@@ -126,11 +111,13 @@ pub fn run_bench(o: DeployOpts) -> Result<Vec<String>> {
     let raw = www.join("image.raw");
     let t = Instant::now();
     make_image(&raw, o.size_gib)?;
-    run(Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "qcow2"])
-        .arg(&raw)
-        .arg(www.join("image.qcow2")))?;
-    run(Command::new("sh").arg("-c").arg(format!(
+    run_tool(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(&raw)
+            .arg(www.join("image.qcow2")),
+    )?;
+    run_tool(Command::new("sh").arg("-c").arg(format!(
         "zstd -q -3 -T2 -c {} > {}",
         raw.display(),
         www.join("image.raw.zst").display()
@@ -158,7 +145,7 @@ pub fn run_bench(o: DeployOpts) -> Result<Vec<String>> {
         let args = serde_json::json!({
             "image_source": server.url_of(name),
             "os_hash_algo": "sha256",
-            "os_hash_value": sha256(&www.join(name))?,
+            "os_hash_value": sha256_file(&www.join(name))?,
             "root_device": {"name": devs},
         });
         time(
