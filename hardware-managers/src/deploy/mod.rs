@@ -233,6 +233,9 @@ fn fill(r: &mut dyn Read, buf: &mut [u8]) -> Result<usize, std::io::Error> {
 struct Tee {
     inner: Box<dyn Read + Send>,
     hash: Option<SyncSender<Vec<u8>>>,
+    /// Buffers the digest thread is done with, reused: the ramdisk's allocator (musl) maps and
+    /// unmaps each large allocation, which would cost page faults for every MiB.
+    spent: Receiver<Vec<u8>>,
     count: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -243,7 +246,10 @@ impl Read for Tee {
         let n = self.inner.read(&mut buf[..cap])?;
         if n > 0 {
             if let Some(tx) = &self.hash {
-                if tx.send(buf[..n].to_vec()).is_err() {
+                let mut copy = self.spent.try_recv().unwrap_or_default();
+                copy.clear();
+                copy.extend_from_slice(&buf[..n]);
+                if tx.send(copy).is_err() {
                     return Err(std::io::Error::other("the digest thread stopped"));
                 }
             }
@@ -254,19 +260,25 @@ impl Read for Tee {
     }
 }
 
-/// Hash chunks off the channel until it closes; the hex digest.
-fn digest_thread(algo: &'static str, rx: Receiver<Vec<u8>>) -> std::thread::JoinHandle<String> {
+/// Hash chunks off the channel until it closes, handing each buffer back on `spent`; the
+/// hex digest.
+fn digest_thread(
+    algo: &'static str,
+    rx: Receiver<Vec<u8>>,
+    spent: SyncSender<Vec<u8>>,
+) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
-        fn run<D: Digest>(rx: Receiver<Vec<u8>>) -> String {
+        fn run<D: Digest>(rx: Receiver<Vec<u8>>, spent: SyncSender<Vec<u8>>) -> String {
             let mut d = D::new();
             for chunk in rx {
                 d.update(&chunk);
+                let _ = spent.try_send(chunk);
             }
             d.finalize().iter().map(|b| format!("{b:02x}")).collect()
         }
         match algo {
-            "sha512" => run::<sha2::Sha512>(rx),
-            _ => run::<sha2::Sha256>(rx),
+            "sha512" => run::<sha2::Sha512>(rx, spent),
+            _ => run::<sha2::Sha256>(rx, spent),
         }
     })
 }
@@ -521,11 +533,13 @@ impl DeployManager {
             .open(&a.image_source, a.ca_pem.as_deref())
             .map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
         let (tx, rx) = sync_channel::<Vec<u8>>(16);
-        let hasher = digest_thread(expected.algo, rx);
+        let (spent_tx, spent_rx) = sync_channel::<Vec<u8>>(18);
+        let hasher = digest_thread(expected.algo, rx, spent_tx);
         let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut tee = Tee {
             inner: fetched.reader,
             hash: Some(tx),
+            spent: spent_rx,
             count: count.clone(),
         };
         let mut meter = Meter {
