@@ -80,6 +80,8 @@ if ! $quick; then
     run api --nodes 100000
 fi
 run agent "${agent_args[@]}"
+# write_image against curl | dd on a loop device (root): raw, qcow2 and zstd of one 2 GiB image.
+run deploy --size-gib 2 --reps 3 "${agent_args[@]}"
 
 # Step dispatch latency and one-node cleaning: tests/dispatch_bench.rs (the real agent
 # library in-process against the release rivetd). Its rows have two columns; add the command.

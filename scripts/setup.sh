@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages: musl for the static agent, block-device tools for erase tests, python venv
 # for the Ironic client compatibility test, file(1) to check static linking.
-APT_PACKAGES=(musl-tools python3-venv gdisk parted e2fsprogs xfsprogs lvm2 util-linux file iproute2 socat sqlite3)
+APT_PACKAGES=(musl-tools python3-venv gdisk parted e2fsprogs xfsprogs lvm2 util-linux file iproute2 socat sqlite3 xorriso curl)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
