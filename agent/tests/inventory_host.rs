@@ -84,6 +84,15 @@ fn inventory_matches_host_tools() {
                 .as_u64()
                 .or_else(|| dev["size"].as_str().and_then(|s| s.parse().ok()))
                 .unwrap_or(0);
+            // Not disks, as in IPA: compressed-RAM and RAM devices, empty slots.
+            let base = name.trim_start_matches("/dev/");
+            if base.starts_with("zram") || base.starts_with("ram") || size == 0 {
+                assert!(
+                    ours.iter().all(|d| d["name"] != name.as_str()),
+                    "{name} is not a disk, yet the agent lists it"
+                );
+                continue;
+            }
             let found = ours
                 .iter()
                 .find(|d| d["name"] == name.as_str())
