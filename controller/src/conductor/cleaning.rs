@@ -129,6 +129,19 @@ impl Conductor {
         }
     }
 
+    /// Rest in `want` until the agent calls back. Writes only to change the state: a write
+    /// of an unchanged node would only move its version under a concurrent API request.
+    pub(super) async fn wait_in(
+        &self,
+        node: Node,
+        want: ProvisionState,
+    ) -> Result<Option<Node>, ConductorError> {
+        if node.provision_state != want {
+            self.ensure_state(node, want).await?;
+        }
+        Ok(None)
+    }
+
     /// One decision of a cleaning run. `Some(node)` when something was written and the caller
     /// should decide again; `None` when waiting for the agent or an operator.
     pub(crate) async fn advance_cleaning(
@@ -202,10 +215,7 @@ impl Conductor {
         // 2. Gather the steps and make the plan.
         let Some(plan) = plan(&node) else {
             if !has_agent(&node) {
-                return self
-                    .ensure_state(node, ProvisionState::CleanWait)
-                    .await
-                    .map(|_| None);
+                return self.wait_in(node, ProvisionState::CleanWait).await;
             }
             let Some(id) = dii_str(&node, "clean_steps_command").map(str::to_string) else {
                 let id = uuid::Uuid::new_v4().to_string();
@@ -383,10 +393,7 @@ impl Conductor {
         let Some(id) = dii_str(&node, "clean_command").map(str::to_string) else {
             if !has_agent(&node) {
                 // After a requested reboot: wait for the agent to look up again.
-                return self
-                    .ensure_state(node, ProvisionState::CleanWait)
-                    .await
-                    .map(|_| None);
+                return self.wait_in(node, ProvisionState::CleanWait).await;
             }
             let id = uuid::Uuid::new_v4().to_string();
             set(&mut node, "clean_command", json!(id));

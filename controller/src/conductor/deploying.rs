@@ -236,10 +236,7 @@ impl Conductor {
         let uuid = node.uuid.clone();
         if !super::cleaning::has_agent(&node) {
             // The ramdisk is booting: wait for its lookup.
-            return self
-                .ensure_state(node, ProvisionState::WaitCallBack)
-                .await
-                .map(|_| None);
+            return self.wait_in(node, ProvisionState::WaitCallBack).await;
         }
         let Some(id) = run.steps_command.clone() else {
             let id = uuid::Uuid::new_v4().to_string();

@@ -4,7 +4,7 @@
 use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use crate::fsm::{self, Event};
-use crate::store::{AuditEntry, Node};
+use crate::store::{AuditEntry, Node, StoreError};
 use chrono::Utc;
 use rivet_protocol::agent::CommandKind;
 use rivet_protocol::api::ProvisionRequest;
@@ -149,6 +149,27 @@ impl Conductor {
     /// `PUT /v1/nodes/{id}/states/provision`: check, move the node, start the work. `by`
     /// names the caller for the audit trail (the cause of the transitions that follow).
     pub async fn provision(
+        self: &Arc<Self>,
+        ident: &str,
+        req: &ProvisionRequest,
+        version: (u32, u32),
+        by: &str,
+    ) -> Result<Node, ConductorError> {
+        // The conductor may write the node between our read and our write (a heartbeat, a
+        // step's bookkeeping): decide again from the fresh record rather than answer 409 for
+        // a race the caller cannot see. Every check runs again each time.
+        let mut attempts = 0;
+        loop {
+            match self.provision_once(ident, req, version, by).await {
+                Err(ConductorError::Store(StoreError::Conflict { .. })) if attempts < 4 => {
+                    attempts += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn provision_once(
         self: &Arc<Self>,
         ident: &str,
         req: &ProvisionRequest,
