@@ -27,8 +27,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     updated=1
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# qemu-system-x86 alone can replace a newer qemu-utils and leave no qemu-img (seen on this
-# kind of machine): both are named above; make sure the tool is really there.
+# A machine that came with a newer (backported) qemu-utils loses it when Debian's
+# qemu-system-x86 is installed (the two versions conflict, apt removes qemu-utils): install
+# the matching qemu-utils again, then make sure the tool is really there.
+if ! qemu-img --version >/dev/null 2>&1; then
+    log "qemu-img gone after installing qemu-system-x86: installing the matching qemu-utils"
+    export DEBIAN_FRONTEND=noninteractive
+    [ "$updated" = 1 ] || { apt-get update -qq; updated=1; }
+    apt-get install -y -qq --no-install-recommends qemu-utils >/dev/null
+fi
 qemu-img --version >/dev/null 2>&1 || { log "FAIL: qemu-img missing after installing qemu-utils"; exit 1; }
 
 cache="${RIVET_KERNEL_CACHE:-$root/target/kernel-cache}"
