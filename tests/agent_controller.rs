@@ -353,3 +353,93 @@ fn free_port_is_bindable() {
     let p = free_port().expect("port");
     assert!(std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
 }
+
+/// SIGTERM, as a service manager stops rivetd: a held agent long poll is answered at once
+/// (not after `long_poll_s`), rivetd exits 0, and the node lease it held is handed back in
+/// the database so another controller need not wait for it to expire.
+#[test]
+fn sigterm_answers_held_polls_and_hands_leases_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("rivetd.toml");
+    std::fs::write(
+        &cfg,
+        "[agent]\nlong_poll_s = 60\nheartbeat_timeout_s = 120\n[conductor]\ncheck_interval_s = 1\n",
+    )?;
+    let db = dir.path().join("r.db");
+    let mut d = Rivetd::start(&db, 0, &["--config", &cfg.display().to_string()])?;
+    let uuid = node_waiting_for_ramdisk(&d, "n1")?;
+    let (s, v) = d.call(
+        "POST",
+        "/agent/v1/lookup",
+        Some(json!({"node_uuid": uuid, "agent_version": "t"})),
+    )?;
+    anyhow::ensure!(s == 200, "{v}");
+    let token = v["agent_token"].as_str().unwrap_or_default().to_string();
+    let http = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(90))
+        .build()?;
+    let url = format!("{}/agent/v1/heartbeat/{uuid}", d.url);
+    // The first poll hands out get_clean_steps; saying it runs leaves nothing to send, so
+    // the next poll is held.
+    let first: Value = http
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&json!({"agent_version": "t", "wait": true}))
+        .send()?
+        .json()?;
+    let id = first["command"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    anyhow::ensure!(!id.is_empty(), "no command handed out: {first}");
+    let held = std::thread::spawn(move || -> anyhow::Result<(u16, Duration)> {
+        let started = Instant::now();
+        let r = http
+            .post(&url)
+            .bearer_auth(&token)
+            .json(&json!({"agent_version": "t", "wait": true,
+                "running": {"id": id, "name": "get_clean_steps"}}))
+            .send()?;
+        Ok((r.status().as_u16(), started.elapsed()))
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let reserved: Option<String> = rusqlite::Connection::open(&db)?.query_row(
+        "SELECT reservation FROM nodes WHERE uuid = ?1",
+        [&uuid],
+        |r| r.get(0),
+    )?;
+    assert_eq!(
+        reserved.as_deref(),
+        Some("test-conductor"),
+        "clean wait holds the lease"
+    );
+
+    let status = d.terminate(Duration::from_secs(20))?;
+    let (code, took) = held
+        .join()
+        .map_err(|_| anyhow::anyhow!("heartbeat thread panicked"))??;
+    assert_eq!(code, 200, "the held poll was answered");
+    assert!(
+        took < Duration::from_secs(15),
+        "the held poll waited {took:?}"
+    );
+    let status = status
+        .ok_or_else(|| anyhow::anyhow!("rivetd ignored SIGTERM for 20 s:\n{}", d.log_text()))?;
+    assert!(
+        status.success(),
+        "rivetd exited with {status}:\n{}",
+        d.log_text()
+    );
+    let reserved: Option<String> = rusqlite::Connection::open(&db)?.query_row(
+        "SELECT reservation FROM nodes WHERE uuid = ?1",
+        [&uuid],
+        |r| r.get(0),
+    )?;
+    assert_eq!(reserved, None, "lease not handed back:\n{}", d.log_text());
+    assert!(
+        d.log_text().contains("node leases handed back"),
+        "{}",
+        d.log_text()
+    );
+    Ok(())
+}

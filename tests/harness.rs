@@ -176,6 +176,31 @@ impl Rivetd {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGTERM, as a service manager stops it; waits up to `timeout` for the exit and
+    /// returns its status (`None`: still running then, and killed).
+    pub fn terminate(&mut self, timeout: Duration) -> Result<Option<std::process::ExitStatus>> {
+        let Some(mut c) = self.child.take() else {
+            bail!("rivetd is not running");
+        };
+        let ok = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()?
+            .success();
+        if !ok {
+            bail!("kill -TERM {} failed", c.id());
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = c.try_wait()? {
+                return Ok(Some(status));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        Ok(None)
+    }
+
     /// kill -9, as a crash would.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -92,7 +92,9 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     Ok((conductor, app))
 }
 
-/// Serve until the listener fails or a shutdown signal arrives.
+/// Serve until a shutdown signal arrives (then drain requests, let node tasks end and hand
+/// the node leases back) or a controller-wide loop stops (then the same, and an error: the
+/// process must exit non-zero so that its service manager restarts it).
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let addr = check_listen(&config)?;
     let tls = match (&config.tls_cert, &config.tls_key) {
@@ -104,13 +106,17 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let header_timeout = Duration::from_secs(config.api.header_read_timeout_s.max(1));
     let max_requests = config.api.max_requests_per_connection;
     let (conductor, app) = build(config).await?;
-    tokio::spawn(conductor.clone().run_periodic());
+    let background = tokio::spawn(conductor.clone().run_background());
+    tokio::pin!(background);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, tls = tls.is_some(), conductor = conductor.id(), "rivetd listening");
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
+    // Open connections, so that shutdown can let their requests finish.
+    let connections = tokio_util::task::TaskTracker::new();
+    let stopping = conductor.shutdown.clone();
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -122,23 +128,51 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                     continue;
                 }
             },
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => {
+                drop(listener);
+                conductor.shutdown.cancel();
+                connections.close();
+                if tokio::time::timeout(DRAIN, connections.wait()).await.is_err() {
+                    tracing::warn!(open = connections.len(), "requests still open after the drain period; closing them");
+                }
+                conductor.shut_down().await;
+                tracing::info!("rivetd stopped");
+                return Ok(());
+            }
+            why = &mut background => {
+                let why = why.unwrap_or_else(|e| format!("the supervisor itself failed: {e}"));
+                tracing::error!(reason = %why, "a controller-wide loop stopped; rivetd stops taking work and exits");
+                drop(listener);
+                conductor.shut_down().await;
+                anyhow::bail!("rivetd stopped: {why}");
+            }
         };
         let app = app.clone();
         let tls = tls.clone();
-        tokio::spawn(async move {
+        let stopping = stopping.clone();
+        connections.spawn(async move {
             let _ = tcp.set_nodelay(true);
             match tls {
                 Some(acceptor) => {
                     match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
-                            serve_connection(stream, peer, app, header_timeout, max_requests).await
+                            serve_connection(
+                                stream,
+                                peer,
+                                app,
+                                header_timeout,
+                                max_requests,
+                                stopping,
+                            )
+                            .await
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 }
-                None => serve_connection(tcp, peer, app, header_timeout, max_requests).await,
+                None => {
+                    serve_connection(tcp, peer, app, header_timeout, max_requests, stopping).await
+                }
             }
         });
     }
@@ -155,6 +189,7 @@ async fn serve_connection<S>(
     app: axum::Router,
     header_timeout: Duration,
     max_requests: u64,
+    stopping: tokio_util::sync::CancellationToken,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -185,12 +220,21 @@ async fn serve_connection<S>(
             }
         },
     );
-    let result = hyper::server::conn::http1::Builder::new()
+    let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(io), service)
-        .await;
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stopping.cancelled() => {
+            // Finish the request in flight (held long polls answer at once: they watch the
+            // same token), then close instead of waiting for the next one.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
@@ -200,6 +244,9 @@ async fn serve_connection<S>(
 /// (tests), so users of it must treat it as optional.
 #[derive(Clone, Copy, Debug)]
 pub struct PeerAddr(pub SocketAddr);
+
+/// How long shutdown lets open requests finish.
+const DRAIN: Duration = Duration::from_secs(10);
 
 /// SIGINT or SIGTERM.
 async fn shutdown_signal() {

@@ -95,7 +95,9 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         let status = match &e {
             StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
-            StoreError::Duplicate(_) | StoreError::Conflict { .. } => StatusCode::CONFLICT,
+            StoreError::Duplicate(_) | StoreError::Conflict { .. } | StoreError::Corrupt { .. } => {
+                StatusCode::CONFLICT
+            }
             StoreError::Backend(_) | StoreError::Secrets(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())

@@ -470,6 +470,8 @@ async fn remove(
     Path(ident): Path<String>,
 ) -> ApiResult<StatusCode> {
     let node = state.conductor.store.get_node(&ident).await?;
+    // A damaged record stays as it is until repaired: deleting it would lose what is left.
+    node.writable()?;
     check_if_match(&headers, &node)?;
     state.conductor.check_deletable(&node)?;
     state

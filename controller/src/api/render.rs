@@ -67,7 +67,11 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         "maintenance": n.maintenance,
         "maintenance_reason": n.maintenance_reason,
         "fault": n.fault,
-        "last_error": n.last_error,
+        // A record whose stored fields do not decode says so where operators look first.
+        "last_error": match &n.corrupt {
+            Some(c) => Some(c.message(n.ident())),
+            None => n.last_error.clone(),
+        },
         "clean_step": n.clean_step.clone().unwrap_or_else(|| json!({})),
         "deploy_step": n.deploy_step.clone().unwrap_or_else(|| json!({})),
         "reservation": n.reservation,

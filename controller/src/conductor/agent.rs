@@ -404,7 +404,11 @@ impl Conductor {
             });
         }
         let long_poll = Duration::from_secs(self.config.agent.long_poll_s);
-        let _ = tokio::time::timeout(long_poll, notified).await;
+        // Shutdown answers held polls at once; the agent comes back to whoever serves next.
+        tokio::select! {
+            _ = tokio::time::timeout(long_poll, notified) => {}
+            _ = self.shutdown.cancelled() => {}
+        }
         // The operation may have ended while we waited (the token goes with it): tell the
         // agent now rather than at its next heartbeat.
         match self.store.get_node(&uuid).await {

@@ -7,6 +7,7 @@
 //! and nothing is published, so the single-process path costs one heartbeat write per
 //! interval and nothing per request.
 
+use super::supervisor::LoopEnd;
 use super::Conductor;
 use crate::cluster::HashRing;
 use crate::store::Notice;
@@ -155,19 +156,33 @@ impl Conductor {
     }
 
     /// Heartbeat (keeping this controller's leases alive) and follow membership forever.
-    pub async fn run_membership(self: Arc<Self>) {
+    /// On a shared store, a heartbeat that has failed for `dead_after_s` ends it: the other
+    /// controllers count this one dead and take its nodes, so it must stop driving them.
+    pub async fn run_membership(self: Arc<Self>) -> LoopEnd {
         let every = Duration::from_secs(self.config.conductor.heartbeat_interval_s.max(1));
+        let dead_after = Duration::from_secs(self.dead_after_s());
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_ok = tokio::time::Instant::now();
         loop {
             tick.tick().await;
             match self.refresh_membership(false).await {
-                Ok(true) => {
-                    if let Err(e) = self.rebalance().await {
-                        tracing::error!(error = %e, "rebalancing after a membership change failed");
+                Ok(changed) => {
+                    last_ok = tokio::time::Instant::now();
+                    if changed {
+                        if let Err(e) = self.rebalance().await {
+                            tracing::error!(error = %e, "rebalancing after a membership change failed");
+                        }
                     }
                 }
-                Ok(false) => {}
+                Err(e) if self.store.is_shared() && last_ok.elapsed() >= dead_after => {
+                    return LoopEnd::Failed(format!(
+                        "no registration heartbeat written for {} s (dead_after_s = {}): the other \
+                         controllers count this one dead and have taken its nodes; last error: {e}",
+                        last_ok.elapsed().as_secs(),
+                        dead_after.as_secs()
+                    ));
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "controller heartbeat failed; other controllers will count this one dead and take its nodes")
                 }
@@ -176,9 +191,9 @@ impl Conductor {
     }
 
     /// Act on other controllers' notices forever (when the store carries them).
-    pub async fn run_notices(self: Arc<Self>) {
+    pub async fn run_notices(self: Arc<Self>) -> LoopEnd {
         let Some(mut rx) = self.store.subscribe() else {
-            return;
+            return LoopEnd::NotNeeded;
         };
         while let Some(notice) = rx.recv().await {
             match notice {
@@ -196,5 +211,6 @@ impl Conductor {
                 _ => {}
             }
         }
+        LoopEnd::Failed("the notification stream from the database ended".into())
     }
 }

@@ -15,6 +15,7 @@ mod membership;
 mod periodic;
 mod power_sync;
 pub mod steps;
+pub mod supervisor;
 mod verbs;
 
 pub use errors::ConductorError;
@@ -45,7 +46,17 @@ pub struct Conductor {
     wakeups: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Live controllers sharing the store; a node's work belongs to its owner on this ring.
     ring: std::sync::RwLock<Arc<crate::cluster::HashRing>>,
+    /// Node tasks (waited for at shutdown).
+    pub tasks: supervisor::TaskTracker,
+    /// Cancelled once, at shutdown: no new node task starts, held long polls answer.
+    pub shutdown: supervisor::CancellationToken,
+    /// Test-only fault injection: called with the node before each decision.
+    fault_hook: std::sync::RwLock<Option<FaultHook>>,
 }
+
+/// A function the conductor calls before each decision about a node (tests inject panics
+/// with it; production never sets one).
+pub type FaultHook = Arc<dyn Fn(&Node) + Send + Sync>;
 
 impl Conductor {
     /// A conductor over `store`.
@@ -58,8 +69,21 @@ impl Conductor {
             ring: std::sync::RwLock::new(Arc::new(crate::cluster::HashRing::new([config
                 .conductor_id
                 .clone()]))),
+            tasks: supervisor::TaskTracker::new(),
+            shutdown: supervisor::CancellationToken::new(),
+            fault_hook: std::sync::RwLock::new(None),
             config,
         })
+    }
+
+    /// Install (or with `None` remove) a fault hook: for tests that need a node task to
+    /// misbehave, e.g. panic, to see that the node fails cleanly while others go on.
+    #[doc(hidden)]
+    pub fn set_fault_hook(&self, hook: Option<FaultHook>) {
+        match self.fault_hook.write() {
+            Ok(mut h) => *h = hook,
+            Err(p) => *p.into_inner() = hook,
+        }
     }
 
     /// This conductor's id.
@@ -88,6 +112,10 @@ impl Conductor {
     /// Make sure a task drives `uuid` forward; a no-op when one already runs. A node another
     /// controller owns is its business: it is told instead.
     pub fn kick(self: &Arc<Self>, uuid: &str) {
+        if self.shutdown.is_cancelled() {
+            // Shutting down: the next owner (or this one, restarted) resumes the node.
+            return;
+        }
         if !self.owns(uuid) {
             self.forward_kick(uuid);
             return;
@@ -104,10 +132,24 @@ impl Conductor {
         }
         let this = self.clone();
         let uuid = uuid.to_string();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
+            use futures_util::FutureExt;
             loop {
-                if let Err(e) = this.drive(&uuid).await {
-                    tracing::error!(node = %uuid, error = %e, "conductor task failed");
+                // A panic is caught here, not left to kill the task: the node would keep its
+                // `running` entry and no task would ever drive it again until a restart.
+                match std::panic::AssertUnwindSafe(this.drive(&uuid))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!(node = %uuid, error = %e, "conductor task failed")
+                    }
+                    Err(payload) => {
+                        let what = supervisor::panic_message(&*payload);
+                        tracing::error!(node = %uuid, panic = %what, "conductor task panicked; failing the node's operation");
+                        this.fail_after_panic(&uuid, &what).await;
+                    }
                 }
                 let Ok(mut running) = this.running.lock() else {
                     return;
@@ -127,6 +169,17 @@ impl Conductor {
     async fn drive(&self, uuid: &str) -> Result<(), ConductorError> {
         let mut node = self.store.get_node(uuid).await?;
         loop {
+            if node.corrupt.is_some() {
+                // Acting on a half-read record could power off the wrong thing or forget a
+                // run; the operator repairs the row, then kicks it again with a verb.
+                let e = node
+                    .writable()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                tracing::error!(node = %uuid, error = %e, "node record does not decode; conductor leaves it alone");
+                return Ok(());
+            }
             if node.maintenance {
                 tracing::info!(node = %uuid, state = %node.provision_state, "node in maintenance; conductor paused");
                 return Ok(());
@@ -157,6 +210,10 @@ impl Conductor {
     /// when nothing more can happen until something external does.
     async fn step(&self, mut node: Node) -> Result<Option<Node>, ConductorError> {
         use ProvisionState::*;
+        let hook = self.fault_hook.read().ok().and_then(|h| h.clone());
+        if let Some(hook) = hook {
+            hook(&node);
+        }
         if node.reservation.as_deref() != Some(self.id()) {
             // Take the lease in one statement, whatever other controllers believe about the
             // ring; refused while another live controller holds it. A node that already

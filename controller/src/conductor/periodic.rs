@@ -166,7 +166,8 @@ impl Conductor {
         }
         for node in waiting {
             // Timeouts are the owner's to enforce; another controller's nodes are its own.
-            if node.maintenance || !self.owns(&node.uuid) {
+            // A record that does not decode is shown with its error and left as stored.
+            if node.maintenance || node.corrupt.is_some() || !self.owns(&node.uuid) {
                 continue;
             }
             let Some(msg) = self.overdue(&node, now) else {
@@ -194,7 +195,8 @@ impl Conductor {
                 }
                 // Changed under us (a heartbeat arrived): the next scan decides again.
                 Err(ConductorError::Store(crate::store::StoreError::Conflict { .. })) => {}
-                Err(e) => return Err(e),
+                // One node's failure must not keep the others' timeouts from being enforced.
+                Err(e) => tracing::error!(node = %uuid, error = %e, "cannot fail a timed-out wait"),
             }
         }
         let resumable = self
@@ -226,11 +228,9 @@ impl Conductor {
         }
     }
 
-    /// Run the scan forever.
-    pub async fn run_periodic(self: Arc<Self>) {
-        tokio::spawn(self.clone().run_power_sync());
-        tokio::spawn(self.clone().run_membership());
-        tokio::spawn(self.clone().run_notices());
+    /// Run the scan forever (supervised with the other controller-wide loops by
+    /// [`Conductor::run_background`]).
+    pub async fn run_periodic(self: Arc<Self>) -> super::supervisor::LoopEnd {
         let every = Duration::from_secs(self.config.conductor.check_interval_s.max(1));
         // The wait-state safety net runs at most once a minute (or every scan if slower).
         let resume_every = every.max(Duration::from_secs(60));

@@ -85,11 +85,11 @@ fn eligible(node: &Node) -> bool {
 
 impl Conductor {
     /// Run the power sync forever (returns at once when `power_sync.interval_s` is 0).
-    pub async fn run_power_sync(self: Arc<Self>) {
+    pub async fn run_power_sync(self: Arc<Self>) -> super::supervisor::LoopEnd {
         let secs = self.config.power_sync.interval_s;
         if secs == 0 {
             tracing::info!("power sync disabled (power_sync.interval_s = 0)");
-            return;
+            return super::supervisor::LoopEnd::NotNeeded;
         }
         let every = Duration::from_secs(secs);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

@@ -6,8 +6,11 @@
 //! Every write is optimistic: an update names the `version` it read and fails with
 //! [`StoreError::Conflict`] when someone wrote in between. The version is the node's ETag.
 
+pub mod decode;
 pub mod postgres;
 pub mod sqlite;
+
+pub use decode::Corrupt;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -45,6 +48,16 @@ pub enum StoreError {
     /// A sealed driver_info secret could not be opened (wrong key, altered value).
     #[error(transparent)]
     Secrets(#[from] crate::secrets::SecretsError),
+    /// A stored field of the node does not decode: the record is shown, never rewritten.
+    #[error("{message}")]
+    Corrupt {
+        /// The node's UUID.
+        node: String,
+        /// The column that does not decode.
+        field: &'static str,
+        /// What to tell the operator.
+        message: String,
+    },
 }
 
 /// A node record. Field names are Ironic's.
@@ -114,6 +127,9 @@ pub struct Node {
     pub traits: Vec<String>,
     /// The node's interface implementations (`boot_interface`, `deploy_interface`, …).
     pub interfaces: crate::interfaces::Interfaces,
+    /// Set when a stored field did not decode: the node is shown with that error and every
+    /// write of it is refused ([`Node::writable`]).
+    pub corrupt: Option<Corrupt>,
 }
 
 impl Node {
@@ -152,6 +168,20 @@ impl Node {
             inspection_finished_at: None,
             traits: Vec::new(),
             interfaces: crate::interfaces::Interfaces::default(),
+            corrupt: None,
+        }
+    }
+
+    /// `Err(StoreError::Corrupt)` when this copy was read from a record with a field that
+    /// does not decode: writing it back would replace the stored bytes with empty values.
+    pub fn writable(&self) -> Result<(), StoreError> {
+        match &self.corrupt {
+            None => Ok(()),
+            Some(c) => Err(StoreError::Corrupt {
+                node: self.uuid.clone(),
+                field: c.field,
+                message: c.message(self.ident()),
+            }),
         }
     }
 

@@ -20,6 +20,7 @@
 //!
 //! No TLS: use it on loopback or a trusted network.
 
+use super::decode::Decoder;
 use super::{
     ConductorRecord, Node, NodeQuery, Notice, Port, PortQuery, SortDir, Store, StoreError,
     StoredCommand, NODE_SORT_KEYS,
@@ -410,35 +411,29 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(r: &'a Row, i: usize) -> Resul
     r.try_get(i).map_err(db)
 }
 
-fn opt_parse<T: std::str::FromStr>(s: Option<String>) -> Option<T> {
-    s.and_then(|s| s.parse().ok())
-}
-
 fn node_from_row(r: &Row) -> Result<Node, StoreError> {
-    let state: String = get(r, 9)?;
-    let opt_json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
-    Ok(Node {
+    let mut d = Decoder::default();
+    let mut node = Node {
         uuid: get(r, 0)?,
         name: get(r, 1)?,
         driver: get(r, 2)?,
-        driver_info: text_to_map(get(r, 3)?),
-        driver_internal_info: text_to_map(get(r, 4)?),
-        properties: text_to_map(get(r, 5)?),
-        instance_info: text_to_map(get(r, 6)?),
+        driver_info: d.map("driver_info", get(r, 3)?),
+        driver_internal_info: d.map("driver_internal_info", get(r, 4)?),
+        properties: d.map("properties", get(r, 5)?),
+        instance_info: d.map("instance_info", get(r, 6)?),
         instance_uuid: get(r, 7)?,
-        extra: text_to_map(get(r, 8)?),
-        // An unreadable state would be a corrupt row; show it as error rather than panic.
-        provision_state: state.parse().unwrap_or(ProvisionState::Error),
-        target_provision_state: opt_parse(get(r, 10)?),
+        extra: d.map("extra", get(r, 8)?),
+        provision_state: d.parse("provision_state", get(r, 9)?, ProvisionState::Error),
+        target_provision_state: d.opt_parse("target_provision_state", get(r, 10)?),
         provision_updated_at: get(r, 11)?,
-        power_state: opt_parse(get(r, 12)?),
-        target_power_state: opt_parse(get(r, 13)?),
+        power_state: d.opt_parse("power_state", get(r, 12)?),
+        target_power_state: d.opt_parse("target_power_state", get(r, 13)?),
         maintenance: get(r, 14)?,
         maintenance_reason: get(r, 15)?,
         fault: get(r, 16)?,
         last_error: get(r, 17)?,
-        clean_step: opt_json(get(r, 18)?),
-        deploy_step: opt_json(get(r, 19)?),
+        clean_step: d.opt_value("clean_step", get(r, 18)?),
+        deploy_step: d.opt_value("deploy_step", get(r, 19)?),
         reservation: get(r, 20)?,
         conductor: get(r, 21)?,
         automated_clean: get(r, 22)?,
@@ -449,12 +444,21 @@ fn node_from_row(r: &Row) -> Result<Node, StoreError> {
         inspect_interface: get(r, 27)?,
         inspection_started_at: get(r, 28)?,
         inspection_finished_at: get(r, 29)?,
-        traits: serde_json::from_str(get(r, 30)?).unwrap_or_default(),
-        interfaces: get::<Option<String>>(r, 31)?
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default(),
-    })
+        traits: d.json("traits", Some(get(r, 30)?)),
+        interfaces: d.json("interfaces", get(r, 31)?),
+        corrupt: None,
+    };
+    node.corrupt = d.finish();
+    Ok(node)
 }
+
+/// Extra condition of every node UPDATE: the JSON object columns still hold objects (the
+/// `JSON` type already refuses malformed text). A copy read before someone damaged the row
+/// would otherwise overwrite it; this way the write conflicts, the writer reloads, and the
+/// reload refuses the write as corrupt ([`Node::writable`]).
+const NODE_INTACT: &str = "json_typeof(driver_info) = 'object' \
+    AND json_typeof(driver_internal_info) = 'object' AND json_typeof(properties) = 'object' \
+    AND json_typeof(instance_info) = 'object' AND json_typeof(extra) = 'object'";
 
 fn port_from_row(r: &Row) -> Result<Port, StoreError> {
     Ok(Port {
@@ -938,6 +942,7 @@ impl Store for PostgresStore {
     }
 
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
+        node.writable()?;
         let mut n = node.clone();
         let expected = n.version;
         n.version += 1;
@@ -946,7 +951,7 @@ impl Store for PostgresStore {
         values.push(Box::new(expected));
         // Row-value UPDATE: the same column list and order as INSERT.
         let sql = format!(
-            "UPDATE nodes SET ({}) = ({}) WHERE uuid = $1 AND version = ${}",
+            "UPDATE nodes SET ({}) = ({}) WHERE uuid = $1 AND version = ${} AND {NODE_INTACT}",
             *NODE_NAMES,
             *NODE_PLACEHOLDERS,
             values.len()

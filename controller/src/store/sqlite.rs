@@ -3,6 +3,7 @@
 //! Calls run inline under a mutex: each is a short local operation (tens of microseconds), so
 //! handing it to a thread pool would cost more than it saves. JSON fields are stored as text.
 
+use super::decode::Decoder;
 use super::{
     ConductorRecord, Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, StoredCommand,
     NODE_SORT_KEYS,
@@ -170,34 +171,30 @@ const NODE_COLUMNS: &str = "uuid, name, driver, driver_info, driver_internal_inf
     inspection_finished_at, traits, interfaces";
 
 fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
-    let state: String = r.get(9)?;
-    let opt_state = |s: Option<String>| s.and_then(|s| s.parse().ok());
-    Ok(Node {
+    let mut d = Decoder::default();
+    let text = |i: usize| r.get::<_, String>(i);
+    let opt = |i: usize| r.get::<_, Option<String>>(i);
+    let mut node = Node {
         uuid: r.get(0)?,
         name: r.get(1)?,
         driver: r.get(2)?,
-        driver_info: text_to_map(&r.get::<_, String>(3)?),
-        driver_internal_info: text_to_map(&r.get::<_, String>(4)?),
-        properties: text_to_map(&r.get::<_, String>(5)?),
-        instance_info: text_to_map(&r.get::<_, String>(6)?),
+        driver_info: d.map("driver_info", &text(3)?),
+        driver_internal_info: d.map("driver_internal_info", &text(4)?),
+        properties: d.map("properties", &text(5)?),
+        instance_info: d.map("instance_info", &text(6)?),
         instance_uuid: r.get(7)?,
-        extra: text_to_map(&r.get::<_, String>(8)?),
-        // An unreadable state would be a corrupt row; show it as error rather than panic.
-        provision_state: state.parse().unwrap_or(ProvisionState::Error),
-        target_provision_state: opt_state(r.get(10)?),
+        extra: d.map("extra", &text(8)?),
+        provision_state: d.parse("provision_state", &text(9)?, ProvisionState::Error),
+        target_provision_state: d.opt_parse("target_provision_state", opt(10)?.as_deref()),
         provision_updated_at: parse_ts(r.get(11)?),
-        power_state: r.get::<_, Option<String>>(12)?.and_then(|s| s.parse().ok()),
-        target_power_state: r.get::<_, Option<String>>(13)?.and_then(|s| s.parse().ok()),
+        power_state: d.opt_parse("power_state", opt(12)?.as_deref()),
+        target_power_state: d.opt_parse("target_power_state", opt(13)?.as_deref()),
         maintenance: r.get(14)?,
         maintenance_reason: r.get(15)?,
         fault: r.get(16)?,
         last_error: r.get(17)?,
-        clean_step: r
-            .get::<_, Option<String>>(18)?
-            .and_then(|s| serde_json::from_str(&s).ok()),
-        deploy_step: r
-            .get::<_, Option<String>>(19)?
-            .and_then(|s| serde_json::from_str(&s).ok()),
+        clean_step: d.opt_value("clean_step", opt(18)?.as_deref()),
+        deploy_step: d.opt_value("deploy_step", opt(19)?.as_deref()),
         reservation: r.get(20)?,
         conductor: r.get(21)?,
         automated_clean: r.get(22)?,
@@ -208,13 +205,23 @@ fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
         inspect_interface: r.get(27)?,
         inspection_started_at: parse_ts(r.get(28)?),
         inspection_finished_at: parse_ts(r.get(29)?),
-        traits: serde_json::from_str(&r.get::<_, String>(30)?).unwrap_or_default(),
-        interfaces: r
-            .get::<_, Option<String>>(31)?
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default(),
-    })
+        traits: d.json("traits", Some(text(30)?.as_str())),
+        interfaces: d.json("interfaces", opt(31)?.as_deref()),
+        corrupt: None,
+    };
+    node.corrupt = d.finish();
+    Ok(node)
 }
+
+/// Extra condition of every node UPDATE: the JSON object columns still hold objects. A
+/// copy read before someone damaged the row (by hand, or a failing disk) would otherwise
+/// overwrite the damaged bytes with its stale values; this way the write conflicts, the
+/// writer reloads, and the reload refuses the write as corrupt ([`Node::writable`]).
+const NODE_INTACT: &str = "json_type(CASE WHEN json_valid(driver_info) THEN driver_info END) IS 'object' \
+    AND json_type(CASE WHEN json_valid(driver_internal_info) THEN driver_internal_info END) IS 'object' \
+    AND json_type(CASE WHEN json_valid(properties) THEN properties END) IS 'object' \
+    AND json_type(CASE WHEN json_valid(instance_info) THEN instance_info END) IS 'object' \
+    AND json_type(CASE WHEN json_valid(extra) THEN extra END) IS 'object'";
 
 const PORT_COLUMNS: &str =
     "uuid, node_uuid, address, pxe_enabled, extra, created_at, updated_at, version";
@@ -528,6 +535,7 @@ impl Store for SqliteStore {
     }
 
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
+        node.writable()?;
         let mut n = node.clone();
         let expected = n.version;
         n.version += 1;
@@ -545,7 +553,8 @@ impl Store for SqliteStore {
                 .join(", ");
             let r = c
                 .prepare_cached(&format!(
-                    "UPDATE nodes SET ({set_cols}) = ({marks}) WHERE uuid = ?1 AND version = ?{}",
+                    "UPDATE nodes SET ({set_cols}) = ({marks}) WHERE uuid = ?1 AND version = ?{} \
+                     AND {NODE_INTACT}",
                     count + 1
                 ))
                 .and_then(|mut st| st.execute(rusqlite::params_from_iter(values)));
@@ -582,17 +591,18 @@ impl Store for SqliteStore {
     }
 
     async fn update_heartbeat(&self, node: &Node) -> Result<Node, StoreError> {
+        node.writable()?;
         let mut n = node.clone();
         let expected = n.version;
         n.version += 1;
         n.updated_at = Some(Utc::now());
         self.with(|c| {
             let r = c
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "UPDATE nodes SET driver_internal_info = ?2, clean_step = ?3, \
                      provision_updated_at = ?4, updated_at = ?5, version = ?6, deploy_step = ?8 \
-                     WHERE uuid = ?1 AND version = ?7",
-                )
+                     WHERE uuid = ?1 AND version = ?7 AND {NODE_INTACT}"
+                ))
                 .and_then(|mut st| {
                     st.execute(params![
                         n.uuid,
