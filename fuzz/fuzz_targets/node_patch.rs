@@ -24,6 +24,13 @@ fuzz_target!(|data: &[u8]| {
         "automated_clean": null,
         "inspect_interface": null,
     });
+    // Every patchable field is in the document (the interface fields are null until set),
+    // so the field-set check below compares like with like.
+    if let Some(obj) = doc.as_object_mut() {
+        for key in NODE_PATCHABLE {
+            obj.entry(*key).or_insert(Value::Null);
+        }
+    }
     for _ in 0..2 {
         let mut next = doc.clone();
         if rivet_protocol::patch::apply(&mut next, &ops, NODE_PATCHABLE).is_err() {
