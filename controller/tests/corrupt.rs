@@ -9,12 +9,11 @@
 mod support;
 
 use reqwest::{Method, StatusCode};
-use rivet_controller::config::Config;
 use rivet_controller::store::StoreError;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::process::Command;
 use std::time::Duration;
-use support::{answer, message, on_every_backend, Server, TestDb};
+use support::{message, on_every_backend, Server, TestDb};
 
 on_every_backend!(damaged_node_is_shown_refused_and_kept);
 
@@ -74,34 +73,19 @@ fn have_client(db: &TestDb) -> bool {
     ok
 }
 
-async fn call(s: &Server, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let mut r = s.request(method, path);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    answer(r).await
-}
-
 async fn damaged_node_is_shown_refused_and_kept(db: TestDb) {
     if !have_client(&db) {
         return;
     }
-    let config = Config {
-        no_auth: true,
-        ..db.config()
-    };
-    let (conductor, app) = rivet_controller::server::build(config)
-        .await
-        .expect("build");
-    let s = Server::serve(app).await;
+    let (conductor, s) = Server::start_no_auth(&db).await;
     for name in ["broken", "fine", "stale"] {
-        let (st, v) = call(
-            &s,
-            Method::POST,
-            "/v1/nodes",
-            Some(json!({"name": name, "driver": "fake-hardware", "extra": {"rack": "r1"}})),
-        )
-        .await;
+        let (st, v) = s
+            .call(
+                Method::POST,
+                "/v1/nodes",
+                Some(json!({"name": name, "driver": "fake-hardware", "extra": {"rack": "r1"}})),
+            )
+            .await;
         assert_eq!(st, StatusCode::CREATED, "{v}");
     }
     // The JSON type of PostgreSQL refuses malformed text, so the damage there is an array
@@ -124,14 +108,14 @@ async fn damaged_node_is_shown_refused_and_kept(db: TestDb) {
     assert_eq!(stored(), damage);
 
     // Shown, with the error naming the node and the column.
-    let (st, v) = call(&s, Method::GET, "/v1/nodes/broken", None).await;
+    let (st, v) = s.call(Method::GET, "/v1/nodes/broken", None).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     let last_error = v["last_error"].as_str().unwrap_or_default().to_string();
     assert!(
         last_error.contains("node broken") && last_error.contains("driver_internal_info"),
         "{last_error}"
     );
-    let (st, v) = call(&s, Method::GET, "/v1/nodes/detail", None).await;
+    let (st, v) = s.call(Method::GET, "/v1/nodes/detail", None).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["nodes"].as_array().map(Vec::len), Some(3), "{v}");
 
@@ -147,7 +131,7 @@ async fn damaged_node_is_shown_refused_and_kept(db: TestDb) {
         (Method::DELETE, "/v1/nodes/broken", None),
     ];
     for (method, path, body) in refusals {
-        let (st, v) = call(&s, method.clone(), path, body).await;
+        let (st, v) = s.call(method.clone(), path, body).await;
         assert_eq!(st, StatusCode::CONFLICT, "{method} {path}: {v}");
         let m = message(&v);
         assert!(
@@ -186,19 +170,19 @@ async fn damaged_node_is_shown_refused_and_kept(db: TestDb) {
     );
 
     // The other node works as before: patched, and driven through verification.
-    let (st, v) = call(&s, Method::PATCH, "/v1/nodes/fine", Some(patch)).await;
+    let (st, v) = s.call(Method::PATCH, "/v1/nodes/fine", Some(patch)).await;
     assert_eq!(st, StatusCode::OK, "{v}");
-    let (st, v) = call(
-        &s,
-        Method::PUT,
-        "/v1/nodes/fine/states/provision",
-        Some(json!({"target": "manage"})),
-    )
-    .await;
+    let (st, v) = s
+        .call(
+            Method::PUT,
+            "/v1/nodes/fine/states/provision",
+            Some(json!({"target": "manage"})),
+        )
+        .await;
     assert_eq!(st, StatusCode::ACCEPTED, "{v}");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let (_, v) = call(&s, Method::GET, "/v1/nodes/fine", None).await;
+        let (_, v) = s.call(Method::GET, "/v1/nodes/fine", None).await;
         if v["provision_state"] == "manageable" {
             break;
         }
@@ -214,13 +198,13 @@ async fn damaged_node_is_shown_refused_and_kept(db: TestDb) {
         &db,
         "UPDATE nodes SET driver_internal_info = '{}' WHERE name = 'broken'",
     );
-    let (st, v) = call(
-        &s,
-        Method::PATCH,
-        "/v1/nodes/broken",
-        Some(json!([{"op": "add", "path": "/extra/owner", "value": "ops"}])),
-    )
-    .await;
+    let (st, v) = s
+        .call(
+            Method::PATCH,
+            "/v1/nodes/broken",
+            Some(json!([{"op": "add", "path": "/extra/owner", "value": "ops"}])),
+        )
+        .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert!(v["last_error"].is_null(), "{v}");
 }

@@ -7,38 +7,31 @@
 mod support;
 
 use reqwest::{Method, StatusCode};
-use rivet_controller::config::Config;
 use rivet_protocol::states::ProvisionState;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{answer, on_every_backend, Server, TestDb};
+use support::{on_every_backend, Server, TestDb};
 
 on_every_backend!(panicking_node_task_fails_its_node_only);
 
-async fn call(s: &Server, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let mut r = s.request(method, path);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    answer(r).await
-}
-
 async fn verb(s: &Server, node: &str, target: &str) {
-    let (st, v) = call(
-        s,
-        Method::PUT,
-        &format!("/v1/nodes/{node}/states/provision"),
-        Some(json!({ "target": target })),
-    )
-    .await;
+    let (st, v) = s
+        .call(
+            Method::PUT,
+            &format!("/v1/nodes/{node}/states/provision"),
+            Some(json!({ "target": target })),
+        )
+        .await;
     assert_eq!(st, StatusCode::ACCEPTED, "{target} {node}: {v}");
 }
 
 async fn wait_for(s: &Server, node: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, v) = call(s, Method::GET, &format!("/v1/nodes/{node}"), None).await;
+        let (_, v) = s
+            .call(Method::GET, &format!("/v1/nodes/{node}"), None)
+            .await;
         // `enroll` is also where the node starts: only the failed one has a last_error.
         if v["provision_state"] == state && (state != "enroll" || !v["last_error"].is_null()) {
             return v;
@@ -52,22 +45,15 @@ async fn wait_for(s: &Server, node: &str, state: &str) -> Value {
 }
 
 async fn panicking_node_task_fails_its_node_only(db: TestDb) {
-    let config = Config {
-        no_auth: true,
-        ..db.config()
-    };
-    let (conductor, app) = rivet_controller::server::build(config)
-        .await
-        .expect("build");
-    let s = Server::serve(app).await;
+    let (conductor, s) = Server::start_no_auth(&db).await;
     for name in ["victim", "bystander"] {
-        let (st, v) = call(
-            &s,
-            Method::POST,
-            "/v1/nodes",
-            Some(json!({"name": name, "driver": "fake-hardware"})),
-        )
-        .await;
+        let (st, v) = s
+            .call(
+                Method::POST,
+                "/v1/nodes",
+                Some(json!({"name": name, "driver": "fake-hardware"})),
+            )
+            .await;
         assert_eq!(st, StatusCode::CREATED, "{v}");
     }
 

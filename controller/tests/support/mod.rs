@@ -189,6 +189,35 @@ impl Server {
         }
     }
 
+    /// rivetd with `--no-auth` on `db`, served, and its conductor (for tests that reach
+    /// into the store or install a fault hook).
+    pub async fn start_no_auth(
+        db: &TestDb,
+    ) -> (Arc<rivet_controller::conductor::Conductor>, Server) {
+        let config = Config {
+            no_auth: true,
+            ..db.config()
+        };
+        let (conductor, app) = rivet_controller::server::build(config)
+            .await
+            .expect("build");
+        (conductor, Server::serve(app).await)
+    }
+
+    /// Sends a request with an optional JSON body: the status and the JSON answer.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut r = self.request(method, path);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        answer(r).await
+    }
+
     /// A request for `path`, asking for the latest API version.
     pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.http
