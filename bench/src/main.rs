@@ -67,6 +67,10 @@ struct FleetArgs {
     /// `[conductor] check_interval_s` of rivetd.
     #[arg(long, default_value_t = 10)]
     check_interval_s: u64,
+    /// `[store] sqlite_readers` of rivetd (0: every store call on the one writer connection,
+    /// as before the readers existed); rivetd's default when absent.
+    #[arg(long)]
+    sqlite_readers: Option<usize>,
     /// Upper bound of the set-up (enrol, provide, agents booted), seconds.
     #[arg(long, default_value_t = 600)]
     setup_limit_s: u64,
@@ -170,6 +174,7 @@ fn fleet_opts(f: &FleetArgs) -> fleet::FleetOpts {
             long_poll_s: f.long_poll_s,
             heartbeat_timeout_s: f.heartbeat_timeout_s,
             check_interval_s: f.check_interval_s,
+            sqlite_readers: f.sqlite_readers,
             ..Default::default()
         },
         keep: f.common.keep,

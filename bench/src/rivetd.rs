@@ -25,6 +25,8 @@ pub struct Settings {
     pub power_sync_interval_s: u64,
     /// `[secrets] key_file`: controllers sharing a PostgreSQL database share its key.
     pub secrets_key_file: Option<PathBuf>,
+    /// `[store] sqlite_readers` (None: rivetd's default).
+    pub sqlite_readers: Option<usize>,
 }
 
 impl Default for Settings {
@@ -36,6 +38,7 @@ impl Default for Settings {
             check_interval_s: 10,
             power_sync_interval_s: 60,
             secrets_key_file: None,
+            sqlite_readers: None,
         }
     }
 }
@@ -48,6 +51,9 @@ impl Settings {
             "[agent]\nlong_poll_s = {}\nheartbeat_timeout_s = {}\nlookup_per_minute = 0\nfailed_auth_per_minute = 0\n\n[conductor]\ncheck_interval_s = {}\n\n[power_sync]\ninterval_s = {}\n",
             self.long_poll_s, self.heartbeat_timeout_s, self.check_interval_s, self.power_sync_interval_s
         );
+        if let Some(r) = self.sqlite_readers {
+            t.push_str(&format!("\n[store]\nsqlite_readers = {r}\n"));
+        }
         if let Some(k) = &self.secrets_key_file {
             // Debug quoting of a path is a valid TOML basic string for the paths tempdir makes.
             t.push_str(&format!(

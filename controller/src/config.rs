@@ -46,6 +46,23 @@ pub struct Config {
     pub inspection: InspectionConfig,
     /// The key BMC passwords are sealed with in the store.
     pub secrets: crate::secrets::SecretsConfig,
+    /// Store connections.
+    pub store: StoreConfig,
+}
+
+/// Store connections.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// SQLite: read-only connections beside the one writer (WAL lets them read while it
+    /// writes). 0 = every call on the writer connection, one at a time.
+    pub sqlite_readers: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { sqlite_readers: 4 }
+    }
 }
 
 /// Inspection settings.
@@ -288,6 +305,7 @@ impl Default for Config {
             deploy: DeployConfig::default(),
             inspection: InspectionConfig::default(),
             secrets: crate::secrets::SecretsConfig::default(),
+            store: StoreConfig::default(),
             power_sync: PowerSyncConfig::default(),
             drivers: crate::drivers::DriversConfig::default(),
         }

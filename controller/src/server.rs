@@ -48,7 +48,7 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
 /// Build the conductor and the router for `config` (used by main and by tests).
 pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Router)> {
     let secrets = crate::secrets::Secrets::from_config(&config.secrets, &config.db, true)?;
-    let store = crate::store::open(&config.db, Arc::new(secrets))
+    let store = crate::store::open_with(&config.db, Arc::new(secrets), &config.store)
         .with_context(|| format!("opening database {}", crate::store::redact_url(&config.db)))?;
     // A wrong secrets key is an operator's mistake to hear about now, not as every node read
     // failing later: open the first page of nodes (their sealed passwords) once.

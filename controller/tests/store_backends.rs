@@ -41,6 +41,8 @@ on_every_backend!(
     survives_lost_connections,
     rivetd_db_upgrade_serve_and_refuse,
     conductors_and_leases,
+    liveness_is_outside_the_version,
+    upgrade_from_the_first_schema,
 );
 
 /// Times as the store keeps them (microseconds).
@@ -1202,4 +1204,93 @@ async fn postgres_concurrent_first_open_migrates_once() {
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
     let (_, current) = store::upgrade(&db.url()).expect("current");
     assert_eq!(versions, (1..=current).collect::<Vec<_>>());
+}
+
+/// Heartbeat liveness is written without a version check and without moving the version
+/// (ETag): an API write made from a copy read before the heartbeat still succeeds, and does
+/// not roll the liveness back.
+async fn liveness_is_outside_the_version(db: TestDb) {
+    let s = db.open(secrets());
+    let created = s.create_node(&node("n1", None)).await.expect("create");
+    let at = micros(Utc::now());
+    let live = store::Liveness {
+        last_heartbeat: Some(at),
+        agent_version: Some("1.2.3".into()),
+        progress: Some(
+            json!({"command_id": "c1", "step": "erase_devices", "progress": {"done": 3, "total": 10}}),
+        ),
+    };
+    s.record_liveness("n1", &live).await.expect("liveness");
+    let read = s.get_node("n1").await.expect("read");
+    assert_eq!(read.version, created.version, "liveness moved the version");
+    assert_eq!(read.updated_at, created.updated_at);
+    assert_eq!(read.liveness, live);
+
+    // A write from the copy read before the heartbeat: no conflict, liveness kept.
+    let mut edited = created.clone();
+    edited.extra.insert("owner".into(), json!("ops"));
+    let written = s
+        .update_node(&edited)
+        .await
+        .expect("API write after a heartbeat");
+    assert_eq!(written.version, created.version + 1);
+    let read = s.get_node("n1").await.expect("read");
+    assert_eq!(read.liveness, live, "a node write rolled the liveness back");
+    assert_eq!(read.extra.get("owner"), Some(&json!("ops")));
+    // Listings carry it too.
+    let listed = s.list_nodes(&NodeQuery::default()).await.expect("list");
+    assert_eq!(listed[0].liveness, live);
+
+    match s.record_liveness("nope", &live).await {
+        Err(StoreError::NotFound { .. }) => {}
+        other => panic!("liveness for an unknown node: {other:?}"),
+    }
+}
+
+/// A database made by the first released schema (migration 1 alone, a node written with its
+/// columns) is brought to the current schema by `rivetd db upgrade`'s code path, and the node
+/// reads back whole and is writable.
+async fn upgrade_from_the_first_schema(db: TestDb) {
+    let insert = "INSERT INTO nodes (uuid, name, driver, driver_info, driver_internal_info, \
+        properties, instance_info, extra, provision_state, maintenance, created_at, version) \
+        VALUES ('9e1c7a4e-0000-4000-8000-000000000001', 'old', 'fake-hardware', '{}', \
+        '{\"cached_clean_steps_at\": \"2025-01-01T00:00:00Z\"}', '{\"cpus\": 8}', '{}', \
+        '{\"rack\": \"r1\"}', 'manageable', FALSE, '2025-01-01T00:00:00+00:00', 3)";
+    if db.is_postgres() {
+        let c = pg(&db.url()).await;
+        c.batch_execute("CREATE TABLE schema_version (version BIGINT NOT NULL)")
+            .await
+            .expect("schema_version");
+        c.batch_execute(store::postgres::MIGRATIONS[0])
+            .await
+            .expect("migration 1");
+        c.batch_execute("INSERT INTO schema_version (version) VALUES (1)")
+            .await
+            .expect("version");
+        c.batch_execute(insert).await.expect("old node");
+    } else {
+        let c = rusqlite::Connection::open(db.sqlite_file()).expect("sqlite");
+        c.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            .expect("schema_version");
+        c.execute_batch(store::sqlite::MIGRATIONS[0])
+            .expect("migration 1");
+        c.execute_batch("INSERT INTO schema_version (version) VALUES (1)")
+            .expect("version");
+        c.execute_batch(insert).expect("old node");
+    }
+    let (before, after) = store::upgrade(&db.url()).expect("upgrade");
+    assert_eq!((before, after), (1, store::sqlite::SCHEMA_VERSION));
+    let s = db.open(secrets());
+    let n = s.get_node("old").await.expect("read the old node");
+    assert!(n.corrupt.is_none(), "{:?}", n.corrupt);
+    assert_eq!(n.provision_state, ProvisionState::Manageable);
+    assert_eq!(n.version, 3);
+    assert_eq!(n.properties.get("cpus"), Some(&json!(8)));
+    assert_eq!(n.extra.get("rack"), Some(&json!("r1")));
+    assert!(n.traits.is_empty());
+    assert_eq!(n.liveness, store::Liveness::default());
+    let mut edited = n.clone();
+    edited.extra.insert("owner".into(), json!("ops"));
+    let written = s.update_node(&edited).await.expect("write the old node");
+    assert_eq!(written.version, 4);
 }

@@ -49,6 +49,14 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
     for k in INTERNAL_HIDDEN {
         internal.remove(*k);
     }
+    // Liveness lives outside the versioned record; shown where Ironic shows it.
+    if let Some(t) = &n.liveness.last_heartbeat {
+        internal.insert("agent_last_heartbeat".into(), time(&Some(*t)));
+    }
+    if let Some(v) = &n.liveness.agent_version {
+        internal.insert("agent_version".into(), Value::from(v.clone()));
+    }
+    let (clean_step, deploy_step) = steps_with_progress(n);
     let v = json!({
         "uuid": n.uuid,
         "name": n.name,
@@ -72,8 +80,8 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
             Some(c) => Some(c.message(n.ident())),
             None => n.last_error.clone(),
         },
-        "clean_step": n.clean_step.clone().unwrap_or_else(|| json!({})),
-        "deploy_step": n.deploy_step.clone().unwrap_or_else(|| json!({})),
+        "clean_step": clean_step,
+        "deploy_step": deploy_step,
         "reservation": n.reservation,
         "conductor": n.conductor,
         "automated_clean": n.automated_clean,
@@ -100,6 +108,32 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         m.insert(iface.field(), Value::from(value));
     }
     m
+}
+
+/// `clean_step` and `deploy_step` as shown: the running step with the progress its agent
+/// last reported for that very command (an earlier command's progress is not shown).
+fn steps_with_progress(n: &Node) -> (Value, Value) {
+    let running = n
+        .driver_internal_info
+        .get("clean_command")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| crate::conductor::Conductor::deploy_command(n));
+    let progress = n.liveness.progress.as_ref().filter(|p| {
+        running.is_some() && p.get("command_id").and_then(Value::as_str) == running.as_deref()
+    });
+    let show = |step: &Option<Value>| {
+        let mut step = step.clone().unwrap_or_else(|| json!({}));
+        if let (Some(p), Some(obj)) = (progress, step.as_object_mut()) {
+            if !obj.is_empty() {
+                if let Some(v) = p.get("progress") {
+                    obj.insert("progress".into(), v.clone());
+                }
+            }
+        }
+        step
+    };
+    (show(&n.clean_step), show(&n.deploy_step))
 }
 
 /// `instance_info` as shown: secrets masked, and the configdrive (user data may hold

@@ -188,10 +188,6 @@ impl Conductor {
                 };
                 Some(t)
             };
-            node.driver_internal_info.insert(
-                "agent_version".into(),
-                Value::from(req.agent_version.clone()),
-            );
             let uuid = node.uuid.clone();
             if token.is_some() {
                 // A fresh ramdisk boot: what an earlier boot was asked to do is void. Cancel
@@ -204,6 +200,14 @@ impl Conductor {
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
+            // A lookup is the agent's first sign of life on this boot: the heartbeat timeout
+            // counts from here, not from an earlier boot's last heartbeat.
+            let liveness = crate::store::Liveness {
+                last_heartbeat: Some(Utc::now()),
+                agent_version: Some(req.agent_version.clone()),
+                progress: None,
+            };
+            self.store.record_liveness(&uuid, &liveness).await?;
             if token.is_some() {
                 // Start the conversation with the inventory.
                 self.send_command(&uuid, CommandKind::GetInventory).await?;
@@ -315,7 +319,7 @@ impl Conductor {
         token: Option<&str>,
         req: HeartbeatRequest,
     ) -> Result<HeartbeatResponse, AgentError> {
-        let mut node = match self.store.get_node(ident).await {
+        let node = match self.store.get_node(ident).await {
             Ok(n) => n,
             Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
             Err(e) => return Err(e.into()),
@@ -330,58 +334,35 @@ impl Conductor {
             self.on_results(&uuid);
         }
 
-        // Record liveness; in a wait state a heartbeat also keeps the timeout away. A node
+        // Record liveness (which also keeps a wait state's timeout away) outside the node's
+        // version: heartbeats neither invalidate ETags nor race API writes. A node
         // heartbeating several times a second (step after step) is written at most every
         // LIVENESS_WRITE_EVERY unless its progress changed.
-        for _ in 0..5 {
-            let progress = req.running.as_ref().and_then(|r| r.progress.as_ref());
-            // The step shown on the node: a clean step, or a deploy step (write_image).
-            let current = node.clean_step.as_ref().or(node.deploy_step.as_ref());
-            let shown = current.and_then(|s| s.get("progress"));
-            let progress_changed = match (progress, shown) {
-                (Some(p), Some(s)) => serde_json::to_value(p).ok().as_ref() != Some(s),
-                (Some(_), None) => current.is_some(),
-                _ => false,
+        let progress = req.running.as_ref().and_then(|r| {
+            r.progress.as_ref().map(|p| {
+                serde_json::json!({
+                    "command_id": r.id,
+                    "step": r.step,
+                    "progress": p,
+                })
+            })
+        });
+        let recent = node
+            .liveness
+            .last_heartbeat
+            .map(|t| Utc::now().signed_duration_since(t) < LIVENESS_WRITE_EVERY)
+            .unwrap_or(false);
+        let progress_changed = progress.is_some() && progress != node.liveness.progress;
+        let version_changed = node.liveness.agent_version.as_deref() != Some(&req.agent_version);
+        if !recent || progress_changed || version_changed {
+            let liveness = crate::store::Liveness {
+                last_heartbeat: Some(Utc::now()),
+                agent_version: Some(req.agent_version.clone()),
+                progress: progress.or_else(|| node.liveness.progress.clone()),
             };
-            let recent = node
-                .driver_internal_info
-                .get("agent_last_heartbeat")
-                .and_then(Value::as_str)
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                .map(|t| Utc::now().signed_duration_since(t) < LIVENESS_WRITE_EVERY)
-                .unwrap_or(false);
-            if recent && !progress_changed {
-                break;
-            }
-            node.driver_internal_info.insert(
-                "agent_last_heartbeat".into(),
-                Value::from(Utc::now().to_rfc3339()),
-            );
-            node.driver_internal_info.insert(
-                "agent_version".into(),
-                Value::from(req.agent_version.clone()),
-            );
-            if node.provision_state.is_wait() {
-                node.provision_updated_at = Some(Utc::now());
-            }
-            let step = match node.clean_step.as_mut() {
-                Some(s) => Some(s),
-                None => node.deploy_step.as_mut(),
-            };
-            if let (Some(step), Some(p)) = (step, progress) {
-                if let Some(obj) = step.as_object_mut() {
-                    obj.insert(
-                        "progress".into(),
-                        serde_json::to_value(p).unwrap_or(Value::Null),
-                    );
-                }
-            }
-            match self.store.update_heartbeat(&node).await {
-                Ok(_) => break,
-                Err(StoreError::Conflict { .. }) => {
-                    node = self.store.get_node(&uuid).await?;
-                    Self::check_token(&node, token)?;
-                }
+            match self.store.record_liveness(&uuid, &liveness).await {
+                Ok(()) => {}
+                Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
                 Err(e) => return Err(e.into()),
             }
         }

@@ -115,7 +115,11 @@ impl Conductor {
         ) {
             let hb_limit = self.config.agent.heartbeat_timeout_s as i64;
             if dii.contains_key("agent_token_hash") {
-                if let Some(age) = since("agent_last_heartbeat").filter(|a| *a >= hb_limit) {
+                let age = node
+                    .liveness
+                    .last_heartbeat
+                    .map(|t| (now - t).num_seconds());
+                if let Some(age) = age.filter(|a| *a >= hb_limit) {
                     return Some(format!(
                         "no heartbeat from the agent of node {} for {age} s (limit {hb_limit} s){step}; \
                          the ramdisk died or lost its network — check its console, then retry the operation",
@@ -125,7 +129,12 @@ impl Conductor {
             }
         }
         let timeout = self.wait_timeout(state);
+        // The agent's heartbeats keep a wait alive, as Ironic's heartbeats touch the node.
         let since = node.provision_updated_at.unwrap_or(node.created_at);
+        let since = match node.liveness.last_heartbeat {
+            Some(hb) if hb > since => hb,
+            _ => since,
+        };
         if (now - since).num_seconds() >= timeout as i64 {
             return Some(format!(
                 "timeout reached in \"{state}\": no word from the ramdisk of node {} for {timeout} s{step}; \

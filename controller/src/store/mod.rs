@@ -130,6 +130,22 @@ pub struct Node {
     /// Set when a stored field did not decode: the node is shown with that error and every
     /// write of it is refused ([`Node::writable`]).
     pub corrupt: Option<Corrupt>,
+    /// What the node's agent last said of itself. Read with the node, written only by
+    /// [`Store::record_liveness`]: never by a node update, and it never moves the version.
+    pub liveness: Liveness,
+}
+
+/// Agent liveness and step progress: written on every few heartbeats, so kept outside the
+/// node's version. Heartbeats neither invalidate ETags nor make API writes conflict, and an
+/// API write cannot roll them back (node updates do not write these columns).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Liveness {
+    /// Last lookup or heartbeat of the node's agent.
+    pub last_heartbeat: Option<DateTime<Utc>>,
+    /// Version the agent reported.
+    pub agent_version: Option<String>,
+    /// Progress of the running command: `{"command_id", "step", "progress"}`.
+    pub progress: Option<Value>,
 }
 
 impl Node {
@@ -169,6 +185,7 @@ impl Node {
             traits: Vec::new(),
             interfaces: crate::interfaces::Interfaces::default(),
             corrupt: None,
+            liveness: Liveness::default(),
         }
     }
 
@@ -368,12 +385,9 @@ pub trait Store: Send + Sync {
     /// Write `node` if its version is still `node.version`; returns the stored node with the
     /// new version and `updated_at`.
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError>;
-    /// Write only what a heartbeat changes (driver_internal_info, clean_step,
-    /// provision_updated_at), with the same version check as [`Store::update_node`]. Backends
-    /// may keep the default, a full update.
-    async fn update_heartbeat(&self, node: &Node) -> Result<Node, StoreError> {
-        self.update_node(node).await
-    }
+    /// Write node `uuid`'s [`Liveness`]: one narrow statement, no version check, the
+    /// version and `updated_at` untouched. `NotFound` when there is no such node.
+    async fn record_liveness(&self, uuid: &str, liveness: &Liveness) -> Result<(), StoreError>;
     /// Delete a node (and its ports) if its version is still `version`.
     async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError>;
     /// Clear reservations held by `conductor` (a restart drops its old claims).
@@ -554,9 +568,20 @@ pub fn open(
     url: &str,
     secrets: std::sync::Arc<crate::secrets::Secrets>,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    open_with(url, secrets, &crate::config::StoreConfig::default())
+}
+
+/// [`open`] with the connection settings of `[store]`.
+pub fn open_with(
+    url: &str,
+    secrets: std::sync::Arc<crate::secrets::Secrets>,
+    options: &crate::config::StoreConfig,
+) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     match backend_of(url)? {
-        Backend::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open(
-            path, secrets,
+        Backend::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open_with(
+            path,
+            secrets,
+            options.sqlite_readers,
         )?)),
         Backend::Postgres => Ok(std::sync::Arc::new(postgres::PostgresStore::open(
             url, secrets,

@@ -42,7 +42,9 @@ use tokio_postgres::{Client, NoTls, Row, Statement};
 
 /// Schema migrations, applied in order; index + 1 is the schema version. Each entry is the
 /// PostgreSQL twin of the SQLite migration with the same number.
-const MIGRATIONS: &[&str] = &[
+/// The numbered migrations, oldest first (index + 1 is the schema version). Public so a test
+/// can build a database at an old version and upgrade it.
+pub const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE nodes (
     id BIGSERIAL PRIMARY KEY,
@@ -149,6 +151,12 @@ CREATE TABLE conductors (
     r#"
 ALTER TABLE nodes ADD COLUMN interfaces JSON;
 "#,
+    // Agent liveness outside the node's version (Store::record_liveness).
+    r#"
+ALTER TABLE nodes ADD COLUMN agent_last_heartbeat TIMESTAMPTZ;
+ALTER TABLE nodes ADD COLUMN agent_version TEXT;
+ALTER TABLE nodes ADD COLUMN step_progress JSON;
+"#,
 ];
 
 /// The schema version this build knows.
@@ -222,6 +230,15 @@ static NODE_SELECT: LazyLock<String> = LazyLock::new(|| {
                 (*c).to_string()
             }
         })
+        .chain(
+            // Liveness, which node writes never touch (Store::record_liveness).
+            [
+                "agent_last_heartbeat",
+                "agent_version",
+                "step_progress::text",
+            ]
+            .map(str::to_string),
+        )
         .collect::<Vec<_>>()
         .join(", ")
 });
@@ -447,6 +464,11 @@ fn node_from_row(r: &Row) -> Result<Node, StoreError> {
         traits: d.json("traits", Some(get(r, 30)?)),
         interfaces: d.json("interfaces", get(r, 31)?),
         corrupt: None,
+        liveness: super::Liveness {
+            last_heartbeat: get(r, 32)?,
+            agent_version: get(r, 33)?,
+            progress: d.opt_value("step_progress", get(r, 34)?),
+        },
     };
     node.corrupt = d.finish();
     Ok(node)
@@ -984,6 +1006,37 @@ impl Store for PostgresStore {
                 ))),
                 None => Err(db(e)),
             },
+        }
+    }
+
+    async fn record_liveness(
+        &self,
+        uuid: &str,
+        liveness: &super::Liveness,
+    ) -> Result<(), StoreError> {
+        let progress = liveness.progress.as_ref().map(Value::to_string);
+        let n = self
+            .conn()
+            .await?
+            .execute(
+                "UPDATE nodes SET agent_last_heartbeat = $2, agent_version = $3, \
+                 step_progress = $4::text::json WHERE uuid = $1",
+                &[
+                    &uuid,
+                    &liveness.last_heartbeat,
+                    &liveness.agent_version,
+                    &progress,
+                ],
+            )
+            .await?
+            .map_err(db)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::NotFound {
+                kind: "node",
+                ident: uuid.to_string(),
+            })
         }
     }
 

@@ -1,7 +1,12 @@
 //! SQLite backend: one file in WAL mode, migrations embedded and run at open.
 //!
-//! Calls run inline under a mutex: each is a short local operation (tens of microseconds), so
-//! handing it to a thread pool would cost more than it saves. JSON fields are stored as text.
+//! One connection writes (SQLite serialises writers anyway) and a few read-only connections
+//! read beside it: in WAL mode a reader sees the last commit and never waits for the writer,
+//! so the periodic scan reading every waiting node does not hold up heartbeat writes. Each
+//! call blocks its thread for tens of microseconds to a few milliseconds; on the
+//! multi-thread runtime it runs under `block_in_place`, so tokio moves the worker's other
+//! tasks (held long polls, other requests) to another thread meanwhile. JSON fields are
+//! stored as text.
 
 use super::decode::Decoder;
 use super::{
@@ -17,7 +22,9 @@ use serde_json::{Map, Value};
 use std::sync::Mutex;
 
 /// Schema migrations, applied in order; index + 1 is the schema version.
-const MIGRATIONS: &[&str] = &[
+/// The numbered migrations, oldest first (index + 1 is the schema version). Public so a test
+/// can build a database at an old version and upgrade it.
+pub const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE nodes (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -127,6 +134,12 @@ CREATE TABLE conductors (
     r#"
 ALTER TABLE nodes ADD COLUMN interfaces TEXT;
 "#,
+    // Agent liveness outside the node's version (Store::record_liveness).
+    r#"
+ALTER TABLE nodes ADD COLUMN agent_last_heartbeat TEXT;
+ALTER TABLE nodes ADD COLUMN agent_version TEXT;
+ALTER TABLE nodes ADD COLUMN step_progress TEXT;
+"#,
 ];
 
 /// The schema version this build knows.
@@ -134,7 +147,12 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// A SQLite-backed store.
 pub struct SqliteStore {
+    /// The one connection that writes.
     conn: Mutex<Connection>,
+    /// Read-only connections (none: reads go to the writer).
+    readers: Vec<Mutex<Connection>>,
+    /// Where the next read starts looking for a free reader.
+    next_reader: std::sync::atomic::AtomicUsize,
     /// Seals driver_info secrets on write, opens them on read.
     secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
@@ -163,12 +181,25 @@ fn text_to_map(s: &str) -> Map<String, Value> {
     }
 }
 
-const NODE_COLUMNS: &str = "uuid, name, driver, driver_info, driver_internal_info, properties, \
+/// The node columns a node write sets, in one order for INSERT and UPDATE.
+macro_rules! node_columns {
+    () => {
+        "uuid, name, driver, driver_info, driver_internal_info, properties, \
     instance_info, instance_uuid, extra, provision_state, target_provision_state, \
     provision_updated_at, power_state, target_power_state, maintenance, maintenance_reason, \
     fault, last_error, clean_step, deploy_step, reservation, conductor, automated_clean, \
     resource_class, created_at, updated_at, version, inspect_interface, inspection_started_at, \
-    inspection_finished_at, traits, interfaces";
+    inspection_finished_at, traits, interfaces"
+    };
+}
+const NODE_COLUMNS: &str = node_columns!();
+
+/// What a node read selects: [`NODE_COLUMNS`], then the liveness columns, which node
+/// writes never touch.
+const NODE_SELECT: &str = concat!(
+    node_columns!(),
+    ", agent_last_heartbeat, agent_version, step_progress"
+);
 
 fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
     let mut d = Decoder::default();
@@ -208,6 +239,11 @@ fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
         traits: d.json("traits", Some(text(30)?.as_str())),
         interfaces: d.json("interfaces", opt(31)?.as_deref()),
         corrupt: None,
+        liveness: super::Liveness {
+            last_heartbeat: parse_ts(r.get(32)?),
+            agent_version: r.get(33)?,
+            progress: d.opt_value("step_progress", opt(34)?.as_deref()),
+        },
     };
     node.corrupt = d.finish();
     Ok(node)
@@ -256,24 +292,99 @@ impl SqliteStore {
         path: &str,
         secrets: std::sync::Arc<crate::secrets::Secrets>,
     ) -> Result<SqliteStore, StoreError> {
+        Self::open_with(
+            path,
+            secrets,
+            crate::config::StoreConfig::default().sqlite_readers,
+        )
+    }
+
+    /// [`SqliteStore::open`] with `readers` read-only connections beside the writer (0: all
+    /// calls on the writer). An in-memory database has no readers: each connection would
+    /// see a database of its own.
+    pub fn open_with(
+        path: &str,
+        secrets: std::sync::Arc<crate::secrets::Secrets>,
+        readers: usize,
+    ) -> Result<SqliteStore, StoreError> {
         let conn = connect(path)?;
         migrate(&conn)?;
+        let in_memory = path.is_empty() || path == ":memory:" || path.contains("mode=memory");
+        let readers = if in_memory { 0 } else { readers };
+        let readers = (0..readers)
+            .map(|_| connect_reader(path).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            readers,
+            next_reader: std::sync::atomic::AtomicUsize::new(0),
             secrets,
         })
     }
 
+    /// Run `f` on the writer connection.
     fn with<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut conn = self
-            .conn
-            .lock()
-            .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
-        f(&mut conn)
+        blocking(|| {
+            let mut conn = self
+                .conn
+                .lock()
+                .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+            f(&mut conn)
+        })
     }
+
+    /// Run `f` (which only reads) on a free reader, else wait for one.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if self.readers.is_empty() {
+            return self.with(f);
+        }
+        blocking(|| {
+            let n = self.readers.len();
+            let start = self
+                .next_reader
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for i in 0..n {
+                if let Ok(mut conn) = self.readers[(start + i) % n].try_lock() {
+                    return f(&mut conn);
+                }
+            }
+            let mut conn = self.readers[start % n]
+                .lock()
+                .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+            f(&mut conn)
+        })
+    }
+}
+
+/// Run `f`, which blocks on the disk or a connection lock: under `block_in_place` on the
+/// multi-thread runtime, so the worker's other tasks move to another thread; inline where
+/// that is not possible (a current-thread runtime, or no runtime).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// A read-only connection to the database at `path` (already migrated by the writer).
+fn connect_reader(path: &str) -> Result<Connection, StoreError> {
+    use rusqlite::OpenFlags;
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| StoreError::Backend(format!("cannot open SQLite file {path} to read: {e}")))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(backend)?;
+    Ok(conn)
 }
 
 fn connect(path: &str) -> Result<Connection, StoreError> {
@@ -430,9 +541,9 @@ impl Store for SqliteStore {
     }
 
     async fn get_node(&self, ident: &str) -> Result<Node, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             c.prepare_cached(&format!(
-                "SELECT {NODE_COLUMNS} FROM nodes WHERE uuid = ?1 OR name = ?1 LIMIT 1"
+                "SELECT {NODE_SELECT} FROM nodes WHERE uuid = ?1 OR name = ?1 LIMIT 1"
             ))
             .map_err(backend)?
             .query_row([ident], node_from_row)
@@ -448,7 +559,7 @@ impl Store for SqliteStore {
 
     async fn list_nodes(&self, q: &NodeQuery) -> Result<Vec<Node>, StoreError> {
         let col = sort_column(&q.sort_key)?;
-        self.with(|c| {
+        self.read(|c| {
             let mut wheres: Vec<String> = Vec::new();
             let mut args: Vec<rusqlite::types::Value> = Vec::new();
             let sort_expr = if col == "id" {
@@ -501,7 +612,7 @@ impl Store for SqliteStore {
             let where_sql = super::where_clause(&wheres);
             let dir = if q.sort_dir == SortDir::Asc { "ASC" } else { "DESC" };
             let sql = format!(
-                "SELECT {NODE_COLUMNS} FROM nodes {where_sql} ORDER BY {sort_expr} {dir}, id {dir} LIMIT ?"
+                "SELECT {NODE_SELECT} FROM nodes {where_sql} ORDER BY {sort_expr} {dir}, id {dir} LIMIT ?"
             );
             args.push((q.limit as i64).into());
             let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
@@ -517,10 +628,10 @@ impl Store for SqliteStore {
         if states.is_empty() {
             return Ok(Vec::new());
         }
-        self.with(|c| {
+        self.read(|c| {
             let marks = vec!["?"; states.len()].join(", ");
             let sql = format!(
-                "SELECT {NODE_COLUMNS} FROM nodes WHERE provision_state IN ({marks}) ORDER BY id"
+                "SELECT {NODE_SELECT} FROM nodes WHERE provision_state IN ({marks}) ORDER BY id"
             );
             let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
             let rows = stmt
@@ -590,39 +701,32 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn update_heartbeat(&self, node: &Node) -> Result<Node, StoreError> {
-        node.writable()?;
-        let mut n = node.clone();
-        let expected = n.version;
-        n.version += 1;
-        n.updated_at = Some(Utc::now());
+    async fn record_liveness(
+        &self,
+        uuid: &str,
+        liveness: &super::Liveness,
+    ) -> Result<(), StoreError> {
         self.with(|c| {
-            let r = c
-                .prepare_cached(&format!(
-                    "UPDATE nodes SET driver_internal_info = ?2, clean_step = ?3, \
-                     provision_updated_at = ?4, updated_at = ?5, version = ?6, deploy_step = ?8 \
-                     WHERE uuid = ?1 AND version = ?7 AND {NODE_INTACT}"
-                ))
+            let n = c
+                .prepare_cached(
+                    "UPDATE nodes SET agent_last_heartbeat = ?2, agent_version = ?3, \
+                     step_progress = ?4 WHERE uuid = ?1",
+                )
                 .and_then(|mut st| {
                     st.execute(params![
-                        n.uuid,
-                        map_to_text(&n.driver_internal_info),
-                        opt_json(&n.clean_step),
-                        n.provision_updated_at.as_ref().map(ts),
-                        n.updated_at.as_ref().map(ts),
-                        n.version,
-                        expected,
-                        opt_json(&n.deploy_step)
+                        uuid,
+                        liveness.last_heartbeat.as_ref().map(ts),
+                        liveness.agent_version,
+                        opt_json(&liveness.progress)
                     ])
                 })
                 .map_err(backend)?;
-            if r == 1 {
-                Ok(n)
+            if n == 1 {
+                Ok(())
             } else {
-                Err(StoreError::Conflict {
+                Err(StoreError::NotFound {
                     kind: "node",
-                    ident: n.uuid.clone(),
-                    expected,
+                    ident: uuid.to_string(),
                 })
             }
         })
@@ -682,7 +786,7 @@ impl Store for SqliteStore {
 
     async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError> {
         let now = Utc::now();
-        self.with(|c| {
+        self.read(|c| {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT id, hostname, started_at, last_seen FROM conductors ORDER BY id",
@@ -790,7 +894,7 @@ impl Store for SqliteStore {
     }
 
     async fn get_port(&self, uuid: &str) -> Result<Port, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             c.query_row(
                 &format!("SELECT {PORT_COLUMNS} FROM ports WHERE uuid = ?1"),
                 [uuid],
@@ -806,7 +910,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_ports(&self, q: &PortQuery) -> Result<Vec<Port>, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             let mut wheres: Vec<&str> = Vec::new();
             let mut args: Vec<rusqlite::types::Value> = Vec::new();
             if let Some(n) = &q.node_uuid {
@@ -891,7 +995,7 @@ impl Store for SqliteStore {
         if macs.is_empty() {
             return Ok(None);
         }
-        self.with(|c| {
+        self.read(|c| {
             let marks = vec!["?"; macs.len()].join(", ");
             c.query_row(
                 &format!("SELECT node_uuid FROM ports WHERE address IN ({marks}) LIMIT 1"),
@@ -911,7 +1015,7 @@ impl Store for SqliteStore {
         if system_uuid.is_none() && serial.is_none() {
             return Ok(None);
         }
-        self.with(|c| {
+        self.read(|c| {
             c.query_row(
                 "SELECT uuid FROM nodes WHERE (?1 IS NOT NULL AND lower(json_extract(properties, '$.system_uuid')) = lower(?1)) \
                  OR (?2 IS NOT NULL AND json_extract(properties, '$.system_serial') = ?2) LIMIT 1",
@@ -939,7 +1043,7 @@ impl Store for SqliteStore {
     }
 
     async fn pending_commands(&self, node_uuid: &str) -> Result<Vec<Command>, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT command FROM agent_commands WHERE node_uuid = ?1 AND result IS NULL \
@@ -994,7 +1098,7 @@ impl Store for SqliteStore {
     }
 
     async fn command(&self, node_uuid: &str, id: &str) -> Result<StoredCommand, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             let row: Option<(String, Option<String>)> = c
                 .query_row(
                     "SELECT command, result FROM agent_commands WHERE node_uuid = ?1 AND id = ?2",
@@ -1041,7 +1145,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_rules(&self) -> Result<Vec<Value>, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             let mut stmt = c
                 .prepare_cached("SELECT body FROM inspection_rules ORDER BY priority DESC, seq")
                 .map_err(backend)?;
@@ -1085,7 +1189,7 @@ impl Store for SqliteStore {
     }
 
     async fn get_inventory(&self, node_uuid: &str) -> Result<(Value, DateTime<Utc>), StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             let row: Option<(String, String)> = c
                 .query_row(
                     "SELECT inventory, collected_at FROM node_inventory WHERE node_uuid = ?1",
@@ -1153,7 +1257,7 @@ impl Store for SqliteStore {
             "SELECT seq, created_at, actor, source, method, path, node_uuid, action, status, \
              detail FROM audit_log {where_sql} ORDER BY seq {dir} LIMIT ?"
         );
-        self.with(|c| {
+        self.read(|c| {
             let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
             let rows = stmt
                 .query_map(rusqlite::params_from_iter(args), |r| {
@@ -1191,6 +1295,47 @@ mod tests {
         )
         .expect("open");
         (dir, s)
+    }
+
+    /// Reads go to the read-only connections: each must see the writer's last commit at
+    /// once (a reader left inside an old snapshot would hand the conductor stale nodes), and
+    /// a write through a reader is impossible.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readers_see_every_commit_at_once() {
+        let (_dir, s) = store();
+        assert_eq!(s.readers.len(), 4);
+        let s = std::sync::Arc::new(s);
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..25 {
+                    let uuid = format!("n-{t}-{i}");
+                    let mut n = s
+                        .create_node(&Node::new(uuid.clone(), "fake-hardware".into()))
+                        .await
+                        .expect("create");
+                    for round in 0..3 {
+                        let seen = s.get_node(&uuid).await.expect("read after create");
+                        assert_eq!(seen.version, n.version, "{uuid} round {round}");
+                        n.extra.insert("round".into(), round.into());
+                        n = s.update_node(&n).await.expect("update");
+                    }
+                    let seen = s.get_node(&uuid).await.expect("read after update");
+                    assert_eq!(seen.extra.get("round"), Some(&2.into()), "{uuid}");
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("task");
+        }
+        let all = s.list_nodes(&NodeQuery::default()).await.expect("list");
+        assert_eq!(all.len(), 200);
+        let refused = s.readers[0]
+            .lock()
+            .expect("reader")
+            .execute("DELETE FROM nodes", []);
+        assert!(refused.is_err(), "a reader could write");
     }
 
     #[tokio::test]
