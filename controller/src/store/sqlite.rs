@@ -322,11 +322,15 @@ impl SqliteStore {
         })
     }
 
-    /// Run `f` on the writer connection.
+    /// Run `f` on the writer connection: at once on this thread when it is free (a write
+    /// takes microseconds), else wait for it under `block_in_place`.
     fn with<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        if let Ok(mut conn) = self.conn.try_lock() {
+            return f(&mut conn);
+        }
         blocking(|| {
             let mut conn = self
                 .conn
@@ -336,13 +340,41 @@ impl SqliteStore {
         })
     }
 
-    /// Run `f` (which only reads) on a free reader, else wait for one.
+    /// Run `f` (a short read) on a free reader at once, else wait for one under
+    /// `block_in_place`.
     fn read<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         if self.readers.is_empty() {
             return self.with(f);
+        }
+        let n = self.readers.len();
+        let start = self
+            .next_reader
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..n {
+            if let Ok(mut conn) = self.readers[(start + i) % n].try_lock() {
+                return f(&mut conn);
+            }
+        }
+        self.read_long(f)
+    }
+
+    /// Run `f` (a read that may take long: a listing, a scan of every waiting node) on a
+    /// reader under `block_in_place`, so the worker's other tasks move on meanwhile.
+    fn read_long<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if self.readers.is_empty() {
+            return blocking(|| {
+                let mut conn = self
+                    .conn
+                    .lock()
+                    .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+                f(&mut conn)
+            });
         }
         blocking(|| {
             let n = self.readers.len();
@@ -383,6 +415,13 @@ fn connect_reader(path: &str) -> Result<Connection, StoreError> {
     let conn = Connection::open_with_flags(path, flags)
         .map_err(|e| StoreError::Backend(format!("cannot open SQLite file {path} to read: {e}")))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(backend)?;
+    // Each read after another connection's commit starts by emptying this connection's page
+    // cache (that is how WAL readers stay current), at a cost that grows with the cache: at
+    // thousands of heartbeat writes a second a large reader cache is emptied more than it
+    // is used (the profile showed it as the top SQLite function). Pages come from the OS
+    // page cache instead, which the writer keeps warm.
+    conn.execute_batch("PRAGMA cache_size = -256")
         .map_err(backend)?;
     Ok(conn)
 }
@@ -559,7 +598,7 @@ impl Store for SqliteStore {
 
     async fn list_nodes(&self, q: &NodeQuery) -> Result<Vec<Node>, StoreError> {
         let col = sort_column(&q.sort_key)?;
-        self.read(|c| {
+        self.read_long(|c| {
             let mut wheres: Vec<String> = Vec::new();
             let mut args: Vec<rusqlite::types::Value> = Vec::new();
             let sort_expr = if col == "id" {
@@ -628,7 +667,7 @@ impl Store for SqliteStore {
         if states.is_empty() {
             return Ok(Vec::new());
         }
-        self.read(|c| {
+        self.read_long(|c| {
             let marks = vec!["?"; states.len()].join(", ");
             let sql = format!(
                 "SELECT {NODE_SELECT} FROM nodes WHERE provision_state IN ({marks}) ORDER BY id"
@@ -910,7 +949,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_ports(&self, q: &PortQuery) -> Result<Vec<Port>, StoreError> {
-        self.read(|c| {
+        self.read_long(|c| {
             let mut wheres: Vec<&str> = Vec::new();
             let mut args: Vec<rusqlite::types::Value> = Vec::new();
             if let Some(n) = &q.node_uuid {
@@ -1257,7 +1296,7 @@ impl Store for SqliteStore {
             "SELECT seq, created_at, actor, source, method, path, node_uuid, action, status, \
              detail FROM audit_log {where_sql} ORDER BY seq {dir} LIMIT ?"
         );
-        self.read(|c| {
+        self.read_long(|c| {
             let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
             let rows = stmt
                 .query_map(rusqlite::params_from_iter(args), |r| {
