@@ -392,6 +392,20 @@ fn abort_during_non_abortable_step_waits_for_it() -> Result<()> {
     scene.wait("firmware step running", 30, |v| {
         v["clean_step"]["step"] == "slow_firmware"
     })?;
+    // The seed's spelling of abort refuses outright while the running step cannot be
+    // interrupted (403 naming it), and changes nothing.
+    let before = scene.rivetd.node("n1")?;
+    let (s, v) = scene
+        .rivetd
+        .call("DELETE", "/v1/nodes/n1/provision", None)?;
+    assert_eq!(s, 403, "{v}");
+    assert!(message(&v).contains("slow_firmware"), "{v}");
+    let after = scene.rivetd.node("n1")?;
+    assert_eq!(
+        after["clean_step"]["abort_after"],
+        before["clean_step"]["abort_after"]
+    );
+    assert_eq!(after["provision_state"], "clean wait", "{after}");
     let (s, v) = scene.provision(json!({"target": "abort"}))?;
     assert_eq!(s, 202, "{v}");
     let node = scene.rivetd.node("n1")?;

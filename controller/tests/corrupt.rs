@@ -15,7 +15,10 @@ use std::process::Command;
 use std::time::Duration;
 use support::{message, on_every_backend, Server, TestDb};
 
-on_every_backend!(damaged_node_is_shown_refused_and_kept);
+on_every_backend!(
+    damaged_node_is_shown_refused_and_kept,
+    malformed_cleaning_run_fails_instead_of_restarting,
+);
 
 /// Runs `sql` with the backend's command-line client; its output, trimmed.
 fn sql(db: &TestDb, sql: &str) -> String {
@@ -207,4 +210,66 @@ async fn damaged_node_is_shown_refused_and_kept(db: TestDb) {
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert!(v["last_error"].is_null(), "{v}");
+}
+
+/// Cleaning bookkeeping that is valid JSON but not what the engine wrote (a plan that is not
+/// a list) stops the run with an error naming the node and the key, instead of being read as
+/// "no plan yet" and silently gathering and running the steps again.
+async fn malformed_cleaning_run_fails_instead_of_restarting(db: TestDb) {
+    let (conductor, s) = Server::start_no_auth(&db).await;
+    let (st, v) = s
+        .call(
+            Method::POST,
+            "/v1/nodes",
+            Some(json!({"name": "n1", "driver": "fake-hardware", "deploy_interface": "direct"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let uuid = v["uuid"].as_str().unwrap_or_default().to_string();
+    for (target, state) in [("manage", "manageable"), ("provide", "clean wait")] {
+        let (st, v) = s
+            .call(
+                Method::PUT,
+                "/v1/nodes/n1/states/provision",
+                Some(json!({ "target": target })),
+            )
+            .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+        wait_state(&s, state).await;
+    }
+    let mut n = conductor.store.get_node(&uuid).await.expect("read");
+    n.driver_internal_info
+        .insert("clean_plan".into(), json!({"steps": "lost"}));
+    conductor.store.update_node(&n).await.expect("write");
+    conductor.kick(&uuid);
+    let v = wait_state(&s, "clean failed").await;
+    let err = v["last_error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("node n1") && err.contains("driver_internal_info.clean_plan"),
+        "{err}"
+    );
+    let pending = conductor
+        .store
+        .pending_commands(&uuid)
+        .await
+        .expect("queue");
+    assert!(
+        pending.iter().all(|c| c.kind.name() != "get_clean_steps"),
+        "the steps were gathered again: {pending:?}"
+    );
+}
+
+async fn wait_state(s: &Server, state: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, v) = s.call(Method::GET, "/v1/nodes/n1", None).await;
+        if v["provision_state"] == state {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached {state}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -52,6 +52,58 @@ fn plan(node: &Node) -> Option<Vec<PlannedStep>> {
         .and_then(|v| serde_json::from_value(v.clone()).ok())
 }
 
+/// Checks that every cleaning-run key present on the node has the type the engine reads it
+/// as. A value that does not decode must stop the run with an error naming the node and the
+/// key: read as "absent" it would silently restart the cleaning (gather steps again, run
+/// steps again from the first).
+pub(crate) fn check_run(node: &Node) -> Result<(), String> {
+    let dii = &node.driver_internal_info;
+    let bad = |key: &str, why: String| {
+        Err(format!(
+            "node {}: driver_internal_info.{key} does not decode ({why}); the cleaning cannot \
+             safely continue — abort it, then clean again",
+            node.ident()
+        ))
+    };
+    if let Some(v) = dii.get("clean_plan") {
+        if let Err(e) = serde_json::from_value::<Vec<PlannedStep>>(v.clone()) {
+            return bad("clean_plan", e.to_string());
+        }
+    }
+    if let Some(v) = dii.get("clean_step_index") {
+        if !v.is_u64() {
+            return bad(
+                "clean_step_index",
+                format!("expected a step number, found {v}"),
+            );
+        }
+    }
+    for key in [
+        "clean_steps_command",
+        "clean_command",
+        "clean_step_started_at",
+    ] {
+        if let Some(v) = dii.get(key) {
+            if !v.is_string() {
+                return bad(key, format!("expected a string, found {v}"));
+            }
+        }
+    }
+    if let Some(v) = dii.get("clean_step_started_at").and_then(Value::as_str) {
+        if chrono::DateTime::parse_from_rfc3339(v).is_err() {
+            return bad("clean_step_started_at", format!("not a time: {v:?}"));
+        }
+    }
+    for key in ["cleaning_booted", "cleaning_no_ramdisk"] {
+        if let Some(v) = dii.get(key) {
+            if !v.is_boolean() {
+                return bad(key, format!("expected true or false, found {v}"));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn has_agent(node: &Node) -> bool {
     node.driver_internal_info.contains_key("agent_token_hash")
 }
@@ -157,6 +209,11 @@ impl Conductor {
             clear_run(&mut node);
             let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
             return self.event(node, Event::Done, None).await.map(Some);
+        }
+
+        if let Err(msg) = check_run(&node) {
+            tracing::error!(node = %uuid, error = %msg, "cleaning run bookkeeping does not decode");
+            return self.fail(node, &msg).await.map(Some);
         }
 
         // 1. Boot the ramdisk once per run, unless the run needs none: the fake deploy
@@ -588,4 +645,41 @@ pub(super) fn step_doc(step: &PlannedStep) -> Value {
         "args": step.args,
         "source": step.source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_run_keys_are_errors_naming_the_key() {
+        let mut n = Node::new("u".into(), "redfish".into());
+        n.name = Some("n1".into());
+        assert_eq!(check_run(&n), Ok(()));
+        set(&mut n, "clean_plan", json!([]));
+        set(&mut n, "clean_step_index", json!(0));
+        set(&mut n, "clean_command", json!("c1"));
+        set(
+            &mut n,
+            "clean_step_started_at",
+            json!(Utc::now().to_rfc3339()),
+        );
+        set(&mut n, "cleaning_booted", json!(true));
+        assert_eq!(check_run(&n), Ok(()));
+        for (key, value) in [
+            ("clean_plan", json!({"not": "a list"})),
+            ("clean_step_index", json!("3")),
+            ("clean_command", json!(7)),
+            ("clean_step_started_at", json!("yesterday")),
+            ("cleaning_booted", json!("yes")),
+        ] {
+            let mut bad = n.clone();
+            set(&mut bad, key, value);
+            let e = check_run(&bad).expect_err(key);
+            assert!(
+                e.contains("node n1") && e.contains(&format!("driver_internal_info.{key} ")),
+                "{e}"
+            );
+        }
+    }
 }
