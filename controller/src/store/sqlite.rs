@@ -19,7 +19,7 @@ use rivet_protocol::agent::{Command, CommandResult};
 use rivet_protocol::states::ProvisionState;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{Map, Value};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// Schema migrations, applied in order; index + 1 is the schema version.
 /// The numbered migrations, oldest first (index + 1 is the schema version). Public so a test
@@ -332,10 +332,7 @@ impl SqliteStore {
             return f(&mut conn);
         }
         blocking(|| {
-            let mut conn = self
-                .conn
-                .lock()
-                .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+            let mut conn = lock(&self.conn)?;
             f(&mut conn)
         })
     }
@@ -349,16 +346,10 @@ impl SqliteStore {
         if self.readers.is_empty() {
             return self.with(f);
         }
-        let n = self.readers.len();
-        let start = self
-            .next_reader
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        for i in 0..n {
-            if let Ok(mut conn) = self.readers[(start + i) % n].try_lock() {
-                return f(&mut conn);
-            }
+        match self.free_reader() {
+            Ok(mut conn) => f(&mut conn),
+            Err(_) => self.read_long(f),
         }
-        self.read_long(f)
     }
 
     /// Run `f` (a read that may take long: a listing, a scan of every waiting node) on a
@@ -367,31 +358,38 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        if self.readers.is_empty() {
-            return blocking(|| {
-                let mut conn = self
-                    .conn
-                    .lock()
-                    .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
-                f(&mut conn)
-            });
-        }
         blocking(|| {
-            let n = self.readers.len();
-            let start = self
-                .next_reader
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            for i in 0..n {
-                if let Ok(mut conn) = self.readers[(start + i) % n].try_lock() {
-                    return f(&mut conn);
+            let mut conn = if self.readers.is_empty() {
+                lock(&self.conn)?
+            } else {
+                match self.free_reader() {
+                    Ok(conn) => conn,
+                    Err(busy) => lock(&self.readers[busy])?,
                 }
-            }
-            let mut conn = self.readers[start % n]
-                .lock()
-                .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+            };
             f(&mut conn)
         })
     }
+
+    /// A reader that is free now, trying each once from a rotating start; else the index of
+    /// the one to wait for. Needs at least one reader.
+    fn free_reader(&self) -> Result<MutexGuard<'_, Connection>, usize> {
+        let n = self.readers.len();
+        let start = self
+            .next_reader
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..n {
+            if let Ok(conn) = self.readers[(start + i) % n].try_lock() {
+                return Ok(conn);
+            }
+        }
+        Err(start % n)
+    }
+}
+
+fn lock(conn: &Mutex<Connection>) -> Result<MutexGuard<'_, Connection>, StoreError> {
+    conn.lock()
+        .map_err(|_| StoreError::Backend("store mutex poisoned".into()))
 }
 
 /// Run `f`, which blocks on the disk or a connection lock: under `block_in_place` on the
