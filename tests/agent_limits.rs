@@ -41,19 +41,10 @@ fn verb(d: &Rivetd, name: &str, target: &str, then: &'static str) -> Result<Valu
 
 /// A manageable node with one port `mac`; returns its UUID.
 fn manageable(d: &Rivetd, name: &str, mac: &str) -> Result<String> {
-    let (s, v) = d.call(
-        "POST",
-        "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
+    let uuid = d.create_node_with_port(
+        json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name}),
+        mac,
     )?;
-    ensure!(s == 201, "{v}");
-    let uuid = v["uuid"].as_str().unwrap_or_default().to_string();
-    let (s, v) = d.call(
-        "POST",
-        "/v1/ports",
-        Some(json!({"node_uuid": uuid, "address": mac})),
-    )?;
-    ensure!(s == 201, "{v}");
     verb(d, name, "manage", "manageable")?;
     Ok(uuid)
 }

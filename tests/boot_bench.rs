@@ -35,19 +35,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn node(d: &Rivetd, name: &str, mac: &str) -> Result<String> {
-    let (s, v) = d.call(
-        "POST",
-        "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
+    let uuid = d.create_node_with_port(
+        json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name}),
+        mac,
     )?;
-    anyhow::ensure!(s == 201, "{v}");
-    let uuid = v["uuid"].as_str().context("uuid")?.to_string();
-    let (s, v) = d.call(
-        "POST",
-        "/v1/ports",
-        Some(json!({"node_uuid": uuid, "address": mac})),
-    )?;
-    anyhow::ensure!(s == 201, "{v}");
     for (verb, state) in [("manage", "manageable"), ("provide", "clean wait")] {
         d.call(
             "PUT",

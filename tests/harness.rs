@@ -69,6 +69,15 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 }
 
 /// A free loopback port.
+/// Give the disk image at `path` a fresh GPT with one partition from sector 2048 to the end.
+pub fn gpt_one_partition(path: &Path) -> Result<String> {
+    run_tool(
+        Command::new("sgdisk")
+            .args(["-o", "-n", "1:2048:0"])
+            .arg(path),
+    )
+}
+
 pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
@@ -223,6 +232,27 @@ impl Rivetd {
         let status = resp.status().as_u16();
         let text = resp.text()?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// Create a node from `body` and give it one port `mac`; returns its UUID.
+    pub fn create_node_with_port(&self, body: Value, mac: &str) -> Result<String> {
+        let (s, v) = self.call("POST", "/v1/nodes", Some(body))?;
+        if s != 201 {
+            bail!("POST /v1/nodes: {s} {v}");
+        }
+        let uuid = v["uuid"]
+            .as_str()
+            .context("created node has no uuid")?
+            .to_string();
+        let (s, v) = self.call(
+            "POST",
+            "/v1/ports",
+            Some(serde_json::json!({"node_uuid": uuid, "address": mac})),
+        )?;
+        if s != 201 {
+            bail!("POST /v1/ports for {mac}: {s} {v}");
+        }
+        Ok(uuid)
     }
 
     /// A node document.

@@ -118,23 +118,14 @@ fn deploy_boot_from_disk_undeploy() -> Result<()> {
     let cfg = cfg.display().to_string();
     let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg])?;
     let mac = "52:54:00:e2:d0:01";
-    let (s, v) = d.call(
-        "POST",
-        "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "vm-deploy",
-                    "automated_clean": false,
-                    "properties": {"root_device": {"name": "vda"}},
-                    "instance_info": {"image_source": qemu::guest_image_url("instance.raw"),
-                                      "image_os_hash_algo": "sha256", "image_os_hash_value": digest}})),
+    let uuid = d.create_node_with_port(
+        json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "vm-deploy",
+                        "automated_clean": false,
+                        "properties": {"root_device": {"name": "vda"}},
+                        "instance_info": {"image_source": qemu::guest_image_url("instance.raw"),
+                                          "image_os_hash_algo": "sha256", "image_os_hash_value": digest}}),
+        mac,
     )?;
-    ensure!(s == 201, "{v}");
-    let uuid = v["uuid"].as_str().context("uuid")?.to_string();
-    let (s, v) = d.call(
-        "POST",
-        "/v1/ports",
-        Some(json!({"node_uuid": uuid, "address": mac})),
-    )?;
-    ensure!(s == 201, "{v}");
     verb(&d, &uuid, json!({"target": "manage"}))?;
     wait_state(&d, &uuid, "manageable", 30, &mut None)?;
     verb(&d, &uuid, json!({"target": "provide"}))?;

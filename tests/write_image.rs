@@ -15,7 +15,7 @@ use rivet_protocol::deploy::{WriteImageArgs, WriteImageResult};
 use rivet_protocol::inventory::Disk;
 use rivet_tests::agentproc::{have, is_root, read_at, LoopDevice};
 use rivet_tests::fileserver::FileServer;
-use rivet_tests::{prerequisite, run_tool, sha256_file};
+use rivet_tests::{gpt_one_partition, prerequisite, run_tool, sha256_file};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,11 +48,7 @@ fn raw_image(path: &Path) -> Result<()> {
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
     std::fs::write(path, &data)?;
-    run_tool(
-        Command::new("sgdisk")
-            .args(["-o", "-n", "1:2048:0"])
-            .arg(path),
-    )?;
+    gpt_one_partition(path)?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use crate::stats::percentile;
 use anyhow::{bail, Result};
 use rivet_tests::agentproc::LoopDevice;
 use rivet_tests::fileserver::FileServer;
-use rivet_tests::{run_tool, sha256_file};
+use rivet_tests::{gpt_one_partition, run_tool, sha256_file};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -55,11 +55,7 @@ fn make_image(path: &Path, gib: u64) -> Result<()> {
     }
     f.flush()?;
     drop(f);
-    run_tool(
-        Command::new("sgdisk")
-            .args(["-o", "-n", "1:2048:0"])
-            .arg(path),
-    )?;
+    gpt_one_partition(path)?;
     Ok(())
 }
 

@@ -139,30 +139,20 @@ pub fn build(kernel: &KernelPackage, busybox: &Path, out: &Path) -> Result<PathB
         "DEFAULT instance\nPROMPT 0\nTIMEOUT 1\nLABEL instance\n  KERNEL vmlinuz\n  INITRD initrd\n  APPEND console=ttyS0,115200 panic=-1 quiet\n",
     )
     .map_err(io("writing", &cfg))?;
-    tool(
-        Command::new("mcopy")
-            .arg("-i")
-            .arg(&part)
-            .arg(&kernel.vmlinuz)
-            .arg("::vmlinuz"),
-        "mcopy",
-    )?;
-    tool(
-        Command::new("mcopy")
-            .arg("-i")
-            .arg(&part)
-            .arg(&initrd)
-            .arg("::initrd"),
-        "mcopy",
-    )?;
-    tool(
-        Command::new("mcopy")
-            .arg("-i")
-            .arg(&part)
-            .arg(&cfg)
-            .arg("::syslinux.cfg"),
-        "mcopy",
-    )?;
+    for (file, name) in [
+        (&kernel.vmlinuz, "::vmlinuz"),
+        (&initrd, "::initrd"),
+        (&cfg, "::syslinux.cfg"),
+    ] {
+        tool(
+            Command::new("mcopy")
+                .arg("-i")
+                .arg(&part)
+                .arg(file)
+                .arg(name),
+            "mcopy",
+        )?;
+    }
     tool(
         Command::new("syslinux").arg("--install").arg(&part),
         "syslinux --install",

@@ -362,6 +362,18 @@ pub(crate) fn where_clause<S: AsRef<str>>(conditions: &[S]) -> String {
     format!("WHERE {}", parts.join(" AND "))
 }
 
+/// The outcome of a statement that writes node `uuid`'s own row: one row, or `NotFound`.
+pub(crate) fn one_node_row(rows: u64, uuid: &str) -> Result<(), StoreError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::NotFound {
+            kind: "node",
+            ident: uuid.to_string(),
+        })
+    }
+}
+
 /// A listing's page size: 0 means the default page of 1,000.
 pub(crate) fn page_limit(limit: usize) -> usize {
     if limit == 0 {

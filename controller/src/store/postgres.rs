@@ -1030,14 +1030,7 @@ impl Store for PostgresStore {
             )
             .await?
             .map_err(db)?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::NotFound {
-                kind: "node",
-                ident: uuid.to_string(),
-            })
-        }
+        super::one_node_row(n, uuid)
     }
 
     async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError> {

@@ -758,14 +758,7 @@ impl Store for SqliteStore {
                     ])
                 })
                 .map_err(backend)?;
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(StoreError::NotFound {
-                    kind: "node",
-                    ident: uuid.to_string(),
-                })
-            }
+            super::one_node_row(n as u64, uuid)
         })
     }
 
