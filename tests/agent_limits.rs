@@ -177,7 +177,7 @@ fn failed_token_checks_beyond_the_limit_get_429_and_change_nothing() -> Result<(
     // The conductor answers the lookup by queueing its first commands: let it settle, so
     // what is compared below can only change through the refused heartbeats.
     let before = d.wait_node("n1", std::time::Duration::from_secs(10), |n| {
-        n["driver_internal_info"]["clean_steps_command"].is_string()
+        n["driver_internal_info"]["run_state"]["clean"]["steps_command"].is_string()
     })?;
     // Three failures are answered 401 — a missing token, a wrong one, an unknown node (the
     // same answer as a wrong token, so heartbeats cannot probe which nodes exist)…
@@ -254,7 +254,7 @@ fn token_belongs_to_the_boot_that_looked_up() -> Result<()> {
     );
     // Let the conductor's answer to the lookup settle first (see above).
     let before = d.wait_node("n1", std::time::Duration::from_secs(10), |n| {
-        n["driver_internal_info"]["clean_steps_command"].is_string()
+        n["driver_internal_info"]["run_state"]["clean"]["steps_command"].is_string()
     })?;
     for other in [Some(BOOT_B), None] {
         let a = heartbeat(&d, &uuid, Some(&token), other)?;

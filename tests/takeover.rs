@@ -343,14 +343,28 @@ fn killed_controller_is_taken_over_and_no_step_runs_twice() -> Result<()> {
     let d0 = ctl[0].as_ref().context("c1")?;
     wait_all(d0, "manageable", Duration::from_secs(60))?;
 
-    // The ring spreads the nodes: every controller owns some.
-    let owners: Vec<String> = states(d0)?
-        .iter()
-        .filter_map(|n| n["conductor"].as_str().map(str::to_string))
-        .collect();
-    for id in ids {
-        let n = owners.iter().filter(|o| *o == id).count();
-        assert!(n > 0, "controller {id} owns no node of {NODES}: {owners:?}");
+    // The ring spreads the nodes: every controller owns some. A controller rebuilds its ring
+    // on its next membership heartbeat (1 s here), which may come after the others
+    // registered.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let owners: Vec<String> = states(d0)?
+            .iter()
+            .filter_map(|n| n["conductor"].as_str().map(str::to_string))
+            .collect();
+        let idle: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|id| !owners.iter().any(|o| o == id))
+            .collect();
+        if idle.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "controllers {idle:?} own no node of {NODES}: {owners:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -57,11 +57,16 @@ pub struct StoreConfig {
     /// SQLite: read-only connections beside the one writer (WAL lets them read while it
     /// writes). 0 = every call on the writer connection, one at a time.
     pub sqlite_readers: usize,
+    /// PostgreSQL: connections in the pool; each serves one query at a time.
+    pub postgres_pool: usize,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { sqlite_readers: 4 }
+        StoreConfig {
+            sqlite_readers: 4,
+            postgres_pool: 8,
+        }
     }
 }
 

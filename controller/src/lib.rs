@@ -15,6 +15,7 @@ pub mod drivers;
 pub mod fsm;
 pub mod inspection;
 pub mod interfaces;
+pub mod runs;
 pub mod secrets;
 pub mod server;
 pub mod store;

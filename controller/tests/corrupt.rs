@@ -212,9 +212,10 @@ async fn damaged_node_is_shown_refused_and_kept(db: TestDb) {
     assert!(v["last_error"].is_null(), "{v}");
 }
 
-/// Cleaning bookkeeping that is valid JSON but not what the engine wrote (a plan that is not
-/// a list) stops the run with an error naming the node and the key, instead of being read as
-/// "no plan yet" and silently gathering and running the steps again.
+/// A cleaning run whose stored state is valid JSON but not what the engine wrote (a plan that
+/// is not a list) marks the node corrupt naming `run_state`: it is shown with that error, the
+/// conductor leaves it alone (the steps are not gathered and run again from the first), every
+/// write is refused and the stored bytes stay as they are.
 async fn malformed_cleaning_run_fails_instead_of_restarting(db: TestDb) {
     let (conductor, s) = Server::start_no_auth(&db).await;
     let (st, v) = s
@@ -237,25 +238,55 @@ async fn malformed_cleaning_run_fails_instead_of_restarting(db: TestDb) {
         assert_eq!(st, StatusCode::ACCEPTED, "{v}");
         wait_state(&s, state).await;
     }
-    let mut n = conductor.store.get_node(&uuid).await.expect("read");
-    n.driver_internal_info
-        .insert("clean_plan".into(), json!({"steps": "lost"}));
-    conductor.store.update_node(&n).await.expect("write");
+    let run = sql(&db, "SELECT run_state FROM nodes WHERE name = 'n1'");
+    assert!(
+        run.contains("\"clean\""),
+        "the run is in its own column: {run}"
+    );
+    let damage = r#"{"v": 1, "clean": {"plan": {"steps": "lost"}}}"#;
+    sql(
+        &db,
+        &format!("UPDATE nodes SET run_state = '{damage}' WHERE name = 'n1'"),
+    );
+    let before = conductor
+        .store
+        .pending_commands(&uuid)
+        .await
+        .expect("queue")
+        .len();
     conductor.kick(&uuid);
-    let v = wait_state(&s, "clean failed").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (st, v) = s.call(Method::GET, "/v1/nodes/n1", None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["provision_state"], "clean wait", "{v}");
     let err = v["last_error"].as_str().unwrap_or_default();
     assert!(
-        err.contains("node n1") && err.contains("driver_internal_info.clean_plan"),
+        err.contains("node n1") && err.contains("run_state"),
         "{err}"
     );
+    let (st, v) = s
+        .call(
+            Method::PUT,
+            "/v1/nodes/n1/states/provision",
+            Some(json!({"target": "abort"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{v}");
+    assert!(message(&v).contains("run_state"), "{v}");
     let pending = conductor
         .store
         .pending_commands(&uuid)
         .await
         .expect("queue");
-    assert!(
-        pending.iter().all(|c| c.kind.name() != "get_clean_steps"),
-        "the steps were gathered again: {pending:?}"
+    assert_eq!(
+        pending.len(),
+        before,
+        "the conductor acted on a damaged run: {pending:?}"
+    );
+    assert_eq!(
+        sql(&db, "SELECT run_state FROM nodes WHERE name = 'n1'").replace(' ', ""),
+        damage.replace(' ', ""),
+        "the stored bytes changed"
     );
 }
 

@@ -138,19 +138,17 @@ async fn node_round_trip(db: TestDb) {
     assert!(got.extra.is_empty());
 
     // A NUL from a tool's output in a free-text field never makes the node unwritable:
-    // SQLite keeps it, PostgreSQL (whose text cannot hold it) stores U+FFFD.
+    // both engines store U+FFFD (PostgreSQL text cannot hold NUL; one store, one behaviour).
     let mut nul = by_uuid.clone();
     nul.last_error = Some("erase failed: \u{0}garbage".into());
     nul.maintenance_reason = Some("\u{0}".into());
     s.update_node(&nul).await.expect("update with NUL");
     let got = s.get_node(&n.uuid).await.expect("get NUL");
-    let (want_err, want_reason) = if db.is_postgres() {
-        ("erase failed: \u{FFFD}garbage", "\u{FFFD}")
-    } else {
-        ("erase failed: \u{0}garbage", "\u{0}")
-    };
-    assert_eq!(got.last_error.as_deref(), Some(want_err));
-    assert_eq!(got.maintenance_reason.as_deref(), Some(want_reason));
+    assert_eq!(
+        got.last_error.as_deref(),
+        Some("erase failed: \u{FFFD}garbage")
+    );
+    assert_eq!(got.maintenance_reason.as_deref(), Some("\u{FFFD}"));
     assert_eq!(got.version, 2);
     let by_uuid = got;
 
@@ -1255,7 +1253,11 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
         properties, instance_info, extra, provision_state, maintenance, created_at, version) \
         VALUES ('9e1c7a4e-0000-4000-8000-000000000001', 'old', 'fake-hardware', '{}', \
         '{\"cached_clean_steps_at\": \"2025-01-01T00:00:00Z\"}', '{\"cpus\": 8}', '{}', \
-        '{\"rack\": \"r1\"}', 'manageable', FALSE, '2025-01-01T00:00:00+00:00', 3)";
+        '{\"rack\": \"r1\"}', 'manageable', FALSE, '2025-01-01T00:00:00+00:00', 3), \
+        ('9e1c7a4e-0000-4000-8000-000000000002', 'midclean', 'fake-hardware', '{}', \
+        '{\"agent_token_hash\": \"h\", \"cleaning_booted\": true, \"clean_plan\": [], \
+          \"clean_step_index\": 2, \"clean_command\": \"c-7\", \"provision_cause\": \"provide\"}', \
+        '{}', '{}', '{}', 'clean wait', FALSE, '2025-01-01T00:00:00+00:00', 5)";
     if db.is_postgres() {
         let c = pg(&db.url()).await;
         c.batch_execute("CREATE TABLE schema_version (version BIGINT NOT NULL)")
@@ -1293,4 +1295,31 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
     edited.extra.insert("owner".into(), json!("ops"));
     let written = s.update_node(&edited).await.expect("write the old node");
     assert_eq!(written.version, 4);
+
+    // A node caught mid-cleaning by the upgrade: its run bookkeeping moves from
+    // driver_internal_info to the typed run state, so the cleaning resumes where it was.
+    let n = s
+        .get_node("midclean")
+        .await
+        .expect("read the mid-clean node");
+    assert!(n.corrupt.is_none(), "{:?}", n.corrupt);
+    let clean = n.runs.clean.clone().expect("the cleaning run carried over");
+    assert_eq!(
+        (clean.step_index, clean.command.as_deref()),
+        (2, Some("c-7"))
+    );
+    assert_eq!(
+        n.runs.agent.as_ref().map(|a| a.token_hash.as_str()),
+        Some("h")
+    );
+    assert_eq!(
+        n.driver_internal_info.keys().collect::<Vec<_>>(),
+        vec!["provision_cause"]
+    );
+    let written = s.update_node(&n).await.expect("write the mid-clean node");
+    let again = s.get_node("midclean").await.expect("read again");
+    assert_eq!(
+        again.runs, written.runs,
+        "the run state is stored in its column"
+    );
 }

@@ -40,15 +40,12 @@ fn links(base: &str, kind: &str, uuid: &str) -> Value {
     ])
 }
 
-/// Keys of driver_internal_info kept to the conductor (token hashes, raw queues).
-const INTERNAL_HIDDEN: &[&str] = &["agent_token_hash"];
-
 /// The full node document.
 pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
     let mut internal = mask_secrets(&n.driver_internal_info);
-    for k in INTERNAL_HIDDEN {
-        internal.remove(*k);
-    }
+    // The run state lives in its own column; the parts Ironic shows in
+    // driver_internal_info are shown there (never the token hash).
+    runs_shown(n, &mut internal);
     // Liveness lives outside the versioned record; shown where Ironic shows it.
     if let Some(t) = &n.liveness.last_heartbeat {
         internal.insert("agent_last_heartbeat".into(), time(&Some(*t)));
@@ -110,15 +107,35 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
     m
 }
 
+/// The run state in `driver_internal_info`: whole under `run_state` (without the agent
+/// token's hash), and the parts Ironic keeps there under its names (the plan and index of a
+/// cleaning or deploy run); the boot the agent token belongs to as `agent_boot_id`.
+fn runs_shown(n: &Node, internal: &mut Map<String, Value>) {
+    let mut runs = n.runs.clone();
+    if let Some(agent) = runs.agent.take() {
+        if let Some(boot) = agent.boot_id {
+            internal.insert("agent_boot_id".into(), Value::from(boot));
+        }
+    }
+    if runs != crate::runs::Runs::default() {
+        internal.insert("run_state".into(), json!(runs));
+    }
+    if let Some(clean) = &n.runs.clean {
+        if let Some(plan) = &clean.plan {
+            internal.insert("clean_steps".into(), json!(plan));
+            internal.insert("clean_step_index".into(), json!(clean.step_index));
+        }
+    }
+    if let Some(deploy) = &n.runs.deploy {
+        internal.insert("deploy_steps".into(), json!(deploy.plan));
+        internal.insert("deploy_step_index".into(), json!(deploy.index));
+    }
+}
+
 /// `clean_step` and `deploy_step` as shown: the running step with the progress its agent
 /// last reported for that very command (an earlier command's progress is not shown).
 fn steps_with_progress(n: &Node) -> (Value, Value) {
-    let running = n
-        .driver_internal_info
-        .get("clean_command")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or_else(|| crate::conductor::Conductor::deploy_command(n));
+    let running = n.runs.running_command().map(str::to_string);
     let progress = n.liveness.progress.as_ref().filter(|p| {
         running.is_some() && p.get("command_id").and_then(Value::as_str) == running.as_deref()
     });

@@ -11,7 +11,6 @@ use rivet_protocol::agent::{
     HeartbeatResponse, LookupRequest, LookupResponse,
 };
 use rivet_protocol::states::ProvisionState;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,8 +62,7 @@ impl From<StoreError> for AgentError {
 /// (the conductor's reboots and power actions, the end of an operation) calls this, since a
 /// new boot must earn a new token at lookup.
 pub(crate) fn forget_agent_token(node: &mut Node) {
-    node.driver_internal_info.remove("agent_token_hash");
-    node.driver_internal_info.remove("agent_boot_id");
+    node.runs.agent = None;
 }
 
 /// A boot id as the kernel writes it: hex digits and dashes, not too long.
@@ -173,19 +171,15 @@ impl Conductor {
             // Once per boot, as Ironic does: a later lookup (even one claiming another boot
             // id) gets no token, or anyone who knows a MAC could take over the node's agent
             // session. The conductor forgets the token when it reboots or powers the node.
-            let token = if node.driver_internal_info.contains_key("agent_token_hash") {
+            let token = if node.runs.has_agent() {
                 None
             } else {
                 let t = new_token();
-                node.driver_internal_info
-                    .insert("agent_token_hash".into(), Value::from(token_hash(&t)));
                 // The token belongs to this boot; heartbeats must come from it.
-                match &req.boot_id {
-                    Some(b) => node
-                        .driver_internal_info
-                        .insert("agent_boot_id".into(), Value::from(b.clone())),
-                    None => node.driver_internal_info.remove("agent_boot_id"),
-                };
+                node.runs.agent = Some(crate::runs::AgentSession {
+                    token_hash: token_hash(&t),
+                    boot_id: req.boot_id.clone(),
+                });
                 Some(t)
             };
             let uuid = node.uuid.clone();
@@ -233,9 +227,10 @@ impl Conductor {
 
     fn check_token(node: &Node, token: Option<&str>) -> Result<(), AgentError> {
         let stored = node
-            .driver_internal_info
-            .get("agent_token_hash")
-            .and_then(Value::as_str)
+            .runs
+            .agent
+            .as_ref()
+            .map(|a| a.token_hash.as_str())
             .ok_or(AgentError::Unauthorized)?;
         let token = token.ok_or(AgentError::Unauthorized)?;
         if constant_time_eq(token_hash(token).as_bytes(), stored.as_bytes()) {
@@ -248,11 +243,7 @@ impl Conductor {
     /// After a good token: the heartbeat must come from the boot the token was issued to.
     /// A token issued to an agent that sent no boot id (older agents) is not tied to a boot.
     fn check_boot(node: &Node, boot_id: Option<&str>) -> Result<(), AgentError> {
-        match node
-            .driver_internal_info
-            .get("agent_boot_id")
-            .and_then(Value::as_str)
-        {
+        match node.runs.agent.as_ref().and_then(|a| a.boot_id.as_deref()) {
             Some(stored) if Some(stored) != boot_id => {
                 tracing::debug!(node = %node.uuid, "heartbeat with this node's token from another boot refused");
                 Err(AgentError::OtherBoot)

@@ -1,7 +1,7 @@
 //! The cleaning engine: automated (`provide`, tear-down) and manual (`clean`) cleaning.
 //!
 //! Level-triggered like the rest of the conductor: [`Conductor::advance_cleaning`] looks at the
-//! node's cleaning bookkeeping in `driver_internal_info`, makes one decision, writes it, and
+//! node's cleaning run ([`CleanRun`]), makes one decision, writes it, and
 //! returns. It is called when the node enters cleaning, when the agent looks up or reports a
 //! result, when an operator unholds, and by the periodic scan (which is what resumes cleaning
 //! after a controller restart). Every decision is written before it is acted on (a command id
@@ -12,6 +12,7 @@ use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use crate::drivers::{Bmc, BootDevice};
 use crate::fsm::Event;
+use crate::runs::{CleanRun, RamdiskUse};
 use crate::store::{Node, StoreError};
 use chrono::Utc;
 use rivet_protocol::agent::{CleanStepsResult, Command, CommandKind, CommandStatus};
@@ -20,92 +21,23 @@ use rivet_protocol::steps::RequestedStep;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// `driver_internal_info` keys of one cleaning run (cleared when a run starts or ends).
-pub(crate) const RUN_KEYS: &[&str] = &[
-    "clean_plan",
-    "clean_step_index",
-    "clean_steps_command",
-    "clean_command",
-    "clean_step_started_at",
-    "cleaning_booted",
-    "cleaning_no_ramdisk",
-];
-
-fn dii_str<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.driver_internal_info.get(key).and_then(Value::as_str)
-}
-
-fn set(node: &mut Node, key: &str, value: Value) {
-    node.driver_internal_info.insert(key.to_string(), value);
-}
-
 /// Forget the bookkeeping of a cleaning run.
 pub(crate) fn clear_run(node: &mut Node) {
-    for k in RUN_KEYS {
-        node.driver_internal_info.remove(*k);
-    }
+    node.runs.clean = None;
 }
 
-fn plan(node: &Node) -> Option<Vec<PlannedStep>> {
-    node.driver_internal_info
-        .get("clean_plan")
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
+/// The node's cleaning run, started empty if there is none.
+fn run_mut(node: &mut Node) -> &mut CleanRun {
+    node.runs.clean.get_or_insert_with(Default::default)
 }
 
-/// Checks that every cleaning-run key present on the node has the type the engine reads it
-/// as. A value that does not decode must stop the run with an error naming the node and the
-/// key: read as "absent" it would silently restart the cleaning (gather steps again, run
-/// steps again from the first).
-pub(crate) fn check_run(node: &Node) -> Result<(), String> {
-    let dii = &node.driver_internal_info;
-    let bad = |key: &str, why: String| {
-        Err(format!(
-            "node {}: driver_internal_info.{key} does not decode ({why}); the cleaning cannot \
-             safely continue — abort it, then clean again",
-            node.ident()
-        ))
-    };
-    if let Some(v) = dii.get("clean_plan") {
-        if let Err(e) = serde_json::from_value::<Vec<PlannedStep>>(v.clone()) {
-            return bad("clean_plan", e.to_string());
-        }
-    }
-    if let Some(v) = dii.get("clean_step_index") {
-        if !v.is_u64() {
-            return bad(
-                "clean_step_index",
-                format!("expected a step number, found {v}"),
-            );
-        }
-    }
-    for key in [
-        "clean_steps_command",
-        "clean_command",
-        "clean_step_started_at",
-    ] {
-        if let Some(v) = dii.get(key) {
-            if !v.is_string() {
-                return bad(key, format!("expected a string, found {v}"));
-            }
-        }
-    }
-    if let Some(v) = dii.get("clean_step_started_at").and_then(Value::as_str) {
-        if chrono::DateTime::parse_from_rfc3339(v).is_err() {
-            return bad("clean_step_started_at", format!("not a time: {v:?}"));
-        }
-    }
-    for key in ["cleaning_booted", "cleaning_no_ramdisk"] {
-        if let Some(v) = dii.get(key) {
-            if !v.is_boolean() {
-                return bad(key, format!("expected true or false, found {v}"));
-            }
-        }
-    }
-    Ok(())
+/// The steps a manual clean asked for (none for an automated one).
+fn requested(node: &Node) -> Option<Vec<RequestedStep>> {
+    node.runs.clean.as_ref().and_then(|r| r.requested.clone())
 }
 
 pub(super) fn has_agent(node: &Node) -> bool {
-    node.driver_internal_info.contains_key("agent_token_hash")
+    node.runs.has_agent()
 }
 
 impl Conductor {
@@ -211,15 +143,10 @@ impl Conductor {
             return self.event(node, Event::Done, None).await.map(Some);
         }
 
-        if let Err(msg) = check_run(&node) {
-            tracing::error!(node = %uuid, error = %msg, "cleaning run bookkeeping does not decode");
-            return self.fail(node, &msg).await.map(Some);
-        }
-
         // 1. Boot the ramdisk once per run, unless the run needs none: the fake deploy
         // interface has no in-band steps at all (fake-hardware cleans without an agent, as
         // in Ironic), and a manual clean may ask only for out-of-band steps.
-        if !node.driver_internal_info.contains_key("cleaning_booted") {
+        if node.runs.clean.as_ref().and_then(|r| r.ramdisk).is_none() {
             if !node.interfaces.uses_agent(&node.driver) {
                 let plan = self.plan_without_agent(&node, bmc, manual).await;
                 let plan = match plan {
@@ -231,26 +158,18 @@ impl Conductor {
                     }
                 };
                 tracing::info!(node = %uuid, steps = plan.len(), "deploy interface has no agent: cleaning without a ramdisk");
-                set(&mut node, "cleaning_booted", json!(false));
-                set(&mut node, "cleaning_no_ramdisk", json!(true));
-                set(
-                    &mut node,
-                    "clean_plan",
-                    serde_json::to_value(&plan).unwrap_or(Value::Null),
-                );
-                set(&mut node, "clean_step_index", json!(0));
+                let run = run_mut(&mut node);
+                run.ramdisk = Some(RamdiskUse::NotNeeded);
+                run.plan = Some(plan);
+                run.step_index = 0;
                 return Ok(Some(self.store.update_node(&node).await?));
             }
             if manual {
                 if let Some(plan) = self.plan_without_ramdisk(&node, bmc).await {
-                    set(&mut node, "cleaning_booted", json!(false));
-                    set(&mut node, "cleaning_no_ramdisk", json!(true));
-                    set(
-                        &mut node,
-                        "clean_plan",
-                        serde_json::to_value(&plan).unwrap_or(Value::Null),
-                    );
-                    set(&mut node, "clean_step_index", json!(0));
+                    let run = run_mut(&mut node);
+                    run.ramdisk = Some(RamdiskUse::NotNeeded);
+                    run.plan = Some(plan);
+                    run.step_index = 0;
                     return Ok(Some(self.store.update_node(&node).await?));
                 }
             }
@@ -261,7 +180,7 @@ impl Conductor {
                 );
                 return self.fail(node, &msg).await.map(Some);
             }
-            set(&mut node, "cleaning_booted", json!(true));
+            run_mut(&mut node).ramdisk = Some(RamdiskUse::Booted);
             tracing::info!(node = %uuid, manual, "cleaning ramdisk booting; waiting for the agent");
             return self
                 .ensure_state(node, ProvisionState::CleanWait)
@@ -270,13 +189,18 @@ impl Conductor {
         }
 
         // 2. Gather the steps and make the plan.
-        let Some(plan) = plan(&node) else {
+        let Some(plan) = node.runs.clean.as_ref().and_then(|r| r.plan.clone()) else {
             if !has_agent(&node) {
                 return self.wait_in(node, ProvisionState::CleanWait).await;
             }
-            let Some(id) = dii_str(&node, "clean_steps_command").map(str::to_string) else {
+            let Some(id) = node
+                .runs
+                .clean
+                .as_ref()
+                .and_then(|r| r.steps_command.clone())
+            else {
                 let id = uuid::Uuid::new_v4().to_string();
-                set(&mut node, "clean_steps_command", json!(id));
+                run_mut(&mut node).steps_command = Some(id.clone());
                 let node = self.ensure_state(node, ProvisionState::CleanWait).await?;
                 self.queue(
                     &uuid,
@@ -314,22 +238,18 @@ impl Conductor {
             };
             let driver_steps = bmc.steps(&uuid, &node.driver_info).await;
             let available = steps::available(&agent_steps, &driver_steps);
-            set(
-                &mut node,
-                "cached_clean_steps",
+            // Shown by GET …/clean_steps; kept after the run (not run state).
+            let dii = &mut node.driver_internal_info;
+            dii.insert(
+                "cached_clean_steps".into(),
                 serde_json::to_value(&available).unwrap_or(Value::Null),
             );
-            set(
-                &mut node,
-                "cached_clean_steps_at",
+            dii.insert(
+                "cached_clean_steps_at".into(),
                 json!(Utc::now().to_rfc3339()),
             );
             let planned = if manual {
-                let requested: Vec<RequestedStep> = node
-                    .driver_internal_info
-                    .get("requested_clean_steps")
-                    .and_then(|v| serde_json::from_value(v.clone()).ok())
-                    .unwrap_or_default();
+                let requested = requested(&node).unwrap_or_default();
                 match steps::manual_plan(&requested, &available) {
                     Ok(p) => p,
                     Err(e) => {
@@ -345,21 +265,14 @@ impl Conductor {
                 )
             };
             tracing::info!(node = %uuid, steps = ?planned.iter().map(|p| p.step.step.as_str()).collect::<Vec<_>>(), "cleaning plan");
-            set(
-                &mut node,
-                "clean_plan",
-                serde_json::to_value(&planned).unwrap_or(Value::Null),
-            );
-            set(&mut node, "clean_step_index", json!(0));
+            let run = run_mut(&mut node);
+            run.plan = Some(planned);
+            run.step_index = 0;
             return Ok(Some(self.store.update_node(&node).await?));
         };
 
         // 3. Run the plan, one step per decision.
-        let index = node
-            .driver_internal_info
-            .get("clean_step_index")
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as usize;
+        let index = node.runs.clean.as_ref().map_or(0, |r| r.step_index);
         let Some(step) = plan.get(index).cloned() else {
             return self.finish_cleaning(node, bmc, manual).await.map(Some);
         };
@@ -411,11 +324,7 @@ impl Conductor {
                 &self.config.cleaning.priority_overrides,
             ));
         }
-        let requested: Vec<RequestedStep> = node
-            .driver_internal_info
-            .get("requested_clean_steps")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .unwrap_or_default();
+        let requested = requested(node).unwrap_or_default();
         steps::manual_plan(&requested, &steps::available(&[], &driver_steps))
             .map_err(|e| e.to_string())
     }
@@ -423,10 +332,7 @@ impl Conductor {
     /// A manual plan that needs no ramdisk: every requested step is the driver's or the
     /// conductor's. `None` when the ramdisk is needed (or the request does not resolve yet).
     async fn plan_without_ramdisk(&self, node: &Node, bmc: &dyn Bmc) -> Option<Vec<PlannedStep>> {
-        let requested: Vec<RequestedStep> = node
-            .driver_internal_info
-            .get("requested_clean_steps")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())?;
+        let requested = requested(node)?;
         if requested.is_empty() {
             return None; // An empty manual clean gathers the agent's steps.
         }
@@ -447,18 +353,15 @@ impl Conductor {
             step: step.step.step.clone(),
             args: step.args.clone(),
         };
-        let Some(id) = dii_str(&node, "clean_command").map(str::to_string) else {
+        let Some(id) = node.runs.clean.as_ref().and_then(|r| r.command.clone()) else {
             if !has_agent(&node) {
                 // After a requested reboot: wait for the agent to look up again.
                 return self.wait_in(node, ProvisionState::CleanWait).await;
             }
             let id = uuid::Uuid::new_v4().to_string();
-            set(&mut node, "clean_command", json!(id));
-            set(
-                &mut node,
-                "clean_step_started_at",
-                json!(Utc::now().to_rfc3339()),
-            );
+            let run = run_mut(&mut node);
+            run.command = Some(id.clone());
+            run.step_started_at = Some(Utc::now());
             node.clean_step = Some(step_doc(step));
             let node = self.ensure_state(node, ProvisionState::CleanWait).await?;
             self.queue(&uuid, Command { id, kind }).await?;
@@ -508,9 +411,10 @@ impl Conductor {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         tracing::info!(node = %node.uuid, step = %step.step.step, index, "clean step succeeded");
-        set(&mut node, "clean_step_index", json!(index + 1));
-        node.driver_internal_info.remove("clean_command");
-        node.driver_internal_info.remove("clean_step_started_at");
+        let run = run_mut(&mut node);
+        run.step_index = index + 1;
+        run.command = None;
+        run.step_started_at = None;
         node.clean_step = None;
         if abort_after {
             let msg = format!(
@@ -524,9 +428,8 @@ impl Conductor {
             let bmc = self.bmc(&node)?;
             // A one-time boot override is consumed by each boot: set it again so the
             // reboot comes back into the ramdisk, not the disk (unless this run has none).
-            let ramdisk = !node
-                .driver_internal_info
-                .contains_key("cleaning_no_ramdisk");
+            let ramdisk =
+                node.runs.clean.as_ref().and_then(|r| r.ramdisk) != Some(RamdiskUse::NotNeeded);
             let rebooted = async {
                 if ramdisk {
                     bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
@@ -562,7 +465,7 @@ impl Conductor {
         match step.step.step.as_str() {
             "hold" => {
                 let mut node = node;
-                set(&mut node, "clean_step_index", json!(index + 1));
+                run_mut(&mut node).step_index = index + 1;
                 node.clean_step = None;
                 tracing::info!(node = %uuid, "cleaning on hold; `unhold` continues, `abort` stops");
                 self.event(node, Event::Hold, None).await
@@ -627,7 +530,6 @@ impl Conductor {
         }
         node.power_state = Some(PowerState::Off);
         clear_run(&mut node);
-        node.driver_internal_info.remove("requested_clean_steps");
         let _ = self.store.cancel_pending(&node.uuid).await;
         tracing::info!(node = %node.uuid, manual, "cleaning finished");
         self.event(node, if manual { Event::Manage } else { Event::Done }, None)
@@ -645,41 +547,4 @@ pub(super) fn step_doc(step: &PlannedStep) -> Value {
         "args": step.args,
         "source": step.source,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn malformed_run_keys_are_errors_naming_the_key() {
-        let mut n = Node::new("u".into(), "redfish".into());
-        n.name = Some("n1".into());
-        assert_eq!(check_run(&n), Ok(()));
-        set(&mut n, "clean_plan", json!([]));
-        set(&mut n, "clean_step_index", json!(0));
-        set(&mut n, "clean_command", json!("c1"));
-        set(
-            &mut n,
-            "clean_step_started_at",
-            json!(Utc::now().to_rfc3339()),
-        );
-        set(&mut n, "cleaning_booted", json!(true));
-        assert_eq!(check_run(&n), Ok(()));
-        for (key, value) in [
-            ("clean_plan", json!({"not": "a list"})),
-            ("clean_step_index", json!("3")),
-            ("clean_command", json!(7)),
-            ("clean_step_started_at", json!("yesterday")),
-            ("cleaning_booted", json!("yes")),
-        ] {
-            let mut bad = n.clone();
-            set(&mut bad, key, value);
-            let e = check_run(&bad).expect_err(key);
-            assert!(
-                e.contains("node n1") && e.contains(&format!("driver_internal_info.{key} ")),
-                "{e}"
-            );
-        }
-    }
 }

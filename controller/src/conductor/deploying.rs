@@ -9,9 +9,9 @@
 //! (`get_deploy_steps`); `deploy_steps` of the request change priorities (0 drops a step) or
 //! add agent steps.
 //!
-//! The run is typed ([`DeployRun`]) and kept under one `driver_internal_info` key; a value
-//! that does not decode fails the deploy with a message naming the node and the field, it is
-//! never silently restarted. Like cleaning, every decision is written before it is acted on,
+//! The run is typed ([`DeployRun`]) and kept in the node's run state (a document that does
+//! not decode marks the node corrupt, naming the column: the run is never silently
+//! restarted). Like cleaning, every decision is written before it is acted on,
 //! so a controller killed mid-deploy resumes where it stopped: the agent keeps writing and
 //! reports to the new process. The `fake` deploy interface (fake-hardware only) does no work.
 
@@ -19,53 +19,20 @@ use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use crate::drivers::{Bmc, BootDevice};
 use crate::fsm::Event;
+use crate::runs::DeployRun;
 use crate::store::Node;
 use chrono::{DateTime, Utc};
 use rivet_protocol::agent::{CommandKind, CommandStatus, DeployStepsResult};
 use rivet_protocol::deploy::{WriteImageArgs, WRITE_IMAGE};
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_protocol::steps::{RequestedDeployStep, StepDescriptor};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// `driver_internal_info` key of the running deploy.
-pub(crate) const RUN_KEY: &str = "deploy_run";
 /// `driver_internal_info` key of what the last `write_image` reported (kept while `active`).
 pub(crate) const IMAGE_KEY: &str = "deployed_image";
 /// How long `tear_down_agent` waits for the agent to power the machine off itself before
 /// the BMC does it.
 const SOFT_POWER_OFF_WAIT_S: i64 = 30;
-
-/// The bookkeeping of one deploy run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct DeployRun {
-    /// Steps in order; the agent's join after it called back.
-    pub plan: Vec<PlannedStep>,
-    /// The step to run next.
-    pub index: usize,
-    /// Operator's `deploy_steps` (priority overrides and extra agent steps).
-    #[serde(default)]
-    pub requested: Vec<RequestedDeployStep>,
-    /// The agent's deploy steps are in the plan.
-    #[serde(default)]
-    pub agent_steps_merged: bool,
-    /// Id of the `get_deploy_steps` command.
-    #[serde(default)]
-    pub steps_command: Option<String>,
-    /// Id of the agent command running the current step.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// When the current agent step was sent.
-    #[serde(default)]
-    pub step_started_at: Option<DateTime<Utc>>,
-    /// Id of the `power_off` command `tear_down_agent` sent, and when.
-    #[serde(default)]
-    pub teardown_command: Option<String>,
-    /// When `tear_down_agent` asked the agent to power off.
-    #[serde(default)]
-    pub teardown_since: Option<DateTime<Utc>>,
-}
 
 /// A conductor deploy step.
 fn conductor_step(step: &str, priority: i64) -> PlannedStep {
@@ -141,25 +108,8 @@ pub(crate) fn check_requested(requested: &[RequestedDeployStep]) -> Result<(), S
 }
 
 impl Conductor {
-    /// Read a node's deploy run; `Ok(None)` when none started. A stored value that does not
-    /// decode is an error naming the field: the run is never silently started over.
-    fn deploy_run(node: &Node) -> Result<Option<DeployRun>, String> {
-        match node.driver_internal_info.get(RUN_KEY) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
-                format!(
-                    "node {}: driver_internal_info.{RUN_KEY} does not decode ({e}); the deploy cannot safely continue — `deleted` to tear down, or `rebuild`",
-                    node.ident()
-                )
-            }),
-        }
-    }
-
     fn put_run(node: &mut Node, run: &DeployRun) {
-        node.driver_internal_info.insert(
-            RUN_KEY.into(),
-            serde_json::to_value(run).unwrap_or(Value::Null),
-        );
+        node.runs.deploy = Some(run.clone());
     }
 
     /// One decision of a deploy. `Some(node)` when something was written and the caller
@@ -172,33 +122,25 @@ impl Conductor {
         if !node.interfaces.uses_agent(&node.driver) {
             // The fake deploy interface (fake-hardware only, validated at create/patch).
             tracing::info!(node = %node.uuid, "fake deploy interface: nothing to write");
-            node.driver_internal_info.remove(RUN_KEY);
+            node.runs.deploy = None;
+            node.runs.deploy_request = None;
             let node = self.ensure_state(node, ProvisionState::Deploying).await?;
             return self.event(node, Event::Done, None).await.map(Some);
         }
-        let run = match Self::deploy_run(&node) {
-            Ok(Some(r)) => r,
-            Ok(None) => {
-                let requested: Vec<RequestedDeployStep> = node
-                    .driver_internal_info
-                    .get("requested_deploy_steps")
-                    .and_then(|v| serde_json::from_value(v.clone()).ok())
-                    .unwrap_or_default();
+        let run = match node.runs.deploy.clone() {
+            Some(r) => r,
+            None => {
+                let requested = node.runs.deploy_request.take().unwrap_or_default();
                 let run = DeployRun {
                     plan: apply_requested(conductor_deploy_steps(), &requested),
                     requested,
                     ..Default::default()
                 };
                 Self::put_run(&mut node, &run);
-                node.driver_internal_info.remove("requested_deploy_steps");
                 return self
                     .ensure_state(node, ProvisionState::Deploying)
                     .await
                     .map(Some);
-            }
-            Err(msg) => {
-                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
-                return self.fail(node, &msg).await.map(Some);
             }
         };
         let Some(step) = run.plan.get(run.index).cloned() else {
@@ -571,7 +513,7 @@ impl Conductor {
     }
 
     async fn finish_deploy(&self, mut node: Node) -> Result<Node, ConductorError> {
-        node.driver_internal_info.remove(RUN_KEY);
+        node.runs.deploy = None;
         node.deploy_step = None;
         tracing::info!(node = %node.uuid, "deploy finished");
         let node = self.ensure_state(node, ProvisionState::Deploying).await?;
@@ -582,11 +524,7 @@ impl Conductor {
     /// nothing keeps writing to a node an operator gave up on.
     pub(crate) async fn stop_after_abort(&self, node: &Node) {
         let uuid = node.uuid.clone();
-        if let Some(id) = Self::deploy_run(node)
-            .ok()
-            .flatten()
-            .and_then(|r| r.command)
-        {
+        if let Some(id) = Self::deploy_command(node) {
             let _ = self
                 .send_command(&uuid, CommandKind::Abort { command_id: id })
                 .await;
@@ -619,27 +557,17 @@ impl Conductor {
             .get("abortable")
             .and_then(Value::as_bool)
             .unwrap_or(true);
-        let running = Self::deploy_run(node)
-            .ok()
-            .flatten()
-            .and_then(|r| r.command);
-        Some((name, abortable || running.is_none()))
+        Some((name, abortable || Self::deploy_command(node).is_none()))
     }
 
     /// The agent command of the running deploy step, for timeouts and aborts.
     pub(crate) fn deploy_command(node: &Node) -> Option<String> {
-        Self::deploy_run(node)
-            .ok()
-            .flatten()
-            .and_then(|r| r.command)
+        node.runs.deploy.as_ref().and_then(|r| r.command.clone())
     }
 
     /// When the running agent deploy step was sent.
     pub(crate) fn deploy_step_started(node: &Node) -> Option<DateTime<Utc>> {
-        Self::deploy_run(node)
-            .ok()
-            .flatten()
-            .and_then(|r| r.step_started_at)
+        node.runs.deploy.as_ref().and_then(|r| r.step_started_at)
     }
 }
 
@@ -648,7 +576,6 @@ impl Conductor {
 mod tests {
     use super::*;
     use rivet_protocol::deploy::WRITE_IMAGE_PRIORITY;
-    use serde_json::json;
 
     fn names(plan: &[PlannedStep]) -> Vec<&str> {
         plan.iter().map(|p| p.step.step.as_str()).collect()
@@ -716,24 +643,5 @@ mod tests {
             ..bad
         };
         assert!(check_requested(&[neg]).unwrap_err().contains("negative"));
-    }
-
-    #[test]
-    fn run_decodes_strictly() {
-        let mut n = Node::new("u".into(), "redfish".into());
-        n.driver_internal_info
-            .insert(RUN_KEY.into(), json!({"plan": "not a list"}));
-        let e = Conductor::deploy_run(&n).unwrap_err();
-        assert!(
-            e.contains("driver_internal_info.deploy_run does not decode"),
-            "{e}"
-        );
-        let run = DeployRun {
-            plan: conductor_deploy_steps(),
-            index: 2,
-            ..Default::default()
-        };
-        Conductor::put_run(&mut n, &run);
-        assert_eq!(Conductor::deploy_run(&n).unwrap(), Some(run));
     }
 }

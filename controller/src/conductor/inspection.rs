@@ -1,8 +1,8 @@
 //! The inspection engine: in-band (boot the ramdisk, collect the agent's inventory) or
 //! out-of-band (ask the BMC), then derive properties and ports and apply the rules.
 //!
-//! Level-triggered like cleaning: each call makes one decision from the node's
-//! `driver_internal_info` bookkeeping and writes it before acting.
+//! Level-triggered like cleaning: each call makes one decision from the node's inspection
+//! run ([`crate::runs::InspectRun`]) and writes it before acting.
 
 use super::{Conductor, ConductorError};
 use crate::drivers::{Bmc, OobInventory};
@@ -15,14 +15,9 @@ use rivet_protocol::inventory::Inventory;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use serde_json::{json, Map, Value};
 
-/// `driver_internal_info` keys of one inspection run.
-pub(crate) const RUN_KEYS: &[&str] = &["inspect_booted", "inspect_command"];
-
 /// Forget the bookkeeping of an inspection run.
 pub(crate) fn clear_run(node: &mut Node) {
-    for k in RUN_KEYS {
-        node.driver_internal_info.remove(*k);
-    }
+    node.runs.inspect = None;
 }
 
 impl Conductor {
@@ -59,7 +54,7 @@ impl Conductor {
             };
         }
 
-        if !node.driver_internal_info.contains_key("inspect_booted") {
+        if !node.runs.inspect.as_ref().is_some_and(|r| r.booted) {
             if let Err(e) = self.boot_ramdisk(&mut node, bmc).await {
                 let msg = format!(
                     "failed to boot the inspection ramdisk on node {}: {e}",
@@ -68,29 +63,28 @@ impl Conductor {
                 return self.fail(node, &msg).await.map(Some);
             }
             node.inspection_started_at = Some(Utc::now());
-            node.driver_internal_info
-                .insert("inspect_booted".into(), json!(true));
+            node.runs.inspect = Some(crate::runs::InspectRun {
+                booted: true,
+                command: None,
+            });
             tracing::info!(node = %uuid, "inspection ramdisk booting; waiting for the agent");
             return self
                 .ensure_state(node, ProvisionState::InspectWait)
                 .await
                 .map(Some);
         }
-        if !node.driver_internal_info.contains_key("agent_token_hash") {
+        if !node.runs.has_agent() {
             return self
                 .ensure_state(node, ProvisionState::InspectWait)
                 .await
                 .map(|_| None);
         }
-        let Some(id) = node
-            .driver_internal_info
-            .get("inspect_command")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-        else {
+        let Some(id) = node.runs.inspect.as_ref().and_then(|r| r.command.clone()) else {
             let id = uuid::Uuid::new_v4().to_string();
-            node.driver_internal_info
-                .insert("inspect_command".into(), json!(id));
+            node.runs
+                .inspect
+                .get_or_insert_with(Default::default)
+                .command = Some(id.clone());
             let node = self.ensure_state(node, ProvisionState::InspectWait).await?;
             match self
                 .store

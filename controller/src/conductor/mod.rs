@@ -293,7 +293,7 @@ impl Conductor {
                 node.power_state = Some(PowerState::Off);
                 node.instance_uuid = None;
                 node.instance_info.clear();
-                node.driver_internal_info.remove(deploying::RUN_KEY);
+                node.runs.deploy = None;
                 node.driver_internal_info.remove(deploying::IMAGE_KEY);
                 agent::forget_agent_token(&mut node);
                 let _ = self.store.cancel_pending(&node.uuid).await;

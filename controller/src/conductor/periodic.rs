@@ -73,13 +73,6 @@ impl Conductor {
     /// Why a node in a wait state has waited too long, if it has.
     fn overdue(&self, node: &crate::store::Node, now: chrono::DateTime<Utc>) -> Option<String> {
         let state = node.provision_state;
-        let dii = &node.driver_internal_info;
-        let since = |key: &str| {
-            dii.get(key)
-                .and_then(serde_json::Value::as_str)
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                .map(|t| (now - t.with_timezone(&Utc)).num_seconds())
-        };
         let step = node
             .clean_step
             .as_ref()
@@ -90,7 +83,11 @@ impl Conductor {
             .unwrap_or_default();
         if state == ProvisionState::CleanWait {
             let step_limit = self.config.cleaning.step_timeout_s as i64;
-            if let Some(age) = since("clean_step_started_at").filter(|a| *a >= step_limit) {
+            let started = node.runs.clean.as_ref().and_then(|r| r.step_started_at);
+            if let Some(age) = started
+                .map(|t| (now - t).num_seconds())
+                .filter(|a| *a >= step_limit)
+            {
                 return Some(format!(
                     "clean step timed out on node {} after {age} s (limit cleaning.step_timeout_s = {step_limit} s){step}",
                     node.ident()
@@ -114,7 +111,7 @@ impl Conductor {
             ProvisionState::CleanWait | ProvisionState::WaitCallBack
         ) {
             let hb_limit = self.config.agent.heartbeat_timeout_s as i64;
-            if dii.contains_key("agent_token_hash") {
+            if node.runs.has_agent() {
                 let age = node
                     .liveness
                     .last_heartbeat
@@ -184,12 +181,7 @@ impl Conductor {
             };
             let state = node.provision_state;
             let uuid = node.uuid.clone();
-            let running = node
-                .driver_internal_info
-                .get("clean_command")
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_string)
-                .or_else(|| Self::deploy_command(&node));
+            let running = node.runs.running_command().map(str::to_string);
             match self.event(node, Event::Fail, Some(msg)).await {
                 Ok(n) => {
                     tracing::warn!(node = %n.uuid, state = %state, "wait timed out");

@@ -332,8 +332,14 @@ impl Conductor {
             node.fault = None;
         }
         if matches!(verb, Verb::Provide | Verb::Clean) {
+            // A fresh run; a manual clean's starts with the steps asked for.
             super::cleaning::clear_run(&mut node);
-            node.driver_internal_info.remove("requested_clean_steps");
+            if verb == Verb::Clean {
+                node.runs.clean = Some(crate::runs::CleanRun {
+                    requested: Some(req.clean_steps.clone().unwrap_or_default()),
+                    ..Default::default()
+                });
+            }
             // Reserved for the whole run, by the controller that owns the node (which may
             // not be the one that received this request).
             node.reservation = Some(self.owner_of(&node.uuid));
@@ -346,25 +352,12 @@ impl Conductor {
         }
         if deploys {
             // A fresh run: the conductor plans it from the default steps and these.
-            node.driver_internal_info.remove(super::deploying::RUN_KEY);
+            node.runs.deploy = None;
+            node.runs.deploy_request = req.deploy_steps.clone();
             node.driver_internal_info
                 .remove(super::deploying::IMAGE_KEY);
-            node.driver_internal_info.remove("requested_deploy_steps");
-            if let Some(steps) = &req.deploy_steps {
-                node.driver_internal_info.insert(
-                    "requested_deploy_steps".into(),
-                    serde_json::to_value(steps)
-                        .map_err(|e| ConductorError::BadRequest(e.to_string()))?,
-                );
-            }
             node.deploy_step = None;
             node.reservation = Some(self.owner_of(&node.uuid));
-        }
-        if verb == Verb::Clean {
-            let steps = serde_json::to_value(req.clean_steps.as_deref().unwrap_or_default())
-                .map_err(|e| ConductorError::BadRequest(e.to_string()))?;
-            node.driver_internal_info
-                .insert("requested_clean_steps".into(), steps);
         }
         if to.is_stable() || to.is_failed() {
             node.target_provision_state = None;
@@ -442,7 +435,11 @@ impl Conductor {
                     .and_then(|s| s.get("abortable"))
                     .and_then(Value::as_bool)
                     .unwrap_or(true);
-                let running = node.driver_internal_info.contains_key("clean_command");
+                let running = node
+                    .runs
+                    .clean
+                    .as_ref()
+                    .is_some_and(|r| r.command.is_some());
                 step.map(|s| (s.to_string(), abortable || !running))
             }
             ProvisionState::InspectWait | ProvisionState::RescueWait => None,
@@ -540,11 +537,7 @@ impl Conductor {
             .and_then(|s| s.get("abortable"))
             .and_then(Value::as_bool)
             .unwrap_or(true);
-        let running = node
-            .driver_internal_info
-            .get("clean_command")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        let running = node.runs.clean.as_ref().and_then(|r| r.command.clone());
         if let (Some(step), Some(_), false) = (&step_name, &running, abortable) {
             if let Some(obj) = node.clean_step.as_mut().and_then(Value::as_object_mut) {
                 obj.insert("abort_after".into(), Value::Bool(true));

@@ -42,6 +42,11 @@ impl Decoder {
         self.corrupt
     }
 
+    /// Record that `field` does not decode (when nothing else was recorded first).
+    pub fn fail(&mut self, field: &'static str, error: impl std::fmt::Display) {
+        self.note(field, error);
+    }
+
     fn note(&mut self, field: &'static str, error: impl std::fmt::Display) {
         if self.corrupt.is_none() {
             let mut error = error.to_string();

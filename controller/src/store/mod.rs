@@ -8,6 +8,8 @@
 
 pub mod decode;
 pub mod postgres;
+pub mod queries;
+pub mod sql;
 pub mod sqlite;
 
 pub use decode::Corrupt;
@@ -127,6 +129,8 @@ pub struct Node {
     pub traits: Vec<String>,
     /// The node's interface implementations (`boot_interface`, `deploy_interface`, …).
     pub interfaces: crate::interfaces::Interfaces,
+    /// The conductor's bookkeeping of the running operation (its own column, typed).
+    pub runs: crate::runs::Runs,
     /// Set when a stored field did not decode: the node is shown with that error and every
     /// write of it is refused ([`Node::writable`]).
     pub corrupt: Option<Corrupt>,
@@ -184,6 +188,7 @@ impl Node {
             inspection_finished_at: None,
             traits: Vec::new(),
             interfaces: crate::interfaces::Interfaces::default(),
+            runs: crate::runs::Runs::default(),
             corrupt: None,
             liveness: Liveness::default(),
         }
@@ -595,8 +600,10 @@ pub fn open_with(
             secrets,
             options.sqlite_readers,
         )?)),
-        Backend::Postgres => Ok(std::sync::Arc::new(postgres::PostgresStore::open(
-            url, secrets,
+        Backend::Postgres => Ok(std::sync::Arc::new(postgres::PostgresStore::open_with(
+            url,
+            secrets,
+            options.postgres_pool,
         )?)),
     }
 }

@@ -1,4 +1,4 @@
-//! SQLite backend: one file in WAL mode, migrations embedded and run at open.
+//! SQLite engine: one file in WAL mode, migrations embedded and run at open.
 //!
 //! One connection writes (SQLite serialises writers anyway) and a few read-only connections
 //! read beside it: in WAL mode a reader sees the last commit and never waits for the writer,
@@ -6,22 +6,20 @@
 //! call blocks its thread for tens of microseconds to a few milliseconds; on the
 //! multi-thread runtime it runs under `block_in_place`, so tokio moves the worker's other
 //! tasks (held long polls, other requests) to another thread meanwhile. JSON fields are
-//! stored as text.
+//! stored as text, times as RFC 3339 text with microseconds, flags as 0/1.
+//!
+//! The queries themselves are in [`super::queries`]; their `$n` placeholders are SQLite's
+//! `?n`. Each connection gets two SQL functions the queries use: `now()` (this process's
+//! clock, as the stored time text) and `ago(seconds)`.
 
-use super::decode::Decoder;
-use super::{
-    ConductorRecord, Node, NodeQuery, Port, PortQuery, SortDir, Store, StoreError, StoredCommand,
-    NODE_SORT_KEYS,
-};
-use async_trait::async_trait;
+use super::queries::SqlStore;
+use super::sql::{Access, Arg, Dialect, Engine, ExecError, SqlRow};
+use super::StoreError;
 use chrono::{DateTime, SecondsFormat, Utc};
-use rivet_protocol::agent::{Command, CommandResult};
-use rivet_protocol::states::ProvisionState;
-use rusqlite::{params, Connection, OptionalExtension, Row};
-use serde_json::{Map, Value};
+use rusqlite::types::Value as Cell;
+use rusqlite::Connection;
 use std::sync::{Mutex, MutexGuard};
 
-/// Schema migrations, applied in order; index + 1 is the schema version.
 /// The numbered migrations, oldest first (index + 1 is the schema version). Public so a test
 /// can build a database at an old version and upgrade it.
 pub const MIGRATIONS: &[&str] = &[
@@ -140,139 +138,116 @@ ALTER TABLE nodes ADD COLUMN agent_last_heartbeat TEXT;
 ALTER TABLE nodes ADD COLUMN agent_version TEXT;
 ALTER TABLE nodes ADD COLUMN step_progress TEXT;
 "#,
+    // The conductor's typed run state (crate::runs), out of driver_internal_info.
+    r#"
+ALTER TABLE nodes ADD COLUMN run_state TEXT;
+"#,
 ];
 
 /// The schema version this build knows.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// A SQLite-backed store.
-pub struct SqliteStore {
+/// The SQLite store.
+pub type SqliteStore = SqlStore<SqliteEngine>;
+
+/// The SQLite engine.
+pub struct SqliteEngine {
     /// The one connection that writes.
     conn: Mutex<Connection>,
     /// Read-only connections (none: reads go to the writer).
-    readers: Vec<Mutex<Connection>>,
+    pub(crate) readers: Vec<Mutex<Connection>>,
     /// Where the next read starts looking for a free reader.
     next_reader: std::sync::atomic::AtomicUsize,
-    /// Seals driver_info secrets on write, opens them on read.
-    secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// A time as stored: RFC 3339 with microseconds, so text order is time order.
 fn ts(t: &DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, false)
 }
 
-fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
-    s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+fn parse_ts(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
         .map(|t| t.with_timezone(&Utc))
 }
 
-fn map_to_text(m: &Map<String, Value>) -> String {
-    Value::Object(m.clone()).to_string()
-}
-
-fn text_to_map(s: &str) -> Map<String, Value> {
-    match serde_json::from_str(s) {
-        Ok(Value::Object(m)) => m,
-        _ => Map::new(),
+fn cell(arg: Arg) -> Cell {
+    match arg {
+        Arg::Null => Cell::Null,
+        Arg::Text(s) | Arg::Json(s) => Cell::Text(s),
+        Arg::Int(i) => Cell::Integer(i),
+        Arg::Bool(b) => Cell::Integer(i64::from(b)),
+        Arg::Float(f) => Cell::Real(f),
+        Arg::Time(t) => Cell::Text(ts(&t)),
     }
 }
 
-/// The node columns a node write sets, in one order for INSERT and UPDATE.
-macro_rules! node_columns {
-    () => {
-        "uuid, name, driver, driver_info, driver_internal_info, properties, \
-    instance_info, instance_uuid, extra, provision_state, target_provision_state, \
-    provision_updated_at, power_state, target_power_state, maintenance, maintenance_reason, \
-    fault, last_error, clean_step, deploy_step, reservation, conductor, automated_clean, \
-    resource_class, created_at, updated_at, version, inspect_interface, inspection_started_at, \
-    inspection_finished_at, traits, interfaces"
-    };
-}
-const NODE_COLUMNS: &str = node_columns!();
-
-/// What a node read selects: [`NODE_COLUMNS`], then the liveness columns, which node
-/// writes never touch.
-const NODE_SELECT: &str = concat!(
-    node_columns!(),
-    ", agent_last_heartbeat, agent_version, step_progress"
-);
-
-fn node_from_row(r: &Row<'_>) -> rusqlite::Result<Node> {
-    let mut d = Decoder::default();
-    let text = |i: usize| r.get::<_, String>(i);
-    let opt = |i: usize| r.get::<_, Option<String>>(i);
-    let mut node = Node {
-        uuid: r.get(0)?,
-        name: r.get(1)?,
-        driver: r.get(2)?,
-        driver_info: d.map("driver_info", &text(3)?),
-        driver_internal_info: d.map("driver_internal_info", &text(4)?),
-        properties: d.map("properties", &text(5)?),
-        instance_info: d.map("instance_info", &text(6)?),
-        instance_uuid: r.get(7)?,
-        extra: d.map("extra", &text(8)?),
-        provision_state: d.parse("provision_state", &text(9)?, ProvisionState::Error),
-        target_provision_state: d.opt_parse("target_provision_state", opt(10)?.as_deref()),
-        provision_updated_at: parse_ts(r.get(11)?),
-        power_state: d.opt_parse("power_state", opt(12)?.as_deref()),
-        target_power_state: d.opt_parse("target_power_state", opt(13)?.as_deref()),
-        maintenance: r.get(14)?,
-        maintenance_reason: r.get(15)?,
-        fault: r.get(16)?,
-        last_error: r.get(17)?,
-        clean_step: d.opt_value("clean_step", opt(18)?.as_deref()),
-        deploy_step: d.opt_value("deploy_step", opt(19)?.as_deref()),
-        reservation: r.get(20)?,
-        conductor: r.get(21)?,
-        automated_clean: r.get(22)?,
-        resource_class: r.get(23)?,
-        created_at: parse_ts(r.get(24)?).unwrap_or_else(Utc::now),
-        updated_at: parse_ts(r.get(25)?),
-        version: r.get(26)?,
-        inspect_interface: r.get(27)?,
-        inspection_started_at: parse_ts(r.get(28)?),
-        inspection_finished_at: parse_ts(r.get(29)?),
-        traits: d.json("traits", Some(text(30)?.as_str())),
-        interfaces: d.json("interfaces", opt(31)?.as_deref()),
-        corrupt: None,
-        liveness: super::Liveness {
-            last_heartbeat: parse_ts(r.get(32)?),
-            agent_version: r.get(33)?,
-            progress: d.opt_value("step_progress", opt(34)?.as_deref()),
-        },
-    };
-    node.corrupt = d.finish();
-    Ok(node)
+/// `$n` placeholders as SQLite's `?n` (a `$` inside a quoted JSON path is not followed by a
+/// digit).
+fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
-/// Extra condition of every node UPDATE: the JSON object columns still hold objects. A
-/// copy read before someone damaged the row (by hand, or a failing disk) would otherwise
-/// overwrite the damaged bytes with its stale values; this way the write conflicts, the
-/// writer reloads, and the reload refuses the write as corrupt ([`Node::writable`]).
-const NODE_INTACT: &str = "json_type(CASE WHEN json_valid(driver_info) THEN driver_info END) IS 'object' \
-    AND json_type(CASE WHEN json_valid(driver_internal_info) THEN driver_internal_info END) IS 'object' \
-    AND json_type(CASE WHEN json_valid(properties) THEN properties END) IS 'object' \
-    AND json_type(CASE WHEN json_valid(instance_info) THEN instance_info END) IS 'object' \
-    AND json_type(CASE WHEN json_valid(extra) THEN extra END) IS 'object'";
+/// A result row, its values owned.
+pub struct SqliteRow(Vec<Cell>);
 
-const PORT_COLUMNS: &str =
-    "uuid, node_uuid, address, pxe_enabled, extra, created_at, updated_at, version";
+impl SqliteRow {
+    fn take(&mut self, i: usize) -> Result<Cell, StoreError> {
+        self.0
+            .get_mut(i)
+            .map(|c| std::mem::replace(c, Cell::Null))
+            .ok_or_else(|| StoreError::Backend(format!("a result row has no column {i}")))
+    }
+}
 
-fn port_from_row(r: &Row<'_>) -> rusqlite::Result<Port> {
-    Ok(Port {
-        uuid: r.get(0)?,
-        node_uuid: r.get(1)?,
-        address: r.get(2)?,
-        pxe_enabled: r.get(3)?,
-        extra: text_to_map(&r.get::<_, String>(4)?),
-        created_at: parse_ts(r.get(5)?).unwrap_or_else(Utc::now),
-        updated_at: parse_ts(r.get(6)?),
-        version: r.get(7)?,
-    })
+fn wrong_type(i: usize, want: &str, got: &Cell) -> StoreError {
+    StoreError::Backend(format!(
+        "column {i} holds {:?} where {want} is stored",
+        got.data_type()
+    ))
+}
+
+impl SqlRow for SqliteRow {
+    fn opt_text(&mut self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.take(i)? {
+            Cell::Null => Ok(None),
+            Cell::Text(s) => Ok(Some(s)),
+            other => Err(wrong_type(i, "text", &other)),
+        }
+    }
+
+    fn opt_int(&mut self, i: usize) -> Result<Option<i64>, StoreError> {
+        match self.take(i)? {
+            Cell::Null => Ok(None),
+            Cell::Integer(n) => Ok(Some(n)),
+            other => Err(wrong_type(i, "an integer", &other)),
+        }
+    }
+
+    fn opt_flag(&mut self, i: usize) -> Result<Option<bool>, StoreError> {
+        Ok(self.opt_int(i)?.map(|n| n != 0))
+    }
+
+    fn time(&mut self, i: usize) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(self.opt_text(i)?.as_deref().and_then(parse_ts))
+    }
+
+    fn json(&mut self, i: usize) -> Result<Option<String>, StoreError> {
+        self.opt_text(i)
+    }
 }
 
 fn unique_violation(e: &rusqlite::Error) -> Option<String> {
@@ -286,7 +261,7 @@ fn unique_violation(e: &rusqlite::Error) -> Option<String> {
     }
 }
 
-impl SqliteStore {
+impl SqlStore<SqliteEngine> {
     /// Open (creating if needed) the database file and bring its schema up to date.
     pub fn open(
         path: &str,
@@ -314,50 +289,40 @@ impl SqliteStore {
         let readers = (0..readers)
             .map(|_| connect_reader(path).map(Mutex::new))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(SqliteStore {
+        let engine = SqliteEngine {
             conn: Mutex::new(conn),
             readers,
             next_reader: std::sync::atomic::AtomicUsize::new(0),
-            secrets,
-        })
+        };
+        Ok(SqlStore::new(engine, secrets))
     }
+}
 
+impl SqliteEngine {
     /// Run `f` on the writer connection: at once on this thread when it is free (a write
     /// takes microseconds), else wait for it under `block_in_place`.
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, StoreError> {
         if let Ok(mut conn) = self.conn.try_lock() {
-            return f(&mut conn);
+            return Ok(f(&mut conn));
         }
-        blocking(|| {
-            let mut conn = lock(&self.conn)?;
-            f(&mut conn)
-        })
+        blocking(|| Ok(f(&mut *lock(&self.conn)?)))
     }
 
     /// Run `f` (a short read) on a free reader at once, else wait for one under
     /// `block_in_place`.
-    fn read<T>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    fn read<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, StoreError> {
         if self.readers.is_empty() {
             return self.with(f);
         }
         match self.free_reader() {
-            Ok(mut conn) => f(&mut conn),
+            Ok(mut conn) => Ok(f(&mut conn)),
             Err(_) => self.read_long(f),
         }
     }
 
     /// Run `f` (a read that may take long: a listing, a scan of every waiting node) on a
     /// reader under `block_in_place`, so the worker's other tasks move on meanwhile.
-    fn read_long<T>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    fn read_long<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, StoreError> {
         blocking(|| {
             let mut conn = if self.readers.is_empty() {
                 lock(&self.conn)?
@@ -367,7 +332,7 @@ impl SqliteStore {
                     Err(busy) => lock(&self.readers[busy])?,
                 }
             };
-            f(&mut conn)
+            Ok(f(&mut conn))
         })
     }
 
@@ -384,6 +349,61 @@ impl SqliteStore {
             }
         }
         Err(start % n)
+    }
+}
+
+/// Run `sql` on `c` and collect its rows.
+fn query(c: &mut Connection, sql: &str, args: Vec<Arg>) -> Result<Vec<SqliteRow>, StoreError> {
+    let mut st = c.prepare_cached(&numbered(sql)).map_err(backend)?;
+    let width = st.column_count();
+    let mut rows = st
+        .query(rusqlite::params_from_iter(args.into_iter().map(cell)))
+        .map_err(backend)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(backend)? {
+        let values = (0..width)
+            .map(|i| r.get::<_, Cell>(i))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(backend)?;
+        out.push(SqliteRow(values));
+    }
+    Ok(out)
+}
+
+#[async_trait::async_trait]
+impl Engine for SqliteEngine {
+    type Row = SqliteRow;
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    async fn rows(
+        &self,
+        access: Access,
+        sql: &str,
+        args: Vec<Arg>,
+    ) -> Result<Vec<SqliteRow>, StoreError> {
+        match access {
+            Access::Read => self.read(|c| query(c, sql, args))?,
+            Access::Scan => self.read_long(|c| query(c, sql, args))?,
+            Access::Write => self.with(|c| query(c, sql, args))?,
+        }
+    }
+
+    async fn execute(&self, sql: &str, args: Vec<Arg>) -> Result<u64, ExecError> {
+        let r = self.with(|c| {
+            c.prepare_cached(&numbered(sql)).and_then(|mut st| {
+                st.execute(rusqlite::params_from_iter(args.into_iter().map(cell)))
+            })
+        })?;
+        match r {
+            Ok(n) => Ok(n as u64),
+            Err(e) => Err(match unique_violation(&e) {
+                Some(msg) => ExecError::Unique(msg),
+                None => ExecError::Store(backend(e)),
+            }),
+        }
     }
 }
 
@@ -404,6 +424,22 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// The SQL functions the queries use where PostgreSQL has its own: `now()` (the stored text
+/// of this process's clock; one controller, so its clock is the database's) and
+/// `ago(seconds)` (that long before now).
+fn add_functions(conn: &Connection) -> Result<(), StoreError> {
+    use rusqlite::functions::FunctionFlags;
+    let flags = FunctionFlags::SQLITE_UTF8;
+    conn.create_scalar_function("now", 0, flags, |_| Ok(ts(&Utc::now())))
+        .map_err(backend)?;
+    conn.create_scalar_function("ago", 1, flags, |ctx| {
+        let secs: f64 = ctx.get(0)?;
+        let before = chrono::Duration::microseconds((secs * 1e6) as i64);
+        Ok(ts(&(Utc::now() - before)))
+    })
+    .map_err(backend)
+}
+
 /// A read-only connection to the database at `path` (already migrated by the writer).
 fn connect_reader(path: &str) -> Result<Connection, StoreError> {
     use rusqlite::OpenFlags;
@@ -421,6 +457,7 @@ fn connect_reader(path: &str) -> Result<Connection, StoreError> {
     // page cache instead, which the writer keeps warm.
     conn.execute_batch("PRAGMA cache_size = -256")
         .map_err(backend)?;
+    add_functions(&conn)?;
     Ok(conn)
 }
 
@@ -433,6 +470,7 @@ fn connect(path: &str) -> Result<Connection, StoreError> {
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
     )
     .map_err(backend)?;
+    add_functions(&conn)?;
     Ok(conn)
 }
 
@@ -477,844 +515,12 @@ fn migrate(conn: &Connection) -> Result<i64, StoreError> {
     Ok(current)
 }
 
-fn sort_column(key: &str) -> Result<&'static str, StoreError> {
-    if key == "id" {
-        return Ok("id");
-    }
-    NODE_SORT_KEYS
-        .iter()
-        .find(|k| **k == key)
-        .copied()
-        .ok_or_else(|| StoreError::Backend(format!("invalid sort key {key}")))
-}
-
-fn opt_json(v: &Option<Value>) -> Option<String> {
-    v.as_ref().map(|v| v.to_string())
-}
-
-/// A node's values in [`NODE_COLUMNS`] order (one list for INSERT and UPDATE), with its
-/// `driver_info` as sealed text ([`crate::secrets::Secrets::seal_info`]).
-fn node_values(n: &Node, driver_info: String) -> Vec<rusqlite::types::Value> {
-    use rusqlite::types::Value as V;
-    let text = |s: Option<String>| s.map(V::Text).unwrap_or(V::Null);
-    let state = |s: Option<&str>| text(s.map(str::to_string));
-    vec![
-        V::Text(n.uuid.clone()),
-        text(n.name.clone()),
-        V::Text(n.driver.clone()),
-        V::Text(driver_info),
-        V::Text(map_to_text(&n.driver_internal_info)),
-        V::Text(map_to_text(&n.properties)),
-        V::Text(map_to_text(&n.instance_info)),
-        text(n.instance_uuid.clone()),
-        V::Text(map_to_text(&n.extra)),
-        V::Text(n.provision_state.as_str().to_string()),
-        state(n.target_provision_state.map(|s| s.as_str())),
-        text(n.provision_updated_at.as_ref().map(ts)),
-        state(n.power_state.map(|s| s.as_str())),
-        state(n.target_power_state.map(|s| s.as_str())),
-        V::Integer(i64::from(n.maintenance)),
-        text(n.maintenance_reason.clone()),
-        text(n.fault.clone()),
-        text(n.last_error.clone()),
-        text(opt_json(&n.clean_step)),
-        text(opt_json(&n.deploy_step)),
-        text(n.reservation.clone()),
-        text(n.conductor.clone()),
-        n.automated_clean
-            .map(|b| V::Integer(i64::from(b)))
-            .unwrap_or(V::Null),
-        text(n.resource_class.clone()),
-        V::Text(ts(&n.created_at)),
-        text(n.updated_at.as_ref().map(ts)),
-        V::Integer(n.version),
-        text(n.inspect_interface.clone()),
-        text(n.inspection_started_at.as_ref().map(ts)),
-        text(n.inspection_finished_at.as_ref().map(ts)),
-        V::Text(serde_json::to_string(&n.traits).unwrap_or_else(|_| "[]".into())),
-        text(serde_json::to_string(&n.interfaces).ok()),
-    ]
-}
-
-/// `?1, ?2, …, ?n`.
-fn placeholders(n: usize) -> String {
-    (1..=n)
-        .map(|i| format!("?{i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-#[async_trait]
-impl Store for SqliteStore {
-    async fn create_node(&self, node: &Node) -> Result<Node, StoreError> {
-        let mut n = node.clone();
-        n.version = 1;
-        n.updated_at = None;
-        let driver_info = self.secrets.seal_info(&n.uuid, &n.driver_info);
-        self.with(|c| {
-            let values = node_values(&n, driver_info);
-            let r = c.execute(
-                &format!(
-                    "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({})",
-                    placeholders(values.len())
-                ),
-                rusqlite::params_from_iter(values),
-            );
-            match r {
-                Ok(_) => Ok(n),
-                Err(e) => match unique_violation(&e) {
-                    Some(msg) if msg.contains("nodes.name") => Err(StoreError::Duplicate(format!(
-                        "a node named {:?} already exists",
-                        n.name.as_deref().unwrap_or_default()
-                    ))),
-                    Some(_) => Err(StoreError::Duplicate(format!(
-                        "a node with UUID {} already exists",
-                        n.uuid
-                    ))),
-                    None => Err(backend(e)),
-                },
-            }
-        })
-    }
-
-    async fn get_node(&self, ident: &str) -> Result<Node, StoreError> {
-        self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {NODE_SELECT} FROM nodes WHERE uuid = ?1 OR name = ?1 LIMIT 1"
-            ))
-            .map_err(backend)?
-            .query_row([ident], node_from_row)
-            .optional()
-            .map_err(backend)?
-            .ok_or_else(|| StoreError::NotFound {
-                kind: "node",
-                ident: ident.to_string(),
-            })
-        })
-        .and_then(|n| self.secrets.open_node(n))
-    }
-
-    async fn list_nodes(&self, q: &NodeQuery) -> Result<Vec<Node>, StoreError> {
-        let col = sort_column(&q.sort_key)?;
-        self.read_long(|c| {
-            let mut wheres: Vec<String> = Vec::new();
-            let mut args: Vec<rusqlite::types::Value> = Vec::new();
-            let sort_expr = if col == "id" {
-                "id".to_string()
-            } else {
-                format!("COALESCE({col}, '')")
-            };
-            if let Some(marker) = &q.marker {
-                let found: Option<(rusqlite::types::Value, i64)> = c
-                    .query_row(
-                        &format!("SELECT {sort_expr}, id FROM nodes WHERE uuid = ?1"),
-                        [marker],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()
-                    .map_err(backend)?;
-                let (value, id) = found.ok_or_else(|| StoreError::NotFound {
-                    kind: "marker node",
-                    ident: marker.clone(),
-                })?;
-                let op = if q.sort_dir == SortDir::Asc { ">" } else { "<" };
-                if col == "id" {
-                    wheres.push(format!("id {op} ?"));
-                    args.push(id.into());
-                } else {
-                    wheres.push(format!(
-                        "({sort_expr} {op} ? OR ({sort_expr} = ? AND id {op} ?))"
-                    ));
-                    args.push(value.clone());
-                    args.push(value);
-                    args.push(id.into());
-                }
-            }
-            if let Some(s) = q.provision_state {
-                wheres.push("provision_state = ?".into());
-                args.push(s.as_str().to_string().into());
-            }
-            if let Some(m) = q.maintenance {
-                wheres.push("maintenance = ?".into());
-                args.push(i64::from(m).into());
-            }
-            if let Some(d) = &q.driver {
-                wheres.push("driver = ?".into());
-                args.push(d.clone().into());
-            }
-            if let Some(rc) = &q.resource_class {
-                wheres.push("resource_class = ?".into());
-                args.push(rc.clone().into());
-            }
-            let where_sql = super::where_clause(&wheres);
-            let dir = if q.sort_dir == SortDir::Asc { "ASC" } else { "DESC" };
-            let sql = format!(
-                "SELECT {NODE_SELECT} FROM nodes {where_sql} ORDER BY {sort_expr} {dir}, id {dir} LIMIT ?"
-            );
-            args.push((q.limit as i64).into());
-            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
-            let rows = stmt
-                .query_map(rusqlite::params_from_iter(args), node_from_row)
-                .map_err(backend)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
-        })
-        .and_then(|nodes| self.secrets.open_nodes(nodes))
-    }
-
-    async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError> {
-        if states.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.read_long(|c| {
-            let marks = vec!["?"; states.len()].join(", ");
-            let sql = format!(
-                "SELECT {NODE_SELECT} FROM nodes WHERE provision_state IN ({marks}) ORDER BY id"
-            );
-            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
-            let rows = stmt
-                .query_map(
-                    rusqlite::params_from_iter(states.iter().map(|s| s.as_str())),
-                    node_from_row,
-                )
-                .map_err(backend)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
-        })
-        .and_then(|nodes| self.secrets.open_nodes(nodes))
-    }
-
-    async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
-        node.writable()?;
-        let mut n = node.clone();
-        let expected = n.version;
-        n.version += 1;
-        n.updated_at = Some(Utc::now());
-        let driver_info = self.secrets.seal_info(&n.uuid, &n.driver_info);
-        self.with(|c| {
-            let mut values = node_values(&n, driver_info);
-            let count = values.len();
-            values.push(expected.into());
-            // Row-value UPDATE: the same column list and order as INSERT.
-            let set_cols = &NODE_COLUMNS["uuid, ".len()..];
-            let marks = (2..=count)
-                .map(|i| format!("?{i}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let r = c
-                .prepare_cached(&format!(
-                    "UPDATE nodes SET ({set_cols}) = ({marks}) WHERE uuid = ?1 AND version = ?{} \
-                     AND {NODE_INTACT}",
-                    count + 1
-                ))
-                .and_then(|mut st| st.execute(rusqlite::params_from_iter(values)));
-            match r {
-                Ok(1) => Ok(n),
-                Ok(_) => {
-                    let exists: bool = c
-                        .query_row("SELECT 1 FROM nodes WHERE uuid = ?1", [&n.uuid], |_| Ok(()))
-                        .optional()
-                        .map_err(backend)?
-                        .is_some();
-                    if exists {
-                        Err(StoreError::Conflict {
-                            kind: "node",
-                            ident: n.uuid.clone(),
-                            expected,
-                        })
-                    } else {
-                        Err(StoreError::NotFound {
-                            kind: "node",
-                            ident: n.uuid.clone(),
-                        })
-                    }
-                }
-                Err(e) => match unique_violation(&e) {
-                    Some(_) => Err(StoreError::Duplicate(format!(
-                        "a node named {:?} already exists",
-                        n.name.as_deref().unwrap_or_default()
-                    ))),
-                    None => Err(backend(e)),
-                },
-            }
-        })
-    }
-
-    async fn record_liveness(
-        &self,
-        uuid: &str,
-        liveness: &super::Liveness,
-    ) -> Result<(), StoreError> {
-        self.with(|c| {
-            let n = c
-                .prepare_cached(
-                    "UPDATE nodes SET agent_last_heartbeat = ?2, agent_version = ?3, \
-                     step_progress = ?4 WHERE uuid = ?1",
-                )
-                .and_then(|mut st| {
-                    st.execute(params![
-                        uuid,
-                        liveness.last_heartbeat.as_ref().map(ts),
-                        liveness.agent_version,
-                        opt_json(&liveness.progress)
-                    ])
-                })
-                .map_err(backend)?;
-            super::one_node_row(n as u64, uuid)
-        })
-    }
-
-    async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError> {
-        self.with(|c| {
-            let tx = c.transaction().map_err(backend)?;
-            tx.execute("DELETE FROM ports WHERE node_uuid = ?1", [uuid])
-                .map_err(backend)?;
-            let n = tx
-                .execute(
-                    "DELETE FROM nodes WHERE uuid = ?1 AND version = ?2",
-                    params![uuid, version],
-                )
-                .map_err(backend)?;
-            if n != 1 {
-                return Err(StoreError::Conflict {
-                    kind: "node",
-                    ident: uuid.to_string(),
-                    expected: version,
-                });
-            }
-            tx.commit().map_err(backend)
-        })
-    }
-
-    async fn release_reservations(&self, conductor: &str) -> Result<u64, StoreError> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE nodes SET reservation = NULL, version = version + 1 WHERE reservation = ?1",
-                [conductor],
-            )
-            .map(|n| n as u64)
-            .map_err(backend)
-        })
-    }
-
-    async fn conductor_heartbeat(
-        &self,
-        id: &str,
-        hostname: &str,
-        starting: bool,
-    ) -> Result<(), StoreError> {
-        let now = ts(&Utc::now());
-        self.with(|c| {
-            c.prepare_cached(
-                "INSERT INTO conductors (id, hostname, started_at, last_seen) VALUES (?1, ?2, ?3, ?3) \
-                 ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, last_seen = excluded.last_seen, \
-                 started_at = CASE WHEN ?4 THEN excluded.started_at ELSE conductors.started_at END",
-            )
-            .and_then(|mut st| st.execute(params![id, hostname, now, starting]))
-            .map(|_| ())
-            .map_err(backend)
-        })
-    }
-
-    async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError> {
-        let now = Utc::now();
-        self.read(|c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT id, hostname, started_at, last_seen FROM conductors ORDER BY id",
-                )
-                .map_err(backend)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                    ))
-                })
-                .map_err(backend)?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (id, hostname, started, seen) = row.map_err(backend)?;
-                let last_seen = parse_ts(Some(seen)).unwrap_or_default();
-                out.push(ConductorRecord {
-                    id,
-                    hostname,
-                    started_at: parse_ts(Some(started)).unwrap_or_default(),
-                    alive: (now - last_seen).num_seconds() < dead_after_s as i64,
-                    last_seen,
-                });
-            }
-            Ok(out)
-        })
-    }
-
-    async fn acquire_lease(
-        &self,
-        uuid: &str,
-        id: &str,
-        dead_after_s: u64,
-    ) -> Result<bool, StoreError> {
-        let dead_before = ts(&(Utc::now() - chrono::Duration::seconds(dead_after_s as i64)));
-        self.with(|c| {
-            c.prepare_cached(
-                "UPDATE nodes SET version = version + 1, reservation = ?2 \
-                 WHERE uuid = ?1 AND (reservation IS NULL OR reservation <> ?2) \
-                   AND (reservation IS NULL OR NOT EXISTS (SELECT 1 FROM conductors c \
-                       WHERE c.id = nodes.reservation AND c.last_seen > ?3))",
-            )
-            .and_then(|mut st| st.execute(params![uuid, id, dead_before]))
-            .map_err(backend)?;
-            // Taken now, or already ours.
-            c.prepare_cached("SELECT reservation FROM nodes WHERE uuid = ?1")
-                .and_then(|mut st| {
-                    st.query_row([uuid], |r| r.get::<_, Option<String>>(0))
-                        .optional()
-                })
-                .map(|holder| holder.flatten().as_deref() == Some(id))
-                .map_err(backend)
-        })
-    }
-
-    async fn release_lease(&self, uuid: &str, id: &str) -> Result<bool, StoreError> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE nodes SET reservation = NULL, version = version + 1 \
-                 WHERE uuid = ?1 AND reservation = ?2",
-                params![uuid, id],
-            )
-            .map(|n| n == 1)
-            .map_err(backend)
-        })
-    }
-
-    async fn create_port(&self, port: &Port) -> Result<Port, StoreError> {
-        let mut p = port.clone();
-        p.version = 1;
-        self.with(|c| {
-            let r = c.execute(
-                &format!(
-                    "INSERT INTO ports ({PORT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-                ),
-                params![
-                    p.uuid,
-                    p.node_uuid,
-                    p.address,
-                    p.pxe_enabled,
-                    map_to_text(&p.extra),
-                    ts(&p.created_at),
-                    p.updated_at.as_ref().map(ts),
-                    p.version
-                ],
-            );
-            match r {
-                Ok(_) => Ok(p),
-                Err(e) => match unique_violation(&e) {
-                    Some(msg) if msg.contains("address") => Err(StoreError::Duplicate(format!(
-                        "a port with MAC address {} already exists",
-                        p.address
-                    ))),
-                    Some(_) => Err(StoreError::Duplicate(format!(
-                        "a port with UUID {} already exists",
-                        p.uuid
-                    ))),
-                    None => Err(backend(e)),
-                },
-            }
-        })
-    }
-
-    async fn get_port(&self, uuid: &str) -> Result<Port, StoreError> {
-        self.read(|c| {
-            c.query_row(
-                &format!("SELECT {PORT_COLUMNS} FROM ports WHERE uuid = ?1"),
-                [uuid],
-                port_from_row,
-            )
-            .optional()
-            .map_err(backend)?
-            .ok_or_else(|| StoreError::NotFound {
-                kind: "port",
-                ident: uuid.to_string(),
-            })
-        })
-    }
-
-    async fn list_ports(&self, q: &PortQuery) -> Result<Vec<Port>, StoreError> {
-        self.read_long(|c| {
-            let mut wheres: Vec<&str> = Vec::new();
-            let mut args: Vec<rusqlite::types::Value> = Vec::new();
-            if let Some(n) = &q.node_uuid {
-                wheres.push("node_uuid = ?");
-                args.push(n.clone().into());
-            }
-            if let Some(a) = &q.address {
-                wheres.push("address = ?");
-                args.push(a.clone().into());
-            }
-            if let Some(m) = &q.marker {
-                wheres.push("id > (SELECT id FROM ports WHERE uuid = ?)");
-                args.push(m.clone().into());
-            }
-            let where_sql = super::where_clause(&wheres);
-            let limit = super::page_limit(q.limit);
-            args.push((limit as i64).into());
-            let sql = format!("SELECT {PORT_COLUMNS} FROM ports {where_sql} ORDER BY id LIMIT ?");
-            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
-            let rows = stmt
-                .query_map(rusqlite::params_from_iter(args), port_from_row)
-                .map_err(backend)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
-        })
-    }
-
-    async fn update_port(&self, port: &Port) -> Result<Port, StoreError> {
-        let mut p = port.clone();
-        let expected = p.version;
-        p.version += 1;
-        p.updated_at = Some(Utc::now());
-        self.with(|c| {
-            let r = c.execute(
-                "UPDATE ports SET node_uuid = ?2, address = ?3, pxe_enabled = ?4, extra = ?5, \
-                 updated_at = ?6, version = ?7 WHERE uuid = ?1 AND version = ?8",
-                params![
-                    p.uuid,
-                    p.node_uuid,
-                    p.address,
-                    p.pxe_enabled,
-                    map_to_text(&p.extra),
-                    p.updated_at.as_ref().map(ts),
-                    p.version,
-                    expected
-                ],
-            );
-            match r {
-                Ok(1) => Ok(p),
-                Ok(_) => Err(StoreError::Conflict {
-                    kind: "port",
-                    ident: p.uuid.clone(),
-                    expected,
-                }),
-                Err(e) => match unique_violation(&e) {
-                    Some(_) => Err(StoreError::Duplicate(format!(
-                        "a port with MAC address {} already exists",
-                        p.address
-                    ))),
-                    None => Err(backend(e)),
-                },
-            }
-        })
-    }
-
-    async fn delete_port(&self, uuid: &str) -> Result<(), StoreError> {
-        self.with(|c| {
-            let n = c
-                .execute("DELETE FROM ports WHERE uuid = ?1", [uuid])
-                .map_err(backend)?;
-            if n == 0 {
-                Err(StoreError::NotFound {
-                    kind: "port",
-                    ident: uuid.to_string(),
-                })
-            } else {
-                Ok(())
-            }
-        })
-    }
-
-    async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError> {
-        if macs.is_empty() {
-            return Ok(None);
-        }
-        self.read(|c| {
-            let marks = vec!["?"; macs.len()].join(", ");
-            c.query_row(
-                &format!("SELECT node_uuid FROM ports WHERE address IN ({marks}) LIMIT 1"),
-                rusqlite::params_from_iter(macs.iter()),
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(backend)
-        })
-    }
-
-    async fn node_by_system(
-        &self,
-        system_uuid: Option<&str>,
-        serial: Option<&str>,
-    ) -> Result<Option<String>, StoreError> {
-        if system_uuid.is_none() && serial.is_none() {
-            return Ok(None);
-        }
-        self.read(|c| {
-            c.query_row(
-                "SELECT uuid FROM nodes WHERE (?1 IS NOT NULL AND lower(json_extract(properties, '$.system_uuid')) = lower(?1)) \
-                 OR (?2 IS NOT NULL AND json_extract(properties, '$.system_serial') = ?2) LIMIT 1",
-                params![system_uuid, serial],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(backend)
-        })
-    }
-
-    async fn enqueue_command(&self, node_uuid: &str, command: &Command) -> Result<(), StoreError> {
-        let text = serde_json::to_string(command).map_err(backend)?;
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO agent_commands (id, node_uuid, command, created_at) VALUES (?1, ?2, ?3, ?4)",
-                params![command.id, node_uuid, text, ts(&Utc::now())],
-            )
-            .map_err(|e| match unique_violation(&e) {
-                Some(_) => StoreError::Duplicate(format!("command {} already queued", command.id)),
-                None => backend(e),
-            })?;
-            Ok(())
-        })
-    }
-
-    async fn pending_commands(&self, node_uuid: &str) -> Result<Vec<Command>, StoreError> {
-        self.read(|c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT command FROM agent_commands WHERE node_uuid = ?1 AND result IS NULL \
-                     AND cancelled = 0 ORDER BY seq",
-                )
-                .map_err(backend)?;
-            let rows = stmt
-                .query_map([node_uuid], |r| r.get::<_, String>(0))
-                .map_err(backend)?;
-            let mut out = Vec::new();
-            for text in rows {
-                let text = text.map_err(backend)?;
-                out.push(serde_json::from_str(&text).map_err(backend)?);
-            }
-            Ok(out)
-        })
-    }
-
-    async fn record_result(
-        &self,
-        node_uuid: &str,
-        result: &CommandResult,
-    ) -> Result<bool, StoreError> {
-        let text = serde_json::to_string(result).map_err(backend)?;
-        self.with(|c| {
-            let n = c
-                .execute(
-                    "UPDATE agent_commands SET result = ?3, finished_at = ?4 \
-                     WHERE node_uuid = ?1 AND id = ?2 AND result IS NULL",
-                    params![node_uuid, result.id, text, ts(&Utc::now())],
-                )
-                .map_err(backend)?;
-            if n == 1 {
-                return Ok(true);
-            }
-            let known: Option<i64> = c
-                .query_row(
-                    "SELECT seq FROM agent_commands WHERE node_uuid = ?1 AND id = ?2",
-                    params![node_uuid, result.id],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(backend)?;
-            match known {
-                Some(_) => Ok(false),
-                None => Err(StoreError::NotFound {
-                    kind: "command",
-                    ident: result.id.clone(),
-                }),
-            }
-        })
-    }
-
-    async fn command(&self, node_uuid: &str, id: &str) -> Result<StoredCommand, StoreError> {
-        self.read(|c| {
-            let row: Option<(String, Option<String>)> = c
-                .query_row(
-                    "SELECT command, result FROM agent_commands WHERE node_uuid = ?1 AND id = ?2",
-                    params![node_uuid, id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .map_err(backend)?;
-            let (cmd, res) = row.ok_or_else(|| StoreError::NotFound {
-                kind: "command",
-                ident: id.to_string(),
-            })?;
-            Ok(StoredCommand {
-                command: serde_json::from_str(&cmd).map_err(backend)?,
-                result: res
-                    .map(|r| serde_json::from_str(&r))
-                    .transpose()
-                    .map_err(backend)?,
-            })
-        })
-    }
-
-    async fn cancel_pending(&self, node_uuid: &str) -> Result<u64, StoreError> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE agent_commands SET cancelled = 1 WHERE node_uuid = ?1 AND result IS NULL",
-                [node_uuid],
-            )
-            .map(|n| n as u64)
-            .map_err(backend)
-        })
-    }
-
-    async fn put_rule(&self, uuid: &str, priority: i64, body: &Value) -> Result<(), StoreError> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO inspection_rules (uuid, priority, body, created_at) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT(uuid) DO UPDATE SET priority = excluded.priority, body = excluded.body",
-                params![uuid, priority, body.to_string(), ts(&Utc::now())],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-    }
-
-    async fn list_rules(&self) -> Result<Vec<Value>, StoreError> {
-        self.read(|c| {
-            let mut stmt = c
-                .prepare_cached("SELECT body FROM inspection_rules ORDER BY priority DESC, seq")
-                .map_err(backend)?;
-            let rows = stmt
-                .query_map([], |r| r.get::<_, String>(0))
-                .map_err(backend)?;
-            let mut out = Vec::new();
-            for row in rows {
-                out.push(serde_json::from_str(&row.map_err(backend)?).map_err(backend)?);
-            }
-            Ok(out)
-        })
-    }
-
-    async fn delete_rule(&self, uuid: &str) -> Result<(), StoreError> {
-        self.with(|c| {
-            let n = c
-                .execute("DELETE FROM inspection_rules WHERE uuid = ?1", [uuid])
-                .map_err(backend)?;
-            if n == 0 {
-                return Err(StoreError::NotFound {
-                    kind: "inspection rule",
-                    ident: uuid.to_string(),
-                });
-            }
-            Ok(())
-        })
-    }
-
-    async fn save_inventory(&self, node_uuid: &str, inventory: &Value) -> Result<(), StoreError> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO node_inventory (node_uuid, inventory, collected_at) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT(node_uuid) DO UPDATE SET inventory = excluded.inventory, \
-                 collected_at = excluded.collected_at",
-                params![node_uuid, inventory.to_string(), ts(&Utc::now())],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-    }
-
-    async fn get_inventory(&self, node_uuid: &str) -> Result<(Value, DateTime<Utc>), StoreError> {
-        self.read(|c| {
-            let row: Option<(String, String)> = c
-                .query_row(
-                    "SELECT inventory, collected_at FROM node_inventory WHERE node_uuid = ?1",
-                    [node_uuid],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .map_err(backend)?;
-            let (inv, at) = row.ok_or_else(|| StoreError::NotFound {
-                kind: "inventory of node",
-                ident: node_uuid.to_string(),
-            })?;
-            Ok((
-                serde_json::from_str(&inv).map_err(backend)?,
-                parse_ts(Some(at)).unwrap_or_else(Utc::now),
-            ))
-        })
-    }
-
-    async fn append_audit(&self, e: &super::AuditEntry) -> Result<(), StoreError> {
-        self.with(|c| {
-            c.prepare_cached(
-                "INSERT INTO audit_log (created_at, actor, source, method, path, node_uuid, \
-                 action, status, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )
-            .map_err(backend)?
-            .execute(params![
-                ts(&e.created_at),
-                e.actor,
-                e.source,
-                e.method,
-                e.path,
-                e.node_uuid,
-                e.action,
-                e.status.map(i64::from),
-                e.detail,
-            ])
-            .map_err(backend)?;
-            Ok(())
-        })
-    }
-
-    async fn list_audit(
-        &self,
-        q: &super::AuditQuery,
-    ) -> Result<Vec<super::AuditEntry>, StoreError> {
-        let (cmp, dir) = match q.sort_dir {
-            SortDir::Asc => (">", "ASC"),
-            SortDir::Desc => ("<", "DESC"),
-        };
-        let mut wheres: Vec<String> = Vec::new();
-        let mut args: Vec<rusqlite::types::Value> = Vec::new();
-        if let Some(n) = &q.node_uuid {
-            wheres.push("node_uuid = ?".into());
-            args.push(n.clone().into());
-        }
-        if let Some(m) = q.marker {
-            wheres.push(format!("seq {cmp} ?"));
-            args.push(m.into());
-        }
-        let where_sql = super::where_clause(&wheres);
-        let limit = super::page_limit(q.limit);
-        args.push((limit as i64).into());
-        let sql = format!(
-            "SELECT seq, created_at, actor, source, method, path, node_uuid, action, status, \
-             detail FROM audit_log {where_sql} ORDER BY seq {dir} LIMIT ?"
-        );
-        self.read_long(|c| {
-            let mut stmt = c.prepare_cached(&sql).map_err(backend)?;
-            let rows = stmt
-                .query_map(rusqlite::params_from_iter(args), |r| {
-                    Ok(super::AuditEntry {
-                        seq: r.get(0)?,
-                        created_at: parse_ts(r.get(1)?).unwrap_or_else(Utc::now),
-                        actor: r.get(2)?,
-                        source: r.get(3)?,
-                        method: r.get(4)?,
-                        path: r.get(5)?,
-                        node_uuid: r.get(6)?,
-                        action: r.get(7)?,
-                        status: r
-                            .get::<_, Option<i64>>(8)?
-                            .and_then(|s| u16::try_from(s).ok()),
-                        detail: r.get(9)?,
-                    })
-                })
-                .map_err(backend)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Node, NodeQuery, Port, SortDir, Store};
+    use rivet_protocol::states::ProvisionState;
+    use serde_json::{Map, Value};
 
     fn store() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1333,7 +539,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn readers_see_every_commit_at_once() {
         let (_dir, s) = store();
-        assert_eq!(s.readers.len(), 4);
+        assert_eq!(s.engine.readers.len(), 4);
         let s = std::sync::Arc::new(s);
         let mut tasks = Vec::new();
         for t in 0..8 {
@@ -1361,7 +567,7 @@ mod tests {
         }
         let all = s.list_nodes(&NodeQuery::default()).await.expect("list");
         assert_eq!(all.len(), 200);
-        let refused = s.readers[0]
+        let refused = s.engine.readers[0]
             .lock()
             .expect("reader")
             .execute("DELETE FROM nodes", []);

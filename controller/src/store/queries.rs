@@ -1,0 +1,974 @@
+//! Every query of the store, written once for both engines ([`super::sql::Engine`]): the
+//! [`super::Store`] implementation itself. Where the dialects differ the text takes a
+//! fragment from [`Dialect`]; only the lease statement has a form per dialect (PostgreSQL
+//! takes and reports the lease in one round trip, SQLite cannot write inside a `WITH`).
+
+use super::decode::Decoder;
+use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
+use super::{
+    AuditEntry, AuditQuery, ConductorRecord, Liveness, Node, NodeQuery, Notice, Port, PortQuery,
+    SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
+};
+use crate::runs::Runs;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rivet_protocol::agent::{Command, CommandResult};
+use rivet_protocol::states::ProvisionState;
+use serde_json::{Map, Value};
+use std::sync::{Arc, LazyLock};
+
+/// The store over an engine.
+pub struct SqlStore<E> {
+    pub(crate) engine: E,
+    /// Seals driver_info secrets on write, opens them on read.
+    secrets: Arc<crate::secrets::Secrets>,
+}
+
+impl<E: Engine> SqlStore<E> {
+    pub(crate) fn new(engine: E, secrets: Arc<crate::secrets::Secrets>) -> SqlStore<E> {
+        SqlStore { engine, secrets }
+    }
+
+    fn dialect(&self) -> Dialect {
+        self.engine.dialect()
+    }
+
+    async fn one<T>(
+        &self,
+        access: Access,
+        sql: &str,
+        args: Vec<Arg>,
+        read: impl FnOnce(E::Row) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        let rows = self.engine.rows(access, sql, args).await?;
+        rows.into_iter().next().map(read).transpose()
+    }
+
+    async fn all<T>(
+        &self,
+        access: Access,
+        sql: &str,
+        args: Vec<Arg>,
+        read: impl FnMut(E::Row) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = self.engine.rows(access, sql, args).await?;
+        rows.into_iter().map(read).collect()
+    }
+
+    async fn write(&self, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
+        self.engine.execute(sql, args).await.map_err(|e| match e {
+            ExecError::Unique(what) => StoreError::Duplicate(what),
+            ExecError::Store(e) => e,
+        })
+    }
+
+    fn open_nodes(&self, rows: Vec<E::Row>) -> Result<Vec<Node>, StoreError> {
+        rows.into_iter()
+            .map(|r| node_from_row(r).and_then(|n| self.secrets.open_node(n)))
+            .collect()
+    }
+}
+
+/// Node columns a node write sets, in one order for INSERT and UPDATE.
+const NODE_COLUMNS: [&str; 33] = [
+    "uuid",
+    "name",
+    "driver",
+    "driver_info",
+    "driver_internal_info",
+    "properties",
+    "instance_info",
+    "instance_uuid",
+    "extra",
+    "provision_state",
+    "target_provision_state",
+    "provision_updated_at",
+    "power_state",
+    "target_power_state",
+    "maintenance",
+    "maintenance_reason",
+    "fault",
+    "last_error",
+    "clean_step",
+    "deploy_step",
+    "reservation",
+    "conductor",
+    "automated_clean",
+    "resource_class",
+    "created_at",
+    "updated_at",
+    "version",
+    "inspect_interface",
+    "inspection_started_at",
+    "inspection_finished_at",
+    "traits",
+    "interfaces",
+    "run_state",
+];
+
+/// What a node read selects: [`NODE_COLUMNS`], then the liveness columns, which node writes
+/// never touch ([`Store::record_liveness`]).
+static NODE_SELECT: LazyLock<String> = LazyLock::new(|| {
+    let mut cols = NODE_COLUMNS.to_vec();
+    cols.extend(["agent_last_heartbeat", "agent_version", "step_progress"]);
+    cols.join(", ")
+});
+
+static NODE_INSERT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO nodes ({}) VALUES ({})",
+        NODE_COLUMNS.join(", "),
+        placeholders(1, NODE_COLUMNS.len())
+    )
+});
+
+const PORT_SELECT: &str =
+    "uuid, node_uuid, address, pxe_enabled, extra, created_at, updated_at, version";
+
+const AUDIT_SELECT: &str =
+    "seq, created_at, actor, source, method, path, node_uuid, action, status, detail";
+
+fn node_from_row(mut r: impl SqlRow) -> Result<Node, StoreError> {
+    let mut d = Decoder::default();
+    let mut node = Node {
+        uuid: r.text(0)?,
+        name: r.opt_text(1)?,
+        driver: r.text(2)?,
+        driver_info: d.map("driver_info", &r.json(3)?.unwrap_or_default()),
+        driver_internal_info: d.map("driver_internal_info", &r.json(4)?.unwrap_or_default()),
+        properties: d.map("properties", &r.json(5)?.unwrap_or_default()),
+        instance_info: d.map("instance_info", &r.json(6)?.unwrap_or_default()),
+        instance_uuid: r.opt_text(7)?,
+        extra: d.map("extra", &r.json(8)?.unwrap_or_default()),
+        provision_state: d.parse("provision_state", &r.text(9)?, ProvisionState::Error),
+        target_provision_state: d.opt_parse("target_provision_state", r.opt_text(10)?.as_deref()),
+        provision_updated_at: r.time(11)?,
+        power_state: d.opt_parse("power_state", r.opt_text(12)?.as_deref()),
+        target_power_state: d.opt_parse("target_power_state", r.opt_text(13)?.as_deref()),
+        maintenance: r.flag(14)?,
+        maintenance_reason: r.opt_text(15)?,
+        fault: r.opt_text(16)?,
+        last_error: r.opt_text(17)?,
+        clean_step: d.opt_value("clean_step", r.json(18)?.as_deref()),
+        deploy_step: d.opt_value("deploy_step", r.json(19)?.as_deref()),
+        reservation: r.opt_text(20)?,
+        conductor: r.opt_text(21)?,
+        automated_clean: r.opt_flag(22)?,
+        resource_class: r.opt_text(23)?,
+        created_at: r.time(24)?.unwrap_or_else(Utc::now),
+        updated_at: r.time(25)?,
+        version: r.int(26)?,
+        inspect_interface: r.opt_text(27)?,
+        inspection_started_at: r.time(28)?,
+        inspection_finished_at: r.time(29)?,
+        traits: d.json("traits", Some(r.json(30)?.as_deref().unwrap_or("[]"))),
+        interfaces: d.json("interfaces", r.json(31)?.as_deref()),
+        runs: Runs::default(),
+        corrupt: None,
+        liveness: Liveness {
+            last_heartbeat: r.time(33)?,
+            agent_version: r.opt_text(34)?,
+            progress: d.opt_value("step_progress", r.json(35)?.as_deref()),
+        },
+    };
+    node.runs = match r.json(32)? {
+        Some(text) => d.json("run_state", Some(&text)),
+        // Written before run_state existed: the bookkeeping is still in driver_internal_info.
+        None => Runs::take_legacy(&mut node.driver_internal_info).unwrap_or_else(|e| {
+            d.fail("driver_internal_info", e);
+            Runs::default()
+        }),
+    };
+    node.corrupt = d.finish();
+    Ok(node)
+}
+
+fn map_text(m: &Map<String, Value>) -> Arg {
+    Arg::Json(Value::Object(m.clone()).to_string())
+}
+
+fn opt_json(v: &Option<Value>) -> Arg {
+    Arg::json(v.as_ref().map(Value::to_string))
+}
+
+/// Text from outside (an agent's or a BMC's error message) fit for a text column:
+/// PostgreSQL text cannot hold NUL (U+0000), so on both engines it becomes U+FFFD rather
+/// than make the node unwritable on one of them.
+fn free_text(s: &Option<String>) -> Arg {
+    s.as_ref().map(|s| s.replace('\0', "\u{FFFD}")).into()
+}
+
+/// A node's values in [`NODE_COLUMNS`] order, with its `driver_info` sealed
+/// ([`crate::secrets::Secrets::seal_info`]).
+fn node_values(n: &Node, driver_info: String) -> Vec<Arg> {
+    let state = |s: Option<ProvisionState>| Arg::from(s.map(|s| s.as_str()));
+    let power = |s: Option<rivet_protocol::states::PowerState>| Arg::from(s.map(|s| s.as_str()));
+    vec![
+        n.uuid.as_str().into(),
+        n.name.clone().into(),
+        n.driver.as_str().into(),
+        Arg::Json(driver_info),
+        map_text(&n.driver_internal_info),
+        map_text(&n.properties),
+        map_text(&n.instance_info),
+        n.instance_uuid.clone().into(),
+        map_text(&n.extra),
+        n.provision_state.as_str().into(),
+        state(n.target_provision_state),
+        n.provision_updated_at.into(),
+        power(n.power_state),
+        power(n.target_power_state),
+        n.maintenance.into(),
+        free_text(&n.maintenance_reason),
+        free_text(&n.fault),
+        free_text(&n.last_error),
+        opt_json(&n.clean_step),
+        opt_json(&n.deploy_step),
+        n.reservation.clone().into(),
+        n.conductor.clone().into(),
+        n.automated_clean.into(),
+        n.resource_class.clone().into(),
+        n.created_at.into(),
+        n.updated_at.into(),
+        n.version.into(),
+        n.inspect_interface.clone().into(),
+        n.inspection_started_at.into(),
+        n.inspection_finished_at.into(),
+        Arg::Json(serde_json::to_string(&n.traits).unwrap_or_else(|_| "[]".into())),
+        Arg::json(serde_json::to_string(&n.interfaces).ok()),
+        Arg::json(serde_json::to_string(&n.runs).ok()),
+    ]
+}
+
+fn port_from_row(mut r: impl SqlRow) -> Result<Port, StoreError> {
+    Ok(Port {
+        uuid: r.text(0)?,
+        node_uuid: r.text(1)?,
+        address: r.text(2)?,
+        pxe_enabled: r.flag(3)?,
+        extra: match serde_json::from_str(&r.json(4)?.unwrap_or_default()) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        },
+        created_at: r.time(5)?.unwrap_or_else(Utc::now),
+        updated_at: r.time(6)?,
+        version: r.int(7)?,
+    })
+}
+
+fn audit_from_row(mut r: impl SqlRow) -> Result<AuditEntry, StoreError> {
+    Ok(AuditEntry {
+        seq: r.int(0)?,
+        created_at: r.time(1)?.unwrap_or_else(Utc::now),
+        actor: r.text(2)?,
+        source: r.opt_text(3)?,
+        method: r.opt_text(4)?,
+        path: r.opt_text(5)?,
+        node_uuid: r.opt_text(6)?,
+        action: r.text(7)?,
+        status: r.opt_int(8)?.and_then(|s| u16::try_from(s).ok()),
+        detail: r.opt_text(9)?,
+    })
+}
+
+/// A JSON document stored by the store itself (a command, a rule, an inventory).
+fn parse_json<T: serde::de::DeserializeOwned>(
+    what: &str,
+    text: Option<String>,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text.as_deref().unwrap_or("null"))
+        .map_err(|e| StoreError::Backend(format!("stored {what} does not decode: {e}")))
+}
+
+fn to_json(v: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Backend(e.to_string()))
+}
+
+fn not_found(kind: &'static str, ident: &str) -> StoreError {
+    StoreError::NotFound {
+        kind,
+        ident: ident.to_string(),
+    }
+}
+
+/// A listing's `LIMIT` argument.
+fn limit_arg(limit: usize) -> Arg {
+    Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX))
+}
+
+#[async_trait]
+impl<E: Engine> Store for SqlStore<E> {
+    async fn create_node(&self, node: &Node) -> Result<Node, StoreError> {
+        let mut n = node.clone();
+        n.version = 1;
+        n.updated_at = None;
+        let values = node_values(&n, self.secrets.seal_info(&n.uuid, &n.driver_info));
+        match self.engine.execute(&NODE_INSERT, values).await {
+            Ok(_) => Ok(n),
+            Err(ExecError::Unique(what)) if what.contains("name") => {
+                Err(StoreError::Duplicate(format!(
+                    "a node named {:?} already exists",
+                    n.name.as_deref().unwrap_or_default()
+                )))
+            }
+            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
+                "a node with UUID {} already exists",
+                n.uuid
+            ))),
+            Err(ExecError::Store(e)) => Err(e),
+        }
+    }
+
+    async fn get_node(&self, ident: &str) -> Result<Node, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM nodes WHERE uuid = $1 OR name = $1 LIMIT 1",
+            *NODE_SELECT
+        );
+        let rows = self
+            .engine
+            .rows(Access::Read, &sql, vec![ident.into()])
+            .await?;
+        self.open_nodes(rows)?
+            .pop()
+            .ok_or_else(|| not_found("node", ident))
+    }
+
+    async fn list_nodes(&self, q: &NodeQuery) -> Result<Vec<Node>, StoreError> {
+        if q.sort_key != "id" && !NODE_SORT_KEYS.contains(&q.sort_key.as_str()) {
+            return Err(StoreError::Backend(format!(
+                "invalid sort key {}",
+                q.sort_key
+            )));
+        }
+        let expr = self.dialect().sort_expr(&q.sort_key);
+        let mut wheres: Vec<String> = Vec::new();
+        let mut args: Vec<Arg> = Vec::new();
+        if let Some(marker) = &q.marker {
+            let id = self
+                .one(
+                    Access::Read,
+                    "SELECT id FROM nodes WHERE uuid = $1",
+                    vec![marker.as_str().into()],
+                    |mut r| r.int(0),
+                )
+                .await?
+                .ok_or_else(|| not_found("marker node", marker))?;
+            let op = if q.sort_dir == SortDir::Asc { ">" } else { "<" };
+            args.push(id.into());
+            wheres.push(format!(
+                "({expr}, id) {op} (SELECT {expr}, id FROM nodes WHERE id = ${})",
+                args.len()
+            ));
+        }
+        let mut filter = |column: &str, value: Arg| {
+            args.push(value);
+            wheres.push(format!("{column} = ${}", args.len()));
+        };
+        if let Some(s) = q.provision_state {
+            filter("provision_state", s.as_str().into());
+        }
+        if let Some(m) = q.maintenance {
+            filter("maintenance", m.into());
+        }
+        if let Some(d) = &q.driver {
+            filter("driver", d.as_str().into());
+        }
+        if let Some(rc) = &q.resource_class {
+            filter("resource_class", rc.as_str().into());
+        }
+        let dir = if q.sort_dir == SortDir::Asc {
+            "ASC"
+        } else {
+            "DESC"
+        };
+        args.push(limit_arg(q.limit));
+        let sql = format!(
+            "SELECT {} FROM nodes {} ORDER BY {expr} {dir}, id {dir} LIMIT ${}",
+            *NODE_SELECT,
+            super::where_clause(&wheres),
+            args.len()
+        );
+        let rows = self.engine.rows(Access::Scan, &sql, args).await?;
+        self.open_nodes(rows)
+    }
+
+    async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError> {
+        if states.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT {} FROM nodes WHERE provision_state IN ({}) ORDER BY id",
+            *NODE_SELECT,
+            placeholders(1, states.len())
+        );
+        let args = states.iter().map(|s| s.as_str().into()).collect();
+        let rows = self.engine.rows(Access::Scan, &sql, args).await?;
+        self.open_nodes(rows)
+    }
+
+    async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
+        node.writable()?;
+        let mut n = node.clone();
+        let expected = n.version;
+        n.version += 1;
+        n.updated_at = Some(Utc::now());
+        let mut values = node_values(&n, self.secrets.seal_info(&n.uuid, &n.driver_info));
+        values.push(expected.into());
+        // Row-value UPDATE: the same column list and order as INSERT (uuid, $1, is the key).
+        let sql = format!(
+            "UPDATE nodes SET ({}) = ({}) WHERE uuid = $1 AND version = ${} AND {}",
+            NODE_COLUMNS[1..].join(", "),
+            placeholders(2, NODE_COLUMNS.len() - 1),
+            values.len(),
+            self.dialect().node_intact()
+        );
+        match self.engine.execute(&sql, values).await {
+            Ok(1) => Ok(n),
+            Ok(_) => {
+                let exists = self
+                    .one(
+                        Access::Read,
+                        "SELECT 1 FROM nodes WHERE uuid = $1",
+                        vec![n.uuid.as_str().into()],
+                        |_| Ok(()),
+                    )
+                    .await?
+                    .is_some();
+                if exists {
+                    Err(StoreError::Conflict {
+                        kind: "node",
+                        ident: n.uuid.clone(),
+                        expected,
+                    })
+                } else {
+                    Err(not_found("node", &n.uuid))
+                }
+            }
+            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
+                "a node named {:?} already exists",
+                n.name.as_deref().unwrap_or_default()
+            ))),
+            Err(ExecError::Store(e)) => Err(e),
+        }
+    }
+
+    async fn record_liveness(&self, uuid: &str, liveness: &Liveness) -> Result<(), StoreError> {
+        let n = self
+            .write(
+                "UPDATE nodes SET agent_last_heartbeat = $2, agent_version = $3, \
+                 step_progress = $4 WHERE uuid = $1",
+                vec![
+                    uuid.into(),
+                    liveness.last_heartbeat.into(),
+                    liveness.agent_version.clone().into(),
+                    opt_json(&liveness.progress),
+                ],
+            )
+            .await?;
+        super::one_node_row(n, uuid)
+    }
+
+    async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError> {
+        // Ports, queued commands and the inventory go with it (ON DELETE CASCADE).
+        let n = self
+            .write(
+                "DELETE FROM nodes WHERE uuid = $1 AND version = $2",
+                vec![uuid.into(), version.into()],
+            )
+            .await?;
+        if n != 1 {
+            return Err(StoreError::Conflict {
+                kind: "node",
+                ident: uuid.to_string(),
+                expected: version,
+            });
+        }
+        Ok(())
+    }
+
+    async fn release_reservations(&self, conductor: &str) -> Result<u64, StoreError> {
+        self.write(
+            "UPDATE nodes SET reservation = NULL, version = version + 1 WHERE reservation = $1",
+            vec![conductor.into()],
+        )
+        .await
+    }
+
+    async fn conductor_heartbeat(
+        &self,
+        id: &str,
+        hostname: &str,
+        starting: bool,
+    ) -> Result<(), StoreError> {
+        // `now()` is the database's clock (SQLite's is this process's: see sqlite.rs).
+        self.write(
+            "INSERT INTO conductors (id, hostname, started_at, last_seen) \
+             VALUES ($1, $2, now(), now()) \
+             ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, \
+             last_seen = excluded.last_seen, \
+             started_at = CASE WHEN $3 THEN excluded.started_at ELSE conductors.started_at END",
+            vec![id.into(), hostname.into(), starting.into()],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError> {
+        let sql = format!(
+            "SELECT id, hostname, started_at, last_seen, now() FROM conductors ORDER BY id{}",
+            self.dialect().bytewise()
+        );
+        let dead = chrono::Duration::seconds(i64::try_from(dead_after_s).unwrap_or(i64::MAX));
+        self.all(Access::Read, &sql, vec![], |mut r| {
+            let last_seen = r.time(3)?.unwrap_or_default();
+            let now = r.time(4)?.unwrap_or_else(Utc::now);
+            Ok(ConductorRecord {
+                id: r.text(0)?,
+                hostname: r.text(1)?,
+                started_at: r.time(2)?.unwrap_or_default(),
+                alive: now - last_seen < dead,
+                last_seen,
+            })
+        })
+        .await
+    }
+
+    async fn acquire_lease(
+        &self,
+        uuid: &str,
+        id: &str,
+        dead_after_s: u64,
+    ) -> Result<bool, StoreError> {
+        // Take the node when it is free or its holder has not heartbeat within
+        // `dead_after_s` by the database's clock; then say who holds it.
+        let take = format!(
+            "UPDATE nodes SET version = version + 1, reservation = $2 \
+             WHERE uuid = $1 AND (reservation IS NULL OR reservation <> $2) \
+               AND (reservation IS NULL OR NOT EXISTS (SELECT 1 FROM conductors c \
+                   WHERE c.id = nodes.reservation AND c.last_seen > {}))",
+            self.dialect().ago("$3")
+        );
+        let args = vec![uuid.into(), id.into(), Arg::Float(dead_after_s as f64)];
+        let holder = match self.dialect() {
+            // One round trip: the UPDATE's own row, or the unchanged row when nothing was
+            // taken.
+            Dialect::Postgres => {
+                let sql = format!(
+                    "WITH taken AS ({take} RETURNING reservation) \
+                     SELECT reservation FROM taken UNION ALL SELECT reservation FROM nodes \
+                     WHERE uuid = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+                );
+                self.one(Access::Write, &sql, args, |mut r| r.opt_text(0))
+                    .await?
+            }
+            // SQLite cannot write inside a WITH; its one writer makes two statements safe.
+            Dialect::Sqlite => {
+                self.write(&take, args).await?;
+                self.one(
+                    Access::Write,
+                    "SELECT reservation FROM nodes WHERE uuid = $1",
+                    vec![uuid.into()],
+                    |mut r| r.opt_text(0),
+                )
+                .await?
+            }
+        };
+        Ok(holder.flatten().as_deref() == Some(id))
+    }
+
+    async fn release_lease(&self, uuid: &str, id: &str) -> Result<bool, StoreError> {
+        self.write(
+            "UPDATE nodes SET reservation = NULL, version = version + 1 \
+             WHERE uuid = $1 AND reservation = $2",
+            vec![uuid.into(), id.into()],
+        )
+        .await
+        .map(|n| n == 1)
+    }
+
+    fn is_shared(&self) -> bool {
+        self.engine.is_shared()
+    }
+
+    async fn publish(&self, notice: &Notice) -> Result<(), StoreError> {
+        self.engine.publish(notice).await
+    }
+
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Notice>> {
+        self.engine.subscribe()
+    }
+
+    async fn create_port(&self, port: &Port) -> Result<Port, StoreError> {
+        let mut p = port.clone();
+        p.version = 1;
+        let sql = format!(
+            "INSERT INTO ports ({PORT_SELECT}) VALUES ({})",
+            placeholders(1, 8)
+        );
+        let values = vec![
+            p.uuid.as_str().into(),
+            p.node_uuid.as_str().into(),
+            p.address.as_str().into(),
+            p.pxe_enabled.into(),
+            map_text(&p.extra),
+            p.created_at.into(),
+            p.updated_at.into(),
+            p.version.into(),
+        ];
+        match self.engine.execute(&sql, values).await {
+            Ok(_) => Ok(p),
+            Err(ExecError::Unique(what)) if what.contains("address") => Err(StoreError::Duplicate(
+                format!("a port with MAC address {} already exists", p.address),
+            )),
+            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
+                "a port with UUID {} already exists",
+                p.uuid
+            ))),
+            Err(ExecError::Store(e)) => Err(e),
+        }
+    }
+
+    async fn get_port(&self, uuid: &str) -> Result<Port, StoreError> {
+        let sql = format!("SELECT {PORT_SELECT} FROM ports WHERE uuid = $1");
+        self.one(Access::Read, &sql, vec![uuid.into()], port_from_row)
+            .await?
+            .ok_or_else(|| not_found("port", uuid))
+    }
+
+    async fn list_ports(&self, q: &PortQuery) -> Result<Vec<Port>, StoreError> {
+        let mut wheres: Vec<String> = Vec::new();
+        let mut args: Vec<Arg> = Vec::new();
+        if let Some(n) = &q.node_uuid {
+            args.push(n.as_str().into());
+            wheres.push(format!("node_uuid = ${}", args.len()));
+        }
+        if let Some(a) = &q.address {
+            args.push(a.as_str().into());
+            wheres.push(format!("address = ${}", args.len()));
+        }
+        if let Some(m) = &q.marker {
+            args.push(m.as_str().into());
+            wheres.push(format!(
+                "id > (SELECT id FROM ports WHERE uuid = ${})",
+                args.len()
+            ));
+        }
+        args.push(limit_arg(super::page_limit(q.limit)));
+        let sql = format!(
+            "SELECT {PORT_SELECT} FROM ports {} ORDER BY id LIMIT ${}",
+            super::where_clause(&wheres),
+            args.len()
+        );
+        self.all(Access::Scan, &sql, args, port_from_row).await
+    }
+
+    async fn update_port(&self, port: &Port) -> Result<Port, StoreError> {
+        let mut p = port.clone();
+        let expected = p.version;
+        p.version += 1;
+        p.updated_at = Some(Utc::now());
+        let r = self
+            .engine
+            .execute(
+                "UPDATE ports SET node_uuid = $2, address = $3, pxe_enabled = $4, extra = $5, \
+                 updated_at = $6, version = $7 WHERE uuid = $1 AND version = $8",
+                vec![
+                    p.uuid.as_str().into(),
+                    p.node_uuid.as_str().into(),
+                    p.address.as_str().into(),
+                    p.pxe_enabled.into(),
+                    map_text(&p.extra),
+                    p.updated_at.into(),
+                    p.version.into(),
+                    expected.into(),
+                ],
+            )
+            .await;
+        match r {
+            Ok(1) => Ok(p),
+            Ok(_) => Err(StoreError::Conflict {
+                kind: "port",
+                ident: p.uuid.clone(),
+                expected,
+            }),
+            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
+                "a port with MAC address {} already exists",
+                p.address
+            ))),
+            Err(ExecError::Store(e)) => Err(e),
+        }
+    }
+
+    async fn delete_port(&self, uuid: &str) -> Result<(), StoreError> {
+        let n = self
+            .write("DELETE FROM ports WHERE uuid = $1", vec![uuid.into()])
+            .await?;
+        if n == 0 {
+            return Err(not_found("port", uuid));
+        }
+        Ok(())
+    }
+
+    async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError> {
+        if macs.is_empty() {
+            return Ok(None);
+        }
+        let sql = format!(
+            "SELECT node_uuid FROM ports WHERE address IN ({}) LIMIT 1",
+            placeholders(1, macs.len())
+        );
+        let args = macs.iter().map(|m| m.as_str().into()).collect();
+        self.one(Access::Read, &sql, args, |mut r| r.text(0)).await
+    }
+
+    async fn node_by_system(
+        &self,
+        system_uuid: Option<&str>,
+        serial: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        if system_uuid.is_none() && serial.is_none() {
+            return Ok(None);
+        }
+        // The UUID compares case-insensitively whatever its JSON type; the serial only as a
+        // JSON string.
+        let sql = format!(
+            "SELECT uuid FROM nodes WHERE \
+             (CAST($1 AS TEXT) IS NOT NULL \
+              AND lower(properties ->> 'system_uuid') = lower(CAST($1 AS TEXT))) \
+             OR (CAST($2 AS TEXT) IS NOT NULL AND {} \
+              AND properties ->> 'system_serial' = CAST($2 AS TEXT)) LIMIT 1",
+            self.dialect()
+                .json_member_is_string("properties", "system_serial")
+        );
+        self.one(
+            Access::Read,
+            &sql,
+            vec![system_uuid.into(), serial.into()],
+            |mut r| r.text(0),
+        )
+        .await
+    }
+
+    async fn enqueue_command(&self, node_uuid: &str, command: &Command) -> Result<(), StoreError> {
+        let r = self
+            .engine
+            .execute(
+                "INSERT INTO agent_commands (id, node_uuid, command, created_at) \
+                 VALUES ($1, $2, $3, $4)",
+                vec![
+                    command.id.as_str().into(),
+                    node_uuid.into(),
+                    Arg::Json(to_json(command)?),
+                    Utc::now().into(),
+                ],
+            )
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
+                "command {} already queued",
+                command.id
+            ))),
+            Err(ExecError::Store(e)) => Err(e),
+        }
+    }
+
+    async fn pending_commands(&self, node_uuid: &str) -> Result<Vec<Command>, StoreError> {
+        self.all(
+            Access::Read,
+            "SELECT command FROM agent_commands WHERE node_uuid = $1 \
+             AND result IS NULL AND cancelled = FALSE ORDER BY seq",
+            vec![node_uuid.into()],
+            |mut r| parse_json("command", r.json(0)?),
+        )
+        .await
+    }
+
+    async fn record_result(
+        &self,
+        node_uuid: &str,
+        result: &CommandResult,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .write(
+                "UPDATE agent_commands SET result = $3, finished_at = $4 \
+                 WHERE node_uuid = $1 AND id = $2 AND result IS NULL",
+                vec![
+                    node_uuid.into(),
+                    result.id.as_str().into(),
+                    Arg::Json(to_json(result)?),
+                    Utc::now().into(),
+                ],
+            )
+            .await?;
+        if n == 1 {
+            return Ok(true);
+        }
+        let known = self
+            .one(
+                Access::Write,
+                "SELECT seq FROM agent_commands WHERE node_uuid = $1 AND id = $2",
+                vec![node_uuid.into(), result.id.as_str().into()],
+                |_| Ok(()),
+            )
+            .await?;
+        match known {
+            Some(()) => Ok(false),
+            None => Err(not_found("command", &result.id)),
+        }
+    }
+
+    async fn command(&self, node_uuid: &str, id: &str) -> Result<StoredCommand, StoreError> {
+        self.one(
+            Access::Read,
+            "SELECT command, result FROM agent_commands WHERE node_uuid = $1 AND id = $2",
+            vec![node_uuid.into(), id.into()],
+            |mut r| {
+                Ok(StoredCommand {
+                    command: parse_json("command", r.json(0)?)?,
+                    result: r
+                        .json(1)?
+                        .map(|t| parse_json("command result", Some(t)))
+                        .transpose()?,
+                })
+            },
+        )
+        .await?
+        .ok_or_else(|| not_found("command", id))
+    }
+
+    async fn cancel_pending(&self, node_uuid: &str) -> Result<u64, StoreError> {
+        self.write(
+            "UPDATE agent_commands SET cancelled = TRUE WHERE node_uuid = $1 AND result IS NULL",
+            vec![node_uuid.into()],
+        )
+        .await
+    }
+
+    async fn put_rule(&self, uuid: &str, priority: i64, body: &Value) -> Result<(), StoreError> {
+        self.write(
+            "INSERT INTO inspection_rules (uuid, priority, body, created_at) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (uuid) DO UPDATE SET priority = excluded.priority, body = excluded.body",
+            vec![
+                uuid.into(),
+                priority.into(),
+                Arg::Json(body.to_string()),
+                Utc::now().into(),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn list_rules(&self) -> Result<Vec<Value>, StoreError> {
+        self.all(
+            Access::Read,
+            "SELECT body FROM inspection_rules ORDER BY priority DESC, seq",
+            vec![],
+            |mut r| parse_json("inspection rule", r.json(0)?),
+        )
+        .await
+    }
+
+    async fn delete_rule(&self, uuid: &str) -> Result<(), StoreError> {
+        let n = self
+            .write(
+                "DELETE FROM inspection_rules WHERE uuid = $1",
+                vec![uuid.into()],
+            )
+            .await?;
+        if n == 0 {
+            return Err(not_found("inspection rule", uuid));
+        }
+        Ok(())
+    }
+
+    async fn save_inventory(&self, node_uuid: &str, inventory: &Value) -> Result<(), StoreError> {
+        self.write(
+            "INSERT INTO node_inventory (node_uuid, inventory, collected_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (node_uuid) DO UPDATE SET inventory = excluded.inventory, \
+             collected_at = excluded.collected_at",
+            vec![
+                node_uuid.into(),
+                Arg::Json(inventory.to_string()),
+                Utc::now().into(),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn get_inventory(&self, node_uuid: &str) -> Result<(Value, DateTime<Utc>), StoreError> {
+        self.one(
+            Access::Read,
+            "SELECT inventory, collected_at FROM node_inventory WHERE node_uuid = $1",
+            vec![node_uuid.into()],
+            |mut r| {
+                Ok((
+                    parse_json("inventory", r.json(0)?)?,
+                    r.time(1)?.unwrap_or_else(Utc::now),
+                ))
+            },
+        )
+        .await?
+        .ok_or_else(|| not_found("inventory of node", node_uuid))
+    }
+
+    async fn append_audit(&self, e: &AuditEntry) -> Result<(), StoreError> {
+        // Details quote error text from agents and BMCs.
+        self.write(
+            "INSERT INTO audit_log (created_at, actor, source, method, path, node_uuid, \
+             action, status, detail) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            vec![
+                e.created_at.into(),
+                free_text(&Some(e.actor.clone())),
+                e.source.clone().into(),
+                e.method.clone().into(),
+                free_text(&e.path),
+                free_text(&e.node_uuid),
+                free_text(&Some(e.action.clone())),
+                e.status.map(i64::from).into(),
+                free_text(&e.detail),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn list_audit(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        let (cmp, dir) = match q.sort_dir {
+            SortDir::Asc => (">", "ASC"),
+            SortDir::Desc => ("<", "DESC"),
+        };
+        let mut wheres: Vec<String> = Vec::new();
+        let mut args: Vec<Arg> = Vec::new();
+        if let Some(n) = &q.node_uuid {
+            args.push(n.as_str().into());
+            wheres.push(format!("node_uuid = ${}", args.len()));
+        }
+        if let Some(m) = q.marker {
+            args.push(m.into());
+            wheres.push(format!("seq {cmp} ${}", args.len()));
+        }
+        args.push(limit_arg(super::page_limit(q.limit)));
+        let sql = format!(
+            "SELECT {AUDIT_SELECT} FROM audit_log {} ORDER BY seq {dir} LIMIT ${}",
+            super::where_clause(&wheres),
+            args.len()
+        );
+        self.all(Access::Scan, &sql, args, audit_from_row).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_lists_agree() {
+        let n = Node::new("u".into(), "d".into());
+        assert_eq!(node_values(&n, String::new()).len(), NODE_COLUMNS.len());
+        assert!(NODE_INSERT.ends_with("$33)"), "{}", *NODE_INSERT);
+    }
+}
