@@ -512,6 +512,38 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     assert_eq!(got, vec!["z0", "z2", "z3"]);
     assert!(s.nodes_in_states(&[]).await.expect("none").is_empty());
 
+    // The scans' narrow read says the same as a full read of each node.
+    let mut z2 = s.get_node("z2").await.expect("z2");
+    z2.clean_step = Some(json!({"step": "erase_devices", "abortable": true}));
+    z2.runs.clean = Some(rivet_controller::runs::CleanRun {
+        step_index: 3,
+        command: Some("c-3".into()),
+        step_started_at: Some(micros(Utc::now())),
+        ..Default::default()
+    });
+    z2.provision_updated_at = Some(micros(Utc::now()));
+    s.update_node(&z2).await.expect("write z2");
+    let live = store::Liveness {
+        last_heartbeat: Some(micros(Utc::now())),
+        ..Default::default()
+    };
+    s.record_liveness("z2", &live).await.expect("liveness");
+    let summaries = s
+        .node_summaries(&[ProvisionState::InspectWait, ProvisionState::CleanWait])
+        .await
+        .expect("summaries");
+    assert_eq!(summaries.len(), 3);
+    for summary in &summaries {
+        let full = s.get_node(&summary.uuid).await.expect("full");
+        assert_eq!(*summary, store::NodeSummary::of(&full), "{}", summary.uuid);
+    }
+    assert_eq!(
+        summaries[1].runs.clean.as_ref().map(|c| c.step_index),
+        Some(3)
+    );
+    assert_eq!(summaries[1].last_heartbeat, live.last_heartbeat);
+    assert!(s.node_summaries(&[]).await.expect("none").is_empty());
+
     assert_eq!(s.release_reservations("c1").await.expect("release"), 2);
     assert_eq!(s.release_reservations("c1").await.expect("again"), 0);
     let z0 = s.get_node("z0").await.expect("z0");

@@ -21,7 +21,7 @@ use crate::drivers::{Bmc, BootDevice};
 use crate::fsm::Event;
 use crate::runs::DeployRun;
 use crate::store::Node;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use rivet_protocol::agent::{CommandKind, CommandStatus, DeployStepsResult};
 use rivet_protocol::deploy::{WriteImageArgs, WRITE_IMAGE};
 use rivet_protocol::states::{PowerState, ProvisionState};
@@ -563,11 +563,6 @@ impl Conductor {
     /// The agent command of the running deploy step, for timeouts and aborts.
     pub(crate) fn deploy_command(node: &Node) -> Option<String> {
         node.runs.deploy.as_ref().and_then(|r| r.command.clone())
-    }
-
-    /// When the running agent deploy step was sent.
-    pub(crate) fn deploy_step_started(node: &Node) -> Option<DateTime<Utc>> {
-        node.runs.deploy.as_ref().and_then(|r| r.step_started_at)
     }
 }
 

@@ -129,7 +129,7 @@ impl Conductor {
     /// task finishes its step; the next rebalance hands the node over).
     pub async fn rebalance(self: &Arc<Self>) -> Result<(usize, usize), super::ConductorError> {
         let (mut taken, mut handed) = (0, 0);
-        for node in self.store.nodes_in_states(LEASED).await? {
+        for node in self.store.node_summaries(LEASED).await? {
             if self.owns(&node.uuid) {
                 let foreign = node.reservation.as_deref().is_some_and(|r| r != self.id());
                 if foreign {

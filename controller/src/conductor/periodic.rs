@@ -2,6 +2,7 @@
 
 use super::{Conductor, ConductorError};
 use crate::fsm::Event;
+use crate::store::NodeSummary;
 use chrono::Utc;
 use rivet_protocol::states::ProvisionState;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,7 +72,7 @@ impl Conductor {
     }
 
     /// Why a node in a wait state has waited too long, if it has.
-    fn overdue(&self, node: &crate::store::Node, now: chrono::DateTime<Utc>) -> Option<String> {
+    fn overdue(&self, node: &NodeSummary, now: chrono::DateTime<Utc>) -> Option<String> {
         let state = node.provision_state;
         let step = node
             .clean_step
@@ -96,7 +97,11 @@ impl Conductor {
         }
         if state == ProvisionState::WaitCallBack {
             let step_limit = self.config.cleaning.step_timeout_s as i64;
-            if let Some(age) = Self::deploy_step_started(node)
+            if let Some(age) = node
+                .runs
+                .deploy
+                .as_ref()
+                .and_then(|r| r.step_started_at)
                 .map(|t| (now - t).num_seconds())
                 .filter(|a| *a >= step_limit)
             {
@@ -112,10 +117,7 @@ impl Conductor {
         ) {
             let hb_limit = self.config.agent.heartbeat_timeout_s as i64;
             if node.runs.has_agent() {
-                let age = node
-                    .liveness
-                    .last_heartbeat
-                    .map(|t| (now - t).num_seconds());
+                let age = node.last_heartbeat.map(|t| (now - t).num_seconds());
                 if let Some(age) = age.filter(|a| *a >= hb_limit) {
                     return Some(format!(
                         "no heartbeat from the agent of node {} for {age} s (limit {hb_limit} s){step}; \
@@ -128,7 +130,7 @@ impl Conductor {
         let timeout = self.wait_timeout(state);
         // The agent's heartbeats keep a wait alive, as Ironic's heartbeats touch the node.
         let since = node.provision_updated_at.unwrap_or(node.created_at);
-        let since = match node.liveness.last_heartbeat {
+        let since = match node.last_heartbeat {
             Some(hb) if hb > since => hb,
             _ => since,
         };
@@ -152,7 +154,7 @@ impl Conductor {
         resume_waits: bool,
     ) -> Result<Vec<String>, ConductorError> {
         let now = Utc::now();
-        let waiting = self.store.nodes_in_states(WAITS).await?;
+        let waiting = self.store.node_summaries(WAITS).await?;
         let mut waits: Vec<String> = Vec::new();
         if resume_waits {
             waits.extend(
@@ -170,13 +172,25 @@ impl Conductor {
                     .map(|n| n.uuid.clone()),
             );
         }
-        for node in waiting {
+        for summary in waiting {
             // Timeouts are the owner's to enforce; another controller's nodes are its own.
             // A record that does not decode is shown with its error and left as stored.
-            if node.maintenance || node.corrupt.is_some() || !self.owns(&node.uuid) {
+            if summary.maintenance || summary.corrupt || !self.owns(&summary.uuid) {
                 continue;
             }
-            let Some(msg) = self.overdue(&node, now) else {
+            if self.overdue(&summary, now).is_none() {
+                continue;
+            }
+            // Overdue by the summary: decide again on the whole, current record.
+            let node = match self.store.get_node(&summary.uuid).await {
+                Ok(n) if n.corrupt.is_none() => n,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::error!(node = %summary.uuid, error = %e, "cannot read a timed-out node");
+                    continue;
+                }
+            };
+            let Some(msg) = self.overdue(&NodeSummary::of(&node), now) else {
                 continue;
             };
             let state = node.provision_state;
@@ -202,7 +216,7 @@ impl Conductor {
         }
         let resumable = self
             .store
-            .nodes_in_states(BUSY)
+            .node_summaries(BUSY)
             .await?
             .into_iter()
             .filter(|n| !n.maintenance)

@@ -213,6 +213,62 @@ impl Node {
     }
 }
 
+/// What the conductor's scans read of a node: the fields its timeouts and its hand-over
+/// need, without the JSON documents (and the sealed secrets) a full read decodes. A scan that
+/// decides to act on a node reads it whole first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSummary {
+    /// UUID.
+    pub uuid: String,
+    /// Unique name.
+    pub name: Option<String>,
+    /// Provision state.
+    pub provision_state: ProvisionState,
+    /// Maintenance flag.
+    pub maintenance: bool,
+    /// Controller holding the node's lease.
+    pub reservation: Option<String>,
+    /// Last provision state change.
+    pub provision_updated_at: Option<DateTime<Utc>>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Running clean step.
+    pub clean_step: Option<Value>,
+    /// Running deploy step.
+    pub deploy_step: Option<Value>,
+    /// The conductor's run state.
+    pub runs: crate::runs::Runs,
+    /// Last lookup or heartbeat of the node's agent.
+    pub last_heartbeat: Option<DateTime<Utc>>,
+    /// One of the fields read does not decode (the full read says which).
+    pub corrupt: bool,
+}
+
+impl NodeSummary {
+    /// The summary of a node read whole.
+    pub fn of(n: &Node) -> NodeSummary {
+        NodeSummary {
+            uuid: n.uuid.clone(),
+            name: n.name.clone(),
+            provision_state: n.provision_state,
+            maintenance: n.maintenance,
+            reservation: n.reservation.clone(),
+            provision_updated_at: n.provision_updated_at,
+            created_at: n.created_at,
+            clean_step: n.clean_step.clone(),
+            deploy_step: n.deploy_step.clone(),
+            runs: n.runs.clone(),
+            last_heartbeat: n.liveness.last_heartbeat,
+            corrupt: n.corrupt.is_some(),
+        }
+    }
+
+    /// Name if set, else UUID: what messages call the node.
+    pub fn ident(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.uuid)
+    }
+}
+
 /// A port (a NIC of a node).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Port {
@@ -397,8 +453,13 @@ pub trait Store: Send + Sync {
     async fn get_node(&self, ident: &str) -> Result<Node, StoreError>;
     /// A page of nodes.
     async fn list_nodes(&self, query: &NodeQuery) -> Result<Vec<Node>, StoreError>;
-    /// Nodes in any of `states` (for the conductor's scans).
+    /// Nodes in any of `states` (start-up recovery).
     async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError>;
+    /// [`NodeSummary`]s of the nodes in any of `states`, oldest first (the periodic scans).
+    async fn node_summaries(
+        &self,
+        states: &[ProvisionState],
+    ) -> Result<Vec<NodeSummary>, StoreError>;
     /// Write `node` if its version is still `node.version`; returns the stored node with the
     /// new version and `updated_at`.
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError>;

@@ -6,8 +6,8 @@
 use super::decode::Decoder;
 use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
 use super::{
-    AuditEntry, AuditQuery, ConductorRecord, Liveness, Node, NodeQuery, Notice, Port, PortQuery,
-    SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
+    AuditEntry, AuditQuery, ConductorRecord, Liveness, Node, NodeQuery, NodeSummary, Notice, Port,
+    PortQuery, SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
 };
 use crate::runs::Runs;
 use async_trait::async_trait;
@@ -404,6 +404,55 @@ impl<E: Engine> Store for SqlStore<E> {
         let args = states.iter().map(|s| s.as_str().into()).collect();
         let rows = self.engine.rows(Access::Scan, &sql, args).await?;
         self.open_nodes(rows)
+    }
+
+    async fn node_summaries(
+        &self,
+        states: &[ProvisionState],
+    ) -> Result<Vec<NodeSummary>, StoreError> {
+        if states.is_empty() {
+            return Ok(Vec::new());
+        }
+        // driver_internal_info only for a node written before run_state existed, whose run
+        // is still in it.
+        let sql = format!(
+            "SELECT uuid, name, provision_state, maintenance, reservation, provision_updated_at, \
+             created_at, clean_step, deploy_step, run_state, agent_last_heartbeat, \
+             CASE WHEN run_state IS NULL THEN driver_internal_info END \
+             FROM nodes WHERE provision_state IN ({}) ORDER BY id",
+            placeholders(1, states.len())
+        );
+        let args = states.iter().map(|s| s.as_str().into()).collect();
+        self.all(Access::Scan, &sql, args, |mut r| {
+            let mut d = Decoder::default();
+            let mut s = NodeSummary {
+                uuid: r.text(0)?,
+                name: r.opt_text(1)?,
+                provision_state: d.parse("provision_state", &r.text(2)?, ProvisionState::Error),
+                maintenance: r.flag(3)?,
+                reservation: r.opt_text(4)?,
+                provision_updated_at: r.time(5)?,
+                created_at: r.time(6)?.unwrap_or_else(Utc::now),
+                clean_step: d.opt_value("clean_step", r.json(7)?.as_deref()),
+                deploy_step: d.opt_value("deploy_step", r.json(8)?.as_deref()),
+                runs: Runs::default(),
+                last_heartbeat: r.time(10)?,
+                corrupt: false,
+            };
+            s.runs = match r.json(9)? {
+                Some(text) => d.json("run_state", Some(&text)),
+                None => {
+                    let mut dii = d.map("driver_internal_info", &r.json(11)?.unwrap_or_default());
+                    Runs::take_legacy(&mut dii).unwrap_or_else(|e| {
+                        d.fail("driver_internal_info", e);
+                        Runs::default()
+                    })
+                }
+            };
+            s.corrupt = d.finish().is_some();
+            Ok(s)
+        })
+        .await
     }
 
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
