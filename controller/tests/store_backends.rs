@@ -541,7 +541,12 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
         summaries[1].runs.clean.as_ref().map(|c| c.step_index),
         Some(3)
     );
-    assert_eq!(summaries[1].last_heartbeat, live.last_heartbeat);
+    assert_eq!(summaries[1].liveness, live);
+    assert_eq!(s.node_summary("z2").await.expect("one"), summaries[1]);
+    assert!(matches!(
+        s.node_summary("nope").await,
+        Err(StoreError::NotFound { .. })
+    ));
     assert!(s.node_summaries(&[]).await.expect("none").is_empty());
 
     assert_eq!(s.release_reservations("c1").await.expect("release"), 2);

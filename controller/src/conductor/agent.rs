@@ -3,7 +3,7 @@
 
 use super::{Conductor, ConductorError};
 use crate::config::{constant_time_eq, hex};
-use crate::store::{normalize_mac, Node, StoreError};
+use crate::store::{normalize_mac, Node, NodeSummary, StoreError};
 use base64::Engine;
 use chrono::Utc;
 use rivet_protocol::agent::{
@@ -225,7 +225,7 @@ impl Conductor {
         )))
     }
 
-    fn check_token(node: &Node, token: Option<&str>) -> Result<(), AgentError> {
+    fn check_token(node: &NodeSummary, token: Option<&str>) -> Result<(), AgentError> {
         let stored = node
             .runs
             .agent
@@ -242,7 +242,7 @@ impl Conductor {
 
     /// After a good token: the heartbeat must come from the boot the token was issued to.
     /// A token issued to an agent that sent no boot id (older agents) is not tied to a boot.
-    fn check_boot(node: &Node, boot_id: Option<&str>) -> Result<(), AgentError> {
+    fn check_boot(node: &NodeSummary, boot_id: Option<&str>) -> Result<(), AgentError> {
         match node.runs.agent.as_ref().and_then(|a| a.boot_id.as_deref()) {
             Some(stored) if Some(stored) != boot_id => {
                 tracing::debug!(node = %node.uuid, "heartbeat with this node's token from another boot refused");
@@ -255,25 +255,25 @@ impl Conductor {
     /// Take in the results of a heartbeat; returns the ids to ack.
     async fn intake(
         &self,
-        node: &Node,
+        uuid: &str,
         results: &[CommandResult],
     ) -> Result<Vec<String>, AgentError> {
         let mut acks = Vec::new();
         for r in results {
-            match self.store.record_result(&node.uuid, r).await {
+            match self.store.record_result(uuid, r).await {
                 Ok(true) => {
-                    tracing::info!(node = %node.uuid, command = %r.name, id = %r.id, status = ?r.status, "agent result received");
+                    tracing::info!(node = %uuid, command = %r.name, id = %r.id, status = ?r.status, "agent result received");
                     if r.name == "get_inventory" && r.status == CommandStatus::Succeeded {
                         if let Some(inv) = r.result.get("inventory") {
-                            self.store.save_inventory(&node.uuid, inv).await?;
+                            self.store.save_inventory(uuid, inv).await?;
                         }
                     }
                 }
                 Ok(false) => {
-                    tracing::debug!(node = %node.uuid, id = %r.id, "duplicate result ignored");
+                    tracing::debug!(node = %uuid, id = %r.id, "duplicate result ignored");
                 }
                 Err(StoreError::NotFound { .. }) => {
-                    tracing::warn!(node = %node.uuid, id = %r.id, "result for a command this controller never queued; dropped");
+                    tracing::warn!(node = %uuid, id = %r.id, "result for a command this controller never queued; dropped");
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -310,7 +310,9 @@ impl Conductor {
         token: Option<&str>,
         req: HeartbeatRequest,
     ) -> Result<HeartbeatResponse, AgentError> {
-        let node = match self.store.get_node(ident).await {
+        // The narrow read: a heartbeat needs the agent session and the liveness, not the
+        // node's documents.
+        let node = match self.store.node_summary(ident).await {
             Ok(n) => n,
             Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
             Err(e) => return Err(e.into()),
@@ -318,7 +320,7 @@ impl Conductor {
         Self::check_token(&node, token)?;
         Self::check_boot(&node, req.boot_id.as_deref())?;
         let uuid = node.uuid.clone();
-        let acks = self.intake(&node, &req.results).await?;
+        let acks = self.intake(&uuid, &req.results).await?;
         if !acks.is_empty() {
             // Results may move the node's operation on: start deciding now, while this
             // request records liveness, so the next command is ready sooner.
@@ -383,7 +385,7 @@ impl Conductor {
         }
         // The operation may have ended while we waited (the token goes with it): tell the
         // agent now rather than at its next heartbeat.
-        match self.store.get_node(&uuid).await {
+        match self.store.node_summary(&uuid).await {
             Ok(n) => Self::check_token(&n, token)?,
             Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
             Err(e) => return Err(e.into()),

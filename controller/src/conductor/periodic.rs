@@ -117,7 +117,10 @@ impl Conductor {
         ) {
             let hb_limit = self.config.agent.heartbeat_timeout_s as i64;
             if node.runs.has_agent() {
-                let age = node.last_heartbeat.map(|t| (now - t).num_seconds());
+                let age = node
+                    .liveness
+                    .last_heartbeat
+                    .map(|t| (now - t).num_seconds());
                 if let Some(age) = age.filter(|a| *a >= hb_limit) {
                     return Some(format!(
                         "no heartbeat from the agent of node {} for {age} s (limit {hb_limit} s){step}; \
@@ -130,7 +133,7 @@ impl Conductor {
         let timeout = self.wait_timeout(state);
         // The agent's heartbeats keep a wait alive, as Ironic's heartbeats touch the node.
         let since = node.provision_updated_at.unwrap_or(node.created_at);
-        let since = match node.last_heartbeat {
+        let since = match node.liveness.last_heartbeat {
             Some(hb) if hb > since => hb,
             _ => since,
         };

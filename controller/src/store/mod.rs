@@ -213,9 +213,9 @@ impl Node {
     }
 }
 
-/// What the conductor's scans read of a node: the fields its timeouts and its hand-over
-/// need, without the JSON documents (and the sealed secrets) a full read decodes. A scan that
-/// decides to act on a node reads it whole first.
+/// What the conductor's scans and the agent's heartbeats read of a node: the fields timeouts,
+/// hand-over and the agent session need, without the JSON documents (and the sealed secrets)
+/// a full read decodes. Whoever decides to write the node reads it whole first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeSummary {
     /// UUID.
@@ -238,8 +238,8 @@ pub struct NodeSummary {
     pub deploy_step: Option<Value>,
     /// The conductor's run state.
     pub runs: crate::runs::Runs,
-    /// Last lookup or heartbeat of the node's agent.
-    pub last_heartbeat: Option<DateTime<Utc>>,
+    /// What the node's agent last said of itself.
+    pub liveness: Liveness,
     /// One of the fields read does not decode (the full read says which).
     pub corrupt: bool,
 }
@@ -258,7 +258,7 @@ impl NodeSummary {
             clean_step: n.clean_step.clone(),
             deploy_step: n.deploy_step.clone(),
             runs: n.runs.clone(),
-            last_heartbeat: n.liveness.last_heartbeat,
+            liveness: n.liveness.clone(),
             corrupt: n.corrupt.is_some(),
         }
     }
@@ -455,6 +455,8 @@ pub trait Store: Send + Sync {
     async fn list_nodes(&self, query: &NodeQuery) -> Result<Vec<Node>, StoreError>;
     /// Nodes in any of `states` (start-up recovery).
     async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError>;
+    /// The [`NodeSummary`] of a node by UUID or name.
+    async fn node_summary(&self, ident: &str) -> Result<NodeSummary, StoreError>;
     /// [`NodeSummary`]s of the nodes in any of `states`, oldest first (the periodic scans).
     async fn node_summaries(
         &self,

@@ -240,6 +240,46 @@ fn node_values(n: &Node, driver_info: String) -> Vec<Arg> {
     ]
 }
 
+/// What [`summary_from_row`] reads; `driver_internal_info` only for a node written before
+/// `run_state` existed, whose run is still in it.
+const SUMMARY_SELECT: &str = "uuid, name, provision_state, maintenance, reservation, \
+    provision_updated_at, created_at, clean_step, deploy_step, run_state, agent_last_heartbeat, \
+    agent_version, step_progress, CASE WHEN run_state IS NULL THEN driver_internal_info END";
+
+fn summary_from_row(mut r: impl SqlRow) -> Result<NodeSummary, StoreError> {
+    let mut d = Decoder::default();
+    let mut s = NodeSummary {
+        uuid: r.text(0)?,
+        name: r.opt_text(1)?,
+        provision_state: d.parse("provision_state", &r.text(2)?, ProvisionState::Error),
+        maintenance: r.flag(3)?,
+        reservation: r.opt_text(4)?,
+        provision_updated_at: r.time(5)?,
+        created_at: r.time(6)?.unwrap_or_else(Utc::now),
+        clean_step: d.opt_value("clean_step", r.json(7)?.as_deref()),
+        deploy_step: d.opt_value("deploy_step", r.json(8)?.as_deref()),
+        runs: Runs::default(),
+        liveness: Liveness {
+            last_heartbeat: r.time(10)?,
+            agent_version: r.opt_text(11)?,
+            progress: d.opt_value("step_progress", r.json(12)?.as_deref()),
+        },
+        corrupt: false,
+    };
+    s.runs = match r.json(9)? {
+        Some(text) => d.json("run_state", Some(&text)),
+        None => {
+            let mut dii = d.map("driver_internal_info", &r.json(13)?.unwrap_or_default());
+            Runs::take_legacy(&mut dii).unwrap_or_else(|e| {
+                d.fail("driver_internal_info", e);
+                Runs::default()
+            })
+        }
+    };
+    s.corrupt = d.finish().is_some();
+    Ok(s)
+}
+
 fn port_from_row(mut r: impl SqlRow) -> Result<Port, StoreError> {
     Ok(Port {
         uuid: r.text(0)?,
@@ -406,6 +446,14 @@ impl<E: Engine> Store for SqlStore<E> {
         self.open_nodes(rows)
     }
 
+    async fn node_summary(&self, ident: &str) -> Result<NodeSummary, StoreError> {
+        let sql =
+            format!("SELECT {SUMMARY_SELECT} FROM nodes WHERE uuid = $1 OR name = $1 LIMIT 1");
+        self.one(Access::Read, &sql, vec![ident.into()], summary_from_row)
+            .await?
+            .ok_or_else(|| not_found("node", ident))
+    }
+
     async fn node_summaries(
         &self,
         states: &[ProvisionState],
@@ -413,46 +461,12 @@ impl<E: Engine> Store for SqlStore<E> {
         if states.is_empty() {
             return Ok(Vec::new());
         }
-        // driver_internal_info only for a node written before run_state existed, whose run
-        // is still in it.
         let sql = format!(
-            "SELECT uuid, name, provision_state, maintenance, reservation, provision_updated_at, \
-             created_at, clean_step, deploy_step, run_state, agent_last_heartbeat, \
-             CASE WHEN run_state IS NULL THEN driver_internal_info END \
-             FROM nodes WHERE provision_state IN ({}) ORDER BY id",
+            "SELECT {SUMMARY_SELECT} FROM nodes WHERE provision_state IN ({}) ORDER BY id",
             placeholders(1, states.len())
         );
         let args = states.iter().map(|s| s.as_str().into()).collect();
-        self.all(Access::Scan, &sql, args, |mut r| {
-            let mut d = Decoder::default();
-            let mut s = NodeSummary {
-                uuid: r.text(0)?,
-                name: r.opt_text(1)?,
-                provision_state: d.parse("provision_state", &r.text(2)?, ProvisionState::Error),
-                maintenance: r.flag(3)?,
-                reservation: r.opt_text(4)?,
-                provision_updated_at: r.time(5)?,
-                created_at: r.time(6)?.unwrap_or_else(Utc::now),
-                clean_step: d.opt_value("clean_step", r.json(7)?.as_deref()),
-                deploy_step: d.opt_value("deploy_step", r.json(8)?.as_deref()),
-                runs: Runs::default(),
-                last_heartbeat: r.time(10)?,
-                corrupt: false,
-            };
-            s.runs = match r.json(9)? {
-                Some(text) => d.json("run_state", Some(&text)),
-                None => {
-                    let mut dii = d.map("driver_internal_info", &r.json(11)?.unwrap_or_default());
-                    Runs::take_legacy(&mut dii).unwrap_or_else(|e| {
-                        d.fail("driver_internal_info", e);
-                        Runs::default()
-                    })
-                }
-            };
-            s.corrupt = d.finish().is_some();
-            Ok(s)
-        })
-        .await
+        self.all(Access::Scan, &sql, args, summary_from_row).await
     }
 
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
