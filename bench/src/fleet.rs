@@ -554,8 +554,13 @@ async fn fleet_agent(mut a: SimAgent, s: Shared) {
                 tokio::select! {
                     r = a.heartbeat(&link, &profile, true) => match r {
                         Ok((Beat::Ok, d)) => rec.ok(d),
-                        _ => {
+                        other => {
                             rec.err();
+                            let what = match other {
+                                Ok((beat, _)) => format!("{beat:?}"),
+                                Err(e) => format!("{e:#}"),
+                            };
+                            report_error(&a.node, &what);
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                     },

@@ -2,10 +2,10 @@
 //!
 //! One connection writes (SQLite serialises writers anyway) and a few read-only connections
 //! read beside it: in WAL mode a reader sees the last commit and never waits for the writer,
-//! so the periodic scan reading every waiting node does not hold up heartbeat writes. Each
-//! call blocks its thread for tens of microseconds to a few milliseconds; on the
-//! multi-thread runtime it runs under `block_in_place`, so tokio moves the worker's other
-//! tasks (held long polls, other requests) to another thread meanwhile. JSON fields are
+//! so the periodic scan reading every waiting node does not hold up heartbeat writes. A call
+//! waits for its connection asynchronously (no thread is held while waiting), then runs on
+//! the worker for tens of microseconds; only listings and scans, which may take long, run
+//! under `block_in_place` so tokio moves the worker's other tasks elsewhere. JSON fields are
 //! stored as text, times as RFC 3339 text with microseconds, flags as 0/1.
 //!
 //! The queries themselves are in [`super::queries`]; their `$n` placeholders are SQLite's
@@ -18,7 +18,7 @@ use super::StoreError;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::types::Value as Cell;
 use rusqlite::Connection;
-use std::sync::{Mutex, MutexGuard};
+use tokio::sync::{Mutex, MutexGuard};
 
 /// The numbered migrations, oldest first (index + 1 is the schema version). Public so a test
 /// can build a database at an old version and upgrade it.
@@ -299,61 +299,54 @@ impl SqlStore<SqliteEngine> {
 }
 
 impl SqliteEngine {
-    /// Run `f` on the writer connection: at once on this thread when it is free (a write
-    /// takes microseconds), else wait for it under `block_in_place`.
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, StoreError> {
-        if let Ok(mut conn) = self.conn.try_lock() {
-            return Ok(f(&mut conn));
-        }
-        blocking(|| Ok(f(&mut *lock(&self.conn)?)))
+    /// Run `f` on the writer connection, waiting for it asynchronously: a write holds it for
+    /// tens of microseconds, and a waiting request must not hold a thread (under a burst of
+    /// thousands of requests, waits that each block a thread made tokio start a thread per
+    /// waiter).
+    async fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let mut conn = self.conn.lock().await;
+        f(&mut conn)
     }
 
-    /// Run `f` (a short read) on the writer when it is free, else on a free reader at once,
-    /// else wait for one under `block_in_place`. The writer first: its page cache survives
-    /// its own commits, while a reader's is emptied by every commit (at thousands of
-    /// heartbeat writes a second, every read on a reader starts cold).
-    fn read<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, StoreError> {
+    /// Run `f` (a short read) on the writer when it is free, else on a free reader, else
+    /// wait for a reader. The writer first: its page cache survives its own commits, while a
+    /// reader's is emptied by every commit (at thousands of heartbeat writes a second, every
+    /// read on a reader starts cold).
+    async fn read<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
         if self.readers.is_empty() {
-            return self.with(f);
+            return self.with(f).await;
         }
         if let Ok(mut conn) = self.conn.try_lock() {
-            return Ok(f(&mut conn));
+            return f(&mut conn);
         }
-        match self.free_reader() {
-            Ok(mut conn) => Ok(f(&mut conn)),
-            Err(_) => self.read_long(f),
-        }
+        let mut conn = self.reader().await;
+        f(&mut conn)
     }
 
     /// Run `f` (a read that may take long: a listing, a scan of every waiting node) on a
-    /// reader under `block_in_place`, so the worker's other tasks move on meanwhile.
-    fn read_long<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, StoreError> {
-        blocking(|| {
-            let mut conn = if self.readers.is_empty() {
-                lock(&self.conn)?
-            } else {
-                match self.free_reader() {
-                    Ok(conn) => conn,
-                    Err(busy) => lock(&self.readers[busy])?,
-                }
-            };
-            Ok(f(&mut conn))
-        })
+    /// reader, under `block_in_place` so the worker's other tasks move on meanwhile.
+    async fn read_long<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let mut conn = if self.readers.is_empty() {
+            self.conn.lock().await
+        } else {
+            self.reader().await
+        };
+        blocking(|| f(&mut conn))
     }
 
-    /// A reader that is free now, trying each once from a rotating start; else the index of
-    /// the one to wait for. Needs at least one reader.
-    fn free_reader(&self) -> Result<MutexGuard<'_, Connection>, usize> {
+    /// A reader: one that is free now, trying each once from a rotating start, else the
+    /// next one in turn, waited for. Needs at least one reader.
+    async fn reader(&self) -> MutexGuard<'_, Connection> {
         let n = self.readers.len();
         let start = self
             .next_reader
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for i in 0..n {
             if let Ok(conn) = self.readers[(start + i) % n].try_lock() {
-                return Ok(conn);
+                return conn;
             }
         }
-        Err(start % n)
+        self.readers[start % n].lock().await
     }
 }
 
@@ -390,18 +383,20 @@ impl Engine for SqliteEngine {
         args: Vec<Arg>,
     ) -> Result<Vec<SqliteRow>, StoreError> {
         match access {
-            Access::Read => self.read(|c| query(c, sql, args))?,
-            Access::Scan => self.read_long(|c| query(c, sql, args))?,
-            Access::Write => self.with(|c| query(c, sql, args))?,
+            Access::Read => self.read(|c| query(c, sql, args)).await,
+            Access::Scan => self.read_long(|c| query(c, sql, args)).await,
+            Access::Write => self.with(|c| query(c, sql, args)).await,
         }
     }
 
     async fn execute(&self, sql: &str, args: Vec<Arg>) -> Result<u64, ExecError> {
-        let r = self.with(|c| {
-            c.prepare_cached(&numbered(sql)).and_then(|mut st| {
-                st.execute(rusqlite::params_from_iter(args.into_iter().map(cell)))
+        let r = self
+            .with(|c| {
+                c.prepare_cached(&numbered(sql)).and_then(|mut st| {
+                    st.execute(rusqlite::params_from_iter(args.into_iter().map(cell)))
+                })
             })
-        })?;
+            .await;
         match r {
             Ok(n) => Ok(n as u64),
             Err(e) => Err(match unique_violation(&e) {
@@ -412,13 +407,8 @@ impl Engine for SqliteEngine {
     }
 }
 
-fn lock(conn: &Mutex<Connection>) -> Result<MutexGuard<'_, Connection>, StoreError> {
-    conn.lock()
-        .map_err(|_| StoreError::Backend("store mutex poisoned".into()))
-}
-
-/// Run `f`, which blocks on the disk or a connection lock: under `block_in_place` on the
-/// multi-thread runtime, so the worker's other tasks move to another thread; inline where
+/// Run `f`, which blocks on the disk for long: under `block_in_place` on the multi-thread
+/// runtime, so the worker's other tasks move to another thread; inline where
 /// that is not possible (a current-thread runtime, or no runtime).
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
@@ -574,7 +564,7 @@ mod tests {
         assert_eq!(all.len(), 200);
         let refused = s.engine.readers[0]
             .lock()
-            .expect("reader")
+            .await
             .execute("DELETE FROM nodes", []);
         assert!(refused.is_err(), "a reader could write");
     }
