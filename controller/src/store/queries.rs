@@ -395,10 +395,16 @@ impl<E: Engine> Store for SqlStore<E> {
                 .ok_or_else(|| not_found("marker node", marker))?;
             let op = if q.sort_dir == SortDir::Asc { ">" } else { "<" };
             args.push(id.into());
-            wheres.push(format!(
-                "({expr}, id) {op} (SELECT {expr}, id FROM nodes WHERE id = ${})",
-                args.len()
-            ));
+            // By id alone, a plain range the primary key serves (the row-value form below
+            // makes SQLite scan every row).
+            wheres.push(if q.sort_key == "id" {
+                format!("id {op} ${}", args.len())
+            } else {
+                format!(
+                    "({expr}, id) {op} (SELECT {expr}, id FROM nodes WHERE id = ${})",
+                    args.len()
+                )
+            });
         }
         let mut filter = |column: &str, value: Arg| {
             args.push(value);
