@@ -330,15 +330,7 @@ impl SqlStore<PostgresEngine> {
             if !exists {
                 return Ok(0);
             }
-            client
-                .query_one(
-                    "SELECT COALESCE(MAX(version), 0)::BIGINT FROM schema_version",
-                    &[],
-                )
-                .await
-                .map_err(db)?
-                .try_get(0)
-                .map_err(db)
+            stored_version(&client).await
         })
     }
 }
@@ -556,6 +548,19 @@ async fn listen(
     }
 }
 
+/// The highest applied migration (0 when none) of an existing `schema_version` table.
+async fn stored_version(client: &impl tokio_postgres::GenericClient) -> Result<i64, StoreError> {
+    client
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0)::BIGINT FROM schema_version",
+            &[],
+        )
+        .await
+        .map_err(db)?
+        .try_get(0)
+        .map_err(db)
+}
+
 /// Apply pending migrations; refuse a schema newer than this build. Returns the versions
 /// before and after.
 async fn migrate(client: &mut Client) -> Result<(i64, i64), StoreError> {
@@ -566,15 +571,7 @@ async fn migrate(client: &mut Client) -> Result<(i64, i64), StoreError> {
     tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
         .await
         .map_err(db)?;
-    let current: i64 = tx
-        .query_one(
-            "SELECT COALESCE(MAX(version), 0)::BIGINT FROM schema_version",
-            &[],
-        )
-        .await
-        .map_err(db)?
-        .try_get(0)
-        .map_err(db)?;
+    let current = stored_version(&tx).await?;
     if current > SCHEMA_VERSION {
         return Err(StoreError::Backend(format!(
             "database schema version {current} is newer than this rivetd knows ({SCHEMA_VERSION}); \

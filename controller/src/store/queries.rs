@@ -171,16 +171,21 @@ fn node_from_row(mut r: impl SqlRow) -> Result<Node, StoreError> {
             progress: d.opt_value("step_progress", r.json(35)?.as_deref()),
         },
     };
-    node.runs = match r.json(32)? {
+    node.runs = decode_runs(&mut d, r.json(32)?, &mut node.driver_internal_info);
+    node.corrupt = d.finish();
+    Ok(node)
+}
+
+/// The `run_state` column; for a node written before it existed (NULL), the bookkeeping
+/// still in `dii`, moved out of it.
+fn decode_runs(d: &mut Decoder, run_state: Option<String>, dii: &mut Map<String, Value>) -> Runs {
+    match run_state {
         Some(text) => d.json("run_state", Some(&text)),
-        // Written before run_state existed: the bookkeeping is still in driver_internal_info.
-        None => Runs::take_legacy(&mut node.driver_internal_info).unwrap_or_else(|e| {
+        None => Runs::take_legacy(dii).unwrap_or_else(|e| {
             d.fail("driver_internal_info", e);
             Runs::default()
         }),
-    };
-    node.corrupt = d.finish();
-    Ok(node)
+    }
 }
 
 fn map_text(m: &Map<String, Value>) -> Arg {
@@ -266,16 +271,12 @@ fn summary_from_row(mut r: impl SqlRow) -> Result<NodeSummary, StoreError> {
         },
         corrupt: false,
     };
-    s.runs = match r.json(9)? {
-        Some(text) => d.json("run_state", Some(&text)),
-        None => {
-            let mut dii = d.map("driver_internal_info", &r.json(13)?.unwrap_or_default());
-            Runs::take_legacy(&mut dii).unwrap_or_else(|e| {
-                d.fail("driver_internal_info", e);
-                Runs::default()
-            })
-        }
+    let run_state = r.json(9)?;
+    let mut dii = match r.json(13)? {
+        Some(text) => d.map("driver_internal_info", &text),
+        None => Map::new(),
     };
+    s.runs = decode_runs(&mut d, run_state, &mut dii);
     s.corrupt = d.finish().is_some();
     Ok(s)
 }
