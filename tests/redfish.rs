@@ -289,6 +289,125 @@ fn cleaning_boots_the_ramdisk_through_a_pxe_override() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `redfish-virtual-media`: cleaning inserts the node's own ISO (the emulator downloads it
+/// from rivetd through `external_http_url`), sets the CD override after inserting, powers on;
+/// the ISO rivetd serves is image-build's with the node's parameters in its region; the ISO is
+/// refused once the node expects no ramdisk. A rivetd without
+/// an ISO fails the node with a message naming the setting.
+#[test]
+fn cleaning_boots_the_ramdisk_from_virtual_media() -> anyhow::Result<()> {
+    use rivet_protocol::bootparams;
+    if !sushy_ok() {
+        return Ok(());
+    }
+    let sys = FakeSystem::new("node-vm", "52:54:00:12:34:07");
+    let sushy = Sushy::start(SushyOptions {
+        systems: vec![sys.clone()],
+        ..SushyOptions::default()
+    })?;
+    let dir = tempfile::tempdir()?;
+    let artefacts = dir.path().join("artefacts");
+    std::fs::create_dir_all(&artefacts)?;
+    // An "ISO" shaped like image-build's: bytes, grub.cfg's kernel line with the region, bytes.
+    let baked = bootparams::region("rivet.controller=http://baked:6385")?;
+    let mut iso = vec![0x5a_u8; 300_000];
+    iso.extend(format!("    linux /boot/vmlinuz console=ttyS0 {baked}\n").as_bytes());
+    iso.extend(vec![0xa5_u8; 100_000]);
+    std::fs::write(artefacts.join("rivet.iso"), &iso)?;
+    let port = rivet_tests::free_port()?;
+    let conf = dir.path().join("rivetd.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[drivers]\npoll_interval_ms = 200\n\n[boot]\nartefact_dir = {:?}\n\
+             public_url = \"http://192.0.2.10:6385\"\nexternal_http_url = \"http://127.0.0.1:{port}\"\n",
+            artefacts.display().to_string()
+        ),
+    )?;
+    let conf = conf.to_string_lossy().to_string();
+    let d = Rivetd::start(&dir.path().join("rivet.db"), port, &["--config", &conf])?;
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(
+            json!({"driver": "redfish", "name": "vm", "automated_clean": true,
+                    "boot_interface": "redfish-virtual-media",
+                    "driver_info": sushy.driver_info(&sys.uuid, USER, PASSWORD)}),
+        ),
+    )?;
+    anyhow::ensure!(s == 201, "{v}");
+    let uuid = v["uuid"].as_str().unwrap_or_default().to_string();
+    assert_eq!(v["boot_interface"], "redfish-virtual-media", "{v}");
+    manage(&d, "vm")?;
+    let iso_url = format!("{}/boot/iso/{uuid}.iso", d.url);
+    let fetch = |url: &str| -> anyhow::Result<(u16, Vec<u8>)> {
+        let r = reqwest::blocking::get(url)?;
+        Ok((r.status().as_u16(), r.bytes()?.to_vec()))
+    };
+    assert_eq!(
+        fetch(&iso_url)?.0,
+        404,
+        "no ISO for a node that expects no ramdisk"
+    );
+
+    sushy_patch_boot(&sushy, &sys.uuid, "Hdd")?;
+    verb(&d, "vm", "provide")?;
+    let n = d.wait_node("vm", Duration::from_secs(60), |v| {
+        v["provision_state"] == "clean wait" || v["provision_state"] == "clean failed"
+    })?;
+    assert_eq!(n["provision_state"], "clean wait", "{n}");
+    let cd = sushy.get(&format!("/redfish/v1/Systems/{}/VirtualMedia/Cd", sys.uuid))?;
+    assert_eq!(cd["Inserted"], true, "{cd}");
+    assert_eq!(cd["Image"], iso_url.as_str(), "{cd}");
+    assert_eq!(
+        sushy.system(&sys.uuid)?["Boot"]["BootSourceOverrideTarget"],
+        "Cd"
+    );
+    sushy.wait_power(&sys.uuid, "On", Duration::from_secs(15))?;
+
+    // The served ISO is the artefact with only the region changed, to this node's.
+    let (status, served) = fetch(&iso_url)?;
+    assert_eq!(status, 200);
+    assert_eq!(served.len(), iso.len());
+    let at = bootparams::find_regions(&served);
+    assert_eq!(at, bootparams::find_regions(&iso));
+    let region = String::from_utf8_lossy(&served[at[0]..at[0] + bootparams::WIDTH]).to_string();
+    assert_eq!(
+        region.trim_end(),
+        format!("rivet.params=v1 rivet.controller=http://192.0.2.10:6385 rivet.node={uuid}")
+    );
+    let mut rest = served.clone();
+    rest[at[0]..at[0] + bootparams::WIDTH].copy_from_slice(baked.as_bytes());
+    assert!(rest == iso, "bytes outside the region changed");
+
+    // Abort: the node leaves the ramdisk states, so its ISO is no longer served. (Ejecting
+    // when a run finishes is seen in the VM lab scenario, where a real agent finishes it.)
+    verb(&d, "vm", "abort")?;
+    let n = d.wait_node("vm", Duration::from_secs(30), |v| {
+        v["provision_state"] == "clean failed"
+    })?;
+    assert_eq!(n["provision_state"], "clean failed", "{n}");
+    assert_eq!(
+        fetch(&iso_url)?.0,
+        404,
+        "no ISO once the ramdisk is not expected"
+    );
+
+    // Without its ISO, a virtual-media boot fails the node and says what to set.
+    std::fs::remove_file(artefacts.join("rivet.iso"))?;
+    verb(&d, "vm", "manage")?;
+    d.wait_node("vm", Duration::from_secs(30), |v| {
+        v["provision_state"] == "manageable"
+    })?;
+    verb(&d, "vm", "provide")?;
+    let n = d.wait_node("vm", Duration::from_secs(30), |v| {
+        v["provision_state"] == "clean failed"
+    })?;
+    let err = n["last_error"].as_str().unwrap_or_default();
+    assert!(err.contains("rivet.iso") && err.contains("vm"), "{n}");
+    Ok(())
+}
+
 fn sushy_patch_boot(sushy: &Sushy, uuid: &str, target: &str) -> anyhow::Result<()> {
     let rt = rt();
     let info = map(sushy.driver_info(uuid, USER, PASSWORD));

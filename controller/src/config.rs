@@ -151,6 +151,10 @@ pub struct BootConfig {
     /// rivetd's URL as booting machines reach it, used in iPXE scripts for the artefacts and
     /// as `rivet.controller=`. Unset: `http://` + the request's Host header.
     pub public_url: Option<String>,
+    /// rivetd's URL as BMCs reach it, for the virtual-media ISO they download (Ironic's
+    /// `external_http_url`): BMCs often sit on a management network that booting machines
+    /// do not. Unset: `public_url`.
+    pub external_http_url: Option<String>,
     /// Kernel arguments added to every iPXE boot (console, log level…).
     pub kernel_append: String,
 }
@@ -160,6 +164,7 @@ impl Default for BootConfig {
         BootConfig {
             artefact_dir: None,
             public_url: None,
+            external_http_url: None,
             kernel_append: "console=tty0 console=ttyS0,115200n8".into(),
         }
     }

@@ -116,12 +116,12 @@ const FAKE: HardwareType = HardwareType {
     ],
 };
 
-// Boot through virtual media (`redfish-virtual-media`) and the agent rescue interface are
-// not served yet, so they are not enabled: a node cannot pick what would do nothing.
+// The agent rescue interface is not served yet, so it is not enabled: a node cannot pick
+// what would do nothing.
 const REDFISH: HardwareType = HardwareType {
     name: "redfish",
     enabled: &[
-        (Iface::Boot, &["ipxe", "pxe"]),
+        (Iface::Boot, &["ipxe", "pxe", "redfish-virtual-media"]),
         (Iface::Deploy, &["direct"]),
         (Iface::Power, &["redfish"]),
         (Iface::Management, &["redfish"]),

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod bootiso;
 pub mod cluster;
 pub mod conductor;
 pub mod config;

@@ -171,6 +171,21 @@ impl Options {
         s.push_str(&self.controller);
         s
     }
+
+    /// The kernel command line of the ISO: the console arguments, then the per-node parameter
+    /// region (see `rivet_protocol::bootparams`) holding `rivet.controller=`, which rivetd
+    /// rewrites for each node it boots by virtual media.
+    pub fn iso_cmdline(&self) -> Result<String, BuildError> {
+        let region =
+            rivet_protocol::bootparams::region(&format!("rivet.controller={}", self.controller))
+                .map_err(|e| BuildError::Input(format!("--controller: {e}")))?;
+        let mut s = self.cmdline.trim().to_string();
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(&region);
+        Ok(s)
+    }
 }
 
 /// What was built.
@@ -485,7 +500,13 @@ pub fn build(opts: &Options) -> Result<Report, BuildError> {
         let tmp_iso = scratch.path().join(names::ISO);
         let stage = scratch.path().join("iso-stage");
         std::fs::create_dir_all(&stage).map_err(io("creating", &stage))?;
-        let boot = iso::make_iso(&tmp_kernel, &tmp_initrd, &cmdline, &stage, &tmp_iso)?;
+        let boot = iso::make_iso(
+            &tmp_kernel,
+            &tmp_initrd,
+            &opts.iso_cmdline()?,
+            &stage,
+            &tmp_iso,
+        )?;
         Some((tmp_iso, boot))
     } else {
         None
@@ -770,5 +791,24 @@ mod tests {
             o.kernel_cmdline(),
             "rivet.controller=http://10.0.2.100:6385"
         );
+    }
+
+    #[test]
+    fn iso_cmdline_carries_a_region_rivetd_can_rewrite() {
+        use rivet_protocol::bootparams::{find_regions, MARKER, WIDTH};
+        let mut o = Options::new("o".into(), "k".into(), "a".into());
+        o.controller = "http://10.0.2.100:6385".into();
+        let cfg = iso::grub_cfg(&o.iso_cmdline().unwrap());
+        let at = find_regions(cfg.as_bytes());
+        assert_eq!(at.len(), 1, "{cfg}");
+        let region = &cfg[at[0]..at[0] + WIDTH];
+        assert_eq!(
+            region.trim_end(),
+            format!("{MARKER}rivet.controller=http://10.0.2.100:6385")
+        );
+        assert!(cfg
+            .contains("linux /boot/vmlinuz console=tty0 console=ttyS0,115200n8 rivet.params=v1 "));
+        o.controller = "http://a/$x".into();
+        assert!(o.iso_cmdline().is_err());
     }
 }

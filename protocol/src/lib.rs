@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod bootparams;
 pub mod deploy;
 pub mod hints;
 pub mod inventory;

@@ -5,6 +5,10 @@
 //!
 //! - `GET /boot/{file}`: `vmlinuz`, `rivet.initramfs` or `rivet.iso` from `[boot]
 //!   artefact_dir`, streamed from disk (nothing else in that directory is reachable).
+//! - `GET /boot/iso/{node}.iso`: the virtual-media ISO for a node that expects a ramdisk:
+//!   `rivet.iso` with its parameter region rewritten to `rivet.controller=<public_url>
+//!   rivet.node=<uuid>` (see [`crate::bootiso`]). The BMC downloads it; nothing in it is
+//!   secret (the agent's token comes from its first lookup, not from the ISO).
 //! - `GET /boot/ipxe/{node}` and `GET /boot/ipxe?mac=aa:bb:…`: an iPXE script chaining the
 //!   kernel and the initramfs with `rivet.controller=<public_url> rivet.node=<uuid>` when the
 //!   node expects a ramdisk (cleaning, inspection, deployment, rescue), else a script that
@@ -19,6 +23,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use futures_util::StreamExt;
 use std::io::Read;
 
 /// The only files `GET /boot/{file}` serves (image-build's output names).
@@ -31,6 +36,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/boot/ipxe", get(ipxe_by_mac))
         .route("/boot/ipxe/{node}", get(ipxe_for_node))
+        .route("/boot/iso/{file}", get(node_iso))
         .route("/boot/{file}", get(artefact))
 }
 
@@ -68,6 +74,74 @@ async fn artefact(
     };
     tracing::info!(file = %file, bytes = len, "serving boot artefact");
     let mut resp = Body::from_stream(file_stream(f)).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    Ok(resp)
+}
+
+async fn node_iso(
+    State(state): State<AppState>,
+    Path(file): Path<String>,
+) -> Result<Response, ApiError> {
+    let ident = file.strip_suffix(".iso").ok_or_else(not_found)?;
+    let node = known(state.conductor.store.get_node(ident).await)?;
+    if !LOOKUP_ALLOWED.contains(&node.provision_state) {
+        tracing::info!(node = %node.uuid, state = %node.provision_state, "virtual-media ISO asked for a node that expects no ramdisk");
+        return Err(not_found());
+    }
+    let boot = state.conductor.config.boot.clone();
+    let uuid = node.uuid.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        let dir = boot
+            .artefact_dir
+            .as_deref()
+            .ok_or(crate::bootiso::BootIsoError::NoArtefacts)?;
+        let public = boot
+            .public_url
+            .as_deref()
+            .ok_or(crate::bootiso::BootIsoError::NoUrl)?;
+        let region = crate::bootiso::node_region(public, &uuid)?;
+        let path = dir.join(crate::bootiso::ISO);
+        let (len, regions) = crate::bootiso::regions(&path)?;
+        let f = std::fs::File::open(&path)
+            .map_err(|source| crate::bootiso::BootIsoError::Read { path, source })?;
+        Ok::<_, crate::bootiso::BootIsoError>((f, len, regions, region))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let (f, len, regions, region) = opened.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "cannot serve the virtual-media ISO of node {}: {e}",
+                node.uuid
+            ),
+        )
+    })?;
+    tracing::info!(node = %node.uuid, bytes = len, "serving the node's virtual-media ISO");
+    let region = Bytes::from(region.into_bytes());
+    let mut at = 0u64;
+    let body = file_stream(f).map(move |chunk| {
+        chunk.map(|c| {
+            let (from, to) = (at, at + c.len() as u64);
+            at = to;
+            // Only the chunk or two holding grub.cfg is copied.
+            let width = region.len() as u64;
+            if !regions.iter().any(|&r| r < to && r + width > from) {
+                return c;
+            }
+            let mut c = c.to_vec();
+            for &r in &regions {
+                rivet_protocol::bootparams::patch_chunk(&mut c, from, r, &region);
+            }
+            Bytes::from(c)
+        })
+    });
+    let mut resp = Body::from_stream(body).into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -10,7 +10,7 @@
 
 use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
-use crate::drivers::{Bmc, BootDevice};
+use crate::drivers::Bmc;
 use crate::fsm::Event;
 use crate::runs::{CleanRun, RamdiskUse};
 use crate::store::{Node, StoreError};
@@ -75,22 +75,6 @@ impl Conductor {
             }
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Boot the node into the ramdisk: one-time network boot, then reboot. A new boot means a
-    /// new agent token, so the old one is forgotten here.
-    pub(crate) async fn boot_ramdisk(
-        &self,
-        node: &mut Node,
-        bmc: &dyn Bmc,
-    ) -> Result<(), crate::drivers::DriverError> {
-        bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
-            .await?;
-        bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
-            .await?;
-        node.power_state = Some(PowerState::On);
-        super::agent::forget_agent_token(node);
-        Ok(())
     }
 
     /// Move between a busy state and its wait state as the next action needs
@@ -432,7 +416,8 @@ impl Conductor {
                 node.runs.clean.as_ref().and_then(|r| r.ramdisk) != Some(RamdiskUse::NotNeeded);
             let rebooted = async {
                 if ramdisk {
-                    bmc.set_boot_device(&node.uuid, &node.driver_info, BootDevice::Pxe)
+                    let device = super::boot::BootMethod::of(&node).ramdisk_device();
+                    bmc.set_boot_device(&node.uuid, &node.driver_info, device)
                         .await?;
                 }
                 bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
@@ -529,6 +514,7 @@ impl Conductor {
             return self.fail(node, &msg).await;
         }
         node.power_state = Some(PowerState::Off);
+        self.clean_up_ramdisk_logged(&node, bmc).await;
         clear_run(&mut node);
         let _ = self.store.cancel_pending(&node.uuid).await;
         tracing::info!(node = %node.uuid, manual, "cleaning finished");

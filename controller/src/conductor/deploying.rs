@@ -422,8 +422,14 @@ impl Conductor {
                 booted
             }
             "prepare_instance_boot" => {
-                bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk)
-                    .await
+                // The CD goes before the instance boots: it must not see the ramdisk.
+                match self.clean_up_ramdisk(&node, bmc).await {
+                    Ok(()) => {
+                        bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
             }
             "tear_down_agent" => {
                 if super::cleaning::has_agent(&node) {
@@ -536,6 +542,7 @@ impl Conductor {
             .await
         {
             Ok(()) => {
+                self.clean_up_ramdisk_logged(node, bmc.as_ref()).await;
                 if let Ok(mut n) = self.store.get_node(&uuid).await {
                     n.power_state = Some(PowerState::Off);
                     if let Err(e) = self.store.update_node(&n).await {

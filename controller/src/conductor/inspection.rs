@@ -240,6 +240,7 @@ impl Conductor {
                 return self.fail(node, &msg).await;
             }
             node.power_state = Some(PowerState::Off);
+            self.clean_up_ramdisk_logged(&node, bmc).await;
         }
         node.inspection_finished_at = Some(Utc::now());
         clear_run(&mut node);

@@ -7,6 +7,7 @@
 //! the node carries this conductor's id in `reservation`.
 
 pub mod agent;
+pub mod boot;
 mod cleaning;
 mod deploying;
 mod errors;
@@ -272,7 +273,11 @@ impl Conductor {
                 let torn = async {
                     bmc.set_power(&node.uuid, &node.driver_info, PowerState::Off)
                         .await?;
-                    if !node.interfaces.fake_boot(&node.driver) {
+                    // The next boot is the cleaning ramdisk's: from the network for PXE
+                    // (virtual media sets its own one-time override when it inserts).
+                    if !node.interfaces.fake_boot(&node.driver)
+                        && boot::BootMethod::of(&node) == boot::BootMethod::Network
+                    {
                         bmc.set_boot_device_persistent(
                             &node.uuid,
                             &node.driver_info,
