@@ -162,6 +162,12 @@ pub struct CreateArgs {
     /// Per-node automated cleaning switch.
     #[arg(long, value_name = "true|false")]
     automated_clean: Option<bool>,
+    /// How the ramdisk boots: ipxe (default), pxe, redfish-virtual-media (redfish), fake.
+    #[arg(long)]
+    boot_interface: Option<String>,
+    /// How the image reaches the disk: direct (the agent writes it) or fake.
+    #[arg(long)]
+    deploy_interface: Option<String>,
 }
 
 /// `rivet node list`.
@@ -414,6 +420,8 @@ async fn create(a: CreateArgs, client: &Client, out: Output) -> Result<()> {
         extra: parse_pairs("extra", &a.extra)?,
         resource_class: a.resource_class,
         automated_clean: a.automated_clean,
+        boot_interface: a.boot_interface,
+        deploy_interface: a.deploy_interface,
         ..Default::default()
     };
     let doc = client.post("/v1/nodes", &body).await?;

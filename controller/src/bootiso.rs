@@ -123,6 +123,7 @@ pub fn check(boot: &crate::config::BootConfig, node: &str) -> Result<String, Boo
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -798,7 +798,7 @@ mod tests {
         use rivet_protocol::bootparams::{find_regions, MARKER, WIDTH};
         let mut o = Options::new("o".into(), "k".into(), "a".into());
         o.controller = "http://10.0.2.100:6385".into();
-        let cfg = iso::grub_cfg(&o.iso_cmdline().unwrap());
+        let cfg = iso::grub_cfg(&o.iso_cmdline().expect("fits"));
         let at = find_regions(cfg.as_bytes());
         assert_eq!(at.len(), 1, "{cfg}");
         let region = &cfg[at[0]..at[0] + WIDTH];

@@ -61,35 +61,9 @@ pub fn region(params: &str) -> Result<String, RegionError> {
 /// Offsets of every region in `bytes`: a [`MARKER`] whose region ends with a newline.
 /// (A marker without that shape is not a region and is left alone.)
 pub fn find_regions(bytes: &[u8]) -> Vec<usize> {
-    let marker = MARKER.as_bytes();
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = find(&bytes[from..], marker) {
-        let at = from + i;
-        if bytes.get(at + WIDTH) == Some(&b'\n') {
-            out.push(at);
-        }
-        from = at + marker.len();
-    }
-    out
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    // Regions sit in a file of tens of MiB that is scanned once per artefact change: a
-    // first-byte scan is fast enough and needs no crate.
-    let first = *needle.first()?;
-    let mut i = 0;
-    while i + needle.len() <= hay.len() {
-        let Some(p) = hay[i..].iter().position(|&b| b == first) else {
-            return None;
-        };
-        let at = i + p;
-        if hay.get(at..at + needle.len()) == Some(needle) {
-            return Some(at);
-        }
-        i = at + 1;
-    }
-    None
+    memchr::memmem::find_iter(bytes, MARKER.as_bytes())
+        .filter(|&at| bytes.get(at + WIDTH) == Some(&b'\n'))
+        .collect()
 }
 
 /// Overwrite the part of `chunk` (which starts at byte `chunk_at` of the file) that overlaps
