@@ -267,7 +267,7 @@ impl Conductor {
                 Ok(waits) if !waits.is_empty() && !pacing.load(Ordering::Acquire) => {
                     pacing.store(true, Ordering::Release);
                     let (this, pacing) = (self.clone(), pacing.clone());
-                    tokio::spawn(async move {
+                    self.tasks.spawn(async move {
                         this.kick_paced(waits, resume_every.mul_f32(0.8)).await;
                         pacing.store(false, Ordering::Release);
                     });

@@ -404,8 +404,10 @@ impl Conductor {
                 let node = self.event(node, Event::Abort, Some(msg)).await?;
                 let this = self.clone();
                 let stopped = node.clone();
-                // The BMC may take seconds: the answer does not wait for it.
-                tokio::spawn(async move { this.stop_after_abort(&stopped).await });
+                // The BMC may take seconds: the answer does not wait for it. Tracked, so a
+                // shutdown lets it finish powering the node off.
+                self.tasks
+                    .spawn(async move { this.stop_after_abort(&stopped).await });
                 Ok(node)
             }
         }
@@ -603,7 +605,8 @@ impl Conductor {
         let node = self.store.update_node(&node).await?;
         let this = self.clone();
         let uuid = node.uuid.clone();
-        tokio::spawn(async move {
+        // Tracked: a shutdown waits for the power action to be recorded.
+        self.tasks.spawn(async move {
             let result = async {
                 let mut n = this.store.get_node(&uuid).await?;
                 let was_on = n.power_state == Some(PowerState::On);
