@@ -45,5 +45,6 @@ if [ ! -x "$VENV/bin/baremetal" ]; then
 fi
 bash scripts/setup-qemu.sh >/dev/null
 bash scripts/setup-peers.sh
+bash scripts/setup-lab.sh
 bash scripts/setup-postgres.sh >/dev/null
 echo "setup: ok"

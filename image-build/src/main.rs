@@ -2,16 +2,21 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use rivet_image_build::{build, build_agent, newest_kernel_package, Extra, Options};
-use std::path::PathBuf;
+use rivet_image_build::{build, build_agent, newest_kernel_package, Extra, KernelPackage, Options};
+use std::path::{Path, PathBuf};
 
 /// Build the Rivet ramdisk: DIR/vmlinuz, DIR/rivet.initramfs, DIR/rivet.iso, DIR/boot.ipxe.
+/// With --test-image instead: only the bootable whole-disk test image.
 #[derive(Parser)]
 #[command(name = "image-build", version)]
 struct Cli {
     /// Output directory.
-    #[arg(long)]
-    out: PathBuf,
+    #[arg(long, required_unless_present = "test_image")]
+    out: Option<PathBuf>,
+    /// Build only the whole-disk test image (syslinux, the same kernel, an init that reports
+    /// the configdrive's uuid on the serial console) into PATH, and nothing else.
+    #[arg(long, value_name = "PATH", conflicts_with = "out")]
+    test_image: Option<PathBuf>,
     /// Debian linux-image-*.deb (or a directory it was extracted into). Default: the newest in
     /// $RIVET_KERNEL_CACHE or target/kernel-cache/ (scripts/setup-qemu.sh downloads one).
     #[arg(long, env = "RIVET_KERNEL_PACKAGE")]
@@ -49,6 +54,26 @@ fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Build the test image at `out`, extracting the kernel package next to it (scratch space
+/// on the same filesystem, removed afterwards).
+fn build_test_image(out: &Path, kernel_package: &Path, busybox: &Path) -> Result<()> {
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let kernel = KernelPackage::open(kernel_package, dir)?;
+    let path = rivet_image_build::testimage::build(&kernel, busybox, out)
+        .context("building the test image failed")?;
+    println!("kernel      {}", kernel.modules.version);
+    println!(
+        "test image  {} ({} MiB)",
+        path.display(),
+        rivet_image_build::testimage::IMAGE_MIB
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let kernel_package = match cli.kernel_package {
@@ -66,6 +91,11 @@ fn main() -> Result<()> {
             }
         }
     };
+    let out = match (cli.test_image, cli.out) {
+        (Some(image), _) => return build_test_image(&image, &kernel_package, &cli.busybox),
+        (None, Some(out)) => out,
+        (None, None) => bail!("--out or --test-image is required"),
+    };
     let agent = match cli.agent {
         Some(p) => p,
         None => {
@@ -79,7 +109,7 @@ fn main() -> Result<()> {
             build_agent(&script).context("building the static agent")?
         }
     };
-    let mut opts = Options::new(cli.out, kernel_package, agent);
+    let mut opts = Options::new(out, kernel_package, agent);
     opts.busybox = cli.busybox;
     opts.extra = cli.extra;
     opts.plugins = cli.plugins;
@@ -136,4 +166,20 @@ fn main() -> Result<()> {
     }
     println!("ipxe        {}", r.ipxe.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_or_test_image() {
+        assert!(Cli::try_parse_from(["image-build"]).is_err());
+        assert!(Cli::try_parse_from(["image-build", "--out", "d", "--test-image", "t"]).is_err());
+        let c = Cli::try_parse_from(["image-build", "--test-image", "t.raw"]).expect("parse");
+        assert_eq!(c.test_image, Some(PathBuf::from("t.raw")));
+        assert!(c.out.is_none());
+        let c = Cli::try_parse_from(["image-build", "--out", "d"]).expect("parse");
+        assert_eq!(c.out, Some(PathBuf::from("d")));
+    }
 }

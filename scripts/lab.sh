@@ -1,0 +1,924 @@
+#!/usr/bin/env bash
+# A virtual bare-metal lab on this machine: libvirt guests (TCG) that PXE-boot or boot
+# virtual media like real servers, with Redfish (sushy-emulator) and IPMI (VirtualBMC) BMCs,
+# DHCP/TFTP (dnsmasq) on a private bridge, and, unless --no-rivetd, a rivetd for them.
+#
+#   scripts/lab.sh image [--force]          # build the ramdisk and the test image
+#   scripts/lab.sh up [--nodes N] [--no-rivetd]
+#   scripts/lab.sh status                   # exit 0 when everything is up
+#   scripts/lab.sh down                     # remove everything `up` made
+#
+# Topology. Guests sit on the bridge rvbr0, which has no address in the root namespace; its
+# only other port is a veth whose peer lives in the network namespace rvlab as 192.168.240.1.
+# Everything the guests talk to listens there: dnsmasq (DHCP, TFTP), a static file server
+# (:8080, the instance image) and a socat that forwards :6385 over a Unix socket to rivetd
+# on the host's 127.0.0.1:16385 (Unix sockets cross namespaces; TCP does not). The BMCs,
+# libvirt and rivetd stay on the host's loopback, so no traffic leaves the machine.
+#
+# Everything lives in target/lab/: artefacts, disks, logs, generated configs, and run/, which
+# records what `up` started or created so that `down` removes exactly that. Run as root
+# (Debian 12; scripts/setup-lab.sh installs the tools). Each booting TCG guest keeps a core
+# busy; an idle lab uses almost no CPU.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LAB="$ROOT/target/lab"
+RUN="$LAB/run"
+VENV="$ROOT/.venv-lab"
+
+BRIDGE=rvbr0
+NETNS=rvlab
+VETH_HOST=rvlab-br          # root-namespace end, a port of the bridge (no address)
+VETH_NS=rvlab0              # namespace end, 192.168.240.1
+TAP_PREFIX=rvlab-t          # guest N's NIC: tap rvlab-tN, a port of the bridge
+NS_IP=192.168.240.1
+NS_IP6=fd52:6c:ab::1        # only for router advertisements (see dnsmasq_up)
+DHCP_FIRST=192.168.240.100
+DHCP_LAST=192.168.240.200
+API_PORT=6385               # rivetd as guests reach it (the forwarder in the namespace)
+RIVETD_PORT=16385           # rivetd on the host's loopback
+FILE_PORT=8080              # the instance-image server in the namespace
+SUSHY_PORT=8101
+VBMC_FIRST_PORT=6231
+VBMC_CONTROL_PORT=50991     # vbmcd's ZMQ control port (not the default, to stay clear of others)
+MAC_PREFIX=52:54:00:6c:ab
+DISK_BYTES=$((2 * 1024 * 1024 * 1024))
+DOMAIN_PREFIX=rivet-lab-
+DOMAIN_TAG="rivet-lab: defined by scripts/lab.sh"   # libvirt <description>: marks our guests
+BMC_USER=admin
+
+API_URL="http://127.0.0.1:$RIVETD_PORT"
+PUBLIC_URL="http://$NS_IP:$API_PORT"
+IMAGE_URL="http://$NS_IP:$FILE_PORT/testimage.raw"
+
+export LIBVIRT_DEFAULT_URI=qemu:///system
+export VIRTUALBMC_CONFIG="$LAB/vbmc.conf"
+
+log() { echo "lab: $*" >&2; }
+die() { echo "lab: FAIL: $*" >&2; exit 1; }
+virsh_q() { virsh -q "$@"; }
+# `cmd | grep -q` under pipefail fails when grep exits before cmd has written everything
+# (SIGPIPE); this reads all of its input.
+matches() { grep -E "$1" >/dev/null; }
+
+# ---------------------------------------------------------------------------------------
+# Processes we start: NAME.pid in run/. A pid counts as ours only while its command line
+# still names the lab directory (vbmcd: its environment names the lab's VirtualBMC config):
+# a stale pid file never makes us signal a stranger.
+
+pidfile() { echo "$RUN/$1.pid"; }
+
+# Prints the pid of NAME if it runs, else fails.
+alive() {
+    local f pid src=cmdline want="$LAB" text
+    f="$(pidfile "$1")"
+    [ -s "$f" ] || return 1
+    pid="$(head -n 1 "$f")"
+    [[ "$pid" =~ ^[0-9]+$ ]] && [ "$pid" -gt 1 ] || return 1
+    if [ "$1" = vbmcd ]; then src=environ; want="VIRTUALBMC_CONFIG=$VIRTUALBMC_CONFIG"; fi
+    text="$(tr '\0' '\n' 2>/dev/null < "/proc/$pid/$src")" || return 1
+    [[ "$text" == *"$want"* ]] || return 1
+    echo "$pid"
+}
+
+# start_bg NAME LOGFILE CMD...: run CMD detached (own session, so that a Ctrl-C in the
+# caller's terminal does not reach it) and record its pid. setsid does not fork here: a
+# background job of a non-interactive shell is not a process-group leader.
+start_bg() {
+    local name="$1" logf="$2"
+    shift 2
+    setsid "$@" >>"$logf" 2>&1 </dev/null &
+    echo $! > "$(pidfile "$name")"
+    touch "$RUN/$name.group"
+}
+
+# Not gone and not a zombie: our detached processes are reparented to PID 1, which may reap
+# them only a while after they exit.
+running() {
+    local state
+    state="$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null)" || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+
+# Some live (non-zombie) process is called exactly NAME.
+any_running() {
+    local p
+    for p in $(pgrep -x "$1"); do
+        if running "$p"; then return 0; fi
+    done
+    return 1
+}
+
+stop_proc() {
+    local name="$1" pid i target
+    if pid="$(alive "$name")"; then
+        # What start_bg started leads its own process group: signal the group, so that
+        # socat's forks and vbmcd's per-BMC children go too.
+        target="$pid"
+        if [ -f "$RUN/$name.group" ] && [ "$(ps -o pgid= -p "$pid" | tr -d ' ')" = "$pid" ]; then
+            target="-$pid"
+        fi
+        kill -TERM -- "$target" 2>/dev/null || true
+        for i in $(seq 50); do
+            running "$pid" || break
+            sleep 0.1
+        done
+        if running "$pid"; then
+            log "$name ($pid) ignored SIGTERM; killing it"
+            kill -KILL -- "$target" 2>/dev/null || true
+        fi
+        log "stopped $name ($pid)"
+    fi
+    rm -f "$(pidfile "$name")" "$RUN/$name.group"
+}
+
+# wait_for PROC SECONDS CMD...: poll CMD until it succeeds. PROC ("-": none) is the process
+# that should make CMD succeed: if it dies, give up at once; and a success only counts while
+# it runs (a stranger on the same port must not pass for it).
+wait_for() {
+    local proc="$1" secs="$2" i
+    shift 2
+    for i in $(seq $((secs * 5))); do
+        if [ "$proc" != - ] && ! alive "$proc" >/dev/null; then return 1; fi
+        if "$@" >/dev/null 2>&1; then
+            if [ "$proc" = - ] || alive "$proc" >/dev/null; then return 0; fi
+            return 1
+        fi
+        sleep 0.2
+    done
+    return 1
+}
+
+password() { cat "$LAB/password"; }
+
+# ---------------------------------------------------------------------------------------
+# image: the ramdisk (rivetd serves it for PXE and virtual media) and the test image.
+
+kernel_package() {
+    local deb
+    deb="$(ls "$ROOT"/target/kernel-cache/linux-image-*.deb 2>/dev/null | sort -V | tail -n 1 || true)"
+    if [ -z "$deb" ]; then
+        log "no kernel package cached: running scripts/setup-qemu.sh"
+        deb="$(bash "$ROOT/scripts/setup-qemu.sh" | tail -n 1)"
+    fi
+    [ -f "$deb" ] || die "no linux-image-*.deb in target/kernel-cache (scripts/setup-qemu.sh)"
+    # The QEMU tests extract it once next to the .deb; reuse that tree (saves the xz time).
+    if [ -d "$deb.d/boot" ]; then echo "$deb.d"; else echo "$deb"; fi
+}
+
+# stale OUTPUT... -- INPUT...: true when an output is missing or older than an input file
+# (inputs may be directories: their *.rs and Cargo.toml files count).
+stale() {
+    local outs=() oldest="" o
+    while [ "$1" != "--" ]; do outs+=("$1"); shift; done
+    shift
+    for o in "${outs[@]}"; do
+        [ -f "$o" ] || return 0
+        if [ -z "$oldest" ] || [ "$o" -ot "$oldest" ]; then oldest="$o"; fi
+    done
+    [ -n "$(find "$@" \( -name '*.rs' -o -name Cargo.toml -o -name '*.deb' -o -name '*.sh' \) \
+        -newer "$oldest" -print -quit 2>/dev/null)" ]
+}
+
+cmd_image() {
+    local force=0
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --force) force=1 ;;
+            *) die "image: unknown argument $1" ;;
+        esac
+        shift
+    done
+    mkdir -p "$LAB/ramdisk" "$LAB/www"
+    local kp deb
+    kp="$(kernel_package)"
+    deb="${kp%.d}"
+    cd "$ROOT"
+    local rd="$LAB/ramdisk"
+    if [ "$force" = 1 ] || stale "$rd/vmlinuz" "$rd/rivet.initramfs" "$rd/rivet.iso" -- \
+        "$deb" agent protocol hardware-managers image-build Cargo.lock scripts/build-agent.sh; then
+        log "building the ramdisk into $rd"
+        cargo run -q -p rivet-image-build -- --out "$rd" --controller "$PUBLIC_URL" \
+            --kernel-package "$kp" >&2
+    else
+        log "ramdisk up to date in $rd"
+    fi
+    local img="$LAB/www/testimage.raw"
+    if [ "$force" = 1 ] || stale "$img" "$img.sha256" -- "$deb" image-build; then
+        log "building the test image $img"
+        cargo run -q -p rivet-image-build -- --test-image "$img" --kernel-package "$kp" >&2
+        sha256sum "$img" | cut -d' ' -f1 > "$img.sha256.tmp"
+        mv "$img.sha256.tmp" "$img.sha256"
+    else
+        log "test image up to date: $img"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------
+# libvirt without systemd.
+
+virsh_ok() { timeout 10 virsh -q list >/dev/null 2>&1; }
+
+# Settings libvirt needs here: no systemd/cgroup v2 to place guests, no security labels, and
+# QEMU as root so it can open files under target/.
+QEMU_CONF_SETTINGS='security_driver = "none"
+user = "root"
+group = "root"
+cgroup_controllers = [ ]
+remember_owner = 0'
+
+patch_qemu_conf() {
+    local conf=/etc/libvirt/qemu.conf keys
+    # Keep the original once: a second `up` must not save our own edit as "the original".
+    [ -f "$RUN/qemu.conf.orig" ] || cp -p "$conf" "$RUN/qemu.conf.orig"
+    keys='security_driver|user|group|cgroup_controllers|remember_owner'
+    {
+        sed -E "s/^([[:space:]]*($keys)[[:space:]]*=)/# (scripts\/lab.sh) \1/" "$RUN/qemu.conf.orig"
+        echo "# --- added by scripts/lab.sh (restored by lab.sh down) ---"
+        echo "$QEMU_CONF_SETTINGS"
+    } > "$conf.lab.tmp"
+    chmod --reference="$RUN/qemu.conf.orig" "$conf.lab.tmp"
+    mv "$conf.lab.tmp" "$conf"
+}
+
+libvirt_up() {
+    if virsh_ok; then
+        if alive libvirtd >/dev/null; then log "libvirtd: ours, running"
+        else log "libvirtd: already running (not ours): reusing it, down leaves it alone"; fi
+        return 0
+    fi
+    if any_running libvirtd; then
+        die "a libvirtd runs but 'virsh -c qemu:///system list' does not answer; stop it or fix it first"
+    fi
+    log "starting virtlogd and libvirtd"
+    patch_qemu_conf
+    # libvirtd leaves its runtime tree in /run/libvirt; remove it on down if it is ours.
+    [ -d /run/libvirt ] || touch "$RUN/run-libvirt.created"
+    mkdir -p /run/libvirt /var/log/libvirt/qemu
+    # libvirt's network driver autostarts networks (the `default` one puts an address and NAT
+    # on the host) unless this marker says autostart already happened in this boot. Leave the
+    # networks untouched; only stop the daemon from starting them.
+    mkdir -p /run/libvirt/network
+    if [ ! -e /run/libvirt/network/autostarted ]; then
+        touch /run/libvirt/network/autostarted
+        touch "$RUN/network-autostarted.created"
+    fi
+    if ! alive virtlogd >/dev/null; then
+        LIBVIRT_LOG_OUTPUTS="3:file:$LAB/virtlogd.log" virtlogd -d -p "$(pidfile virtlogd)" \
+            || die "virtlogd did not start (see $LAB/virtlogd.log)"
+    fi
+    LIBVIRT_LOG_OUTPUTS="3:file:$LAB/libvirtd.log" libvirtd -d -p "$(pidfile libvirtd)" \
+        || die "libvirtd did not start (see $LAB/libvirtd.log)"
+    wait_for libvirtd 30 virsh_ok || die "libvirtd started but 'virsh list' does not answer (see $LAB/libvirtd.log)"
+}
+
+pool_running() { virsh_q pool-info default 2>/dev/null | matches '^State:[[:space:]]+running'; }
+netns_exists() { ip netns list 2>/dev/null | matches "^$NETNS( |\$)"; }
+
+# sushy-tools' InsertMedia uploads the ISO into the pool named `default`.
+pool_up() {
+    if virsh_q pool-info default >/dev/null 2>&1; then
+        if ! pool_running; then
+            log "starting the inactive storage pool 'default'"
+            virsh_q pool-start default >/dev/null || die "cannot start the storage pool 'default'"
+        fi
+        return 0
+    fi
+    log "creating the storage pool 'default' in $LAB/pool"
+    mkdir -p "$LAB/pool"
+    virsh_q pool-define-as default dir --target "$LAB/pool" >/dev/null || die "pool-define-as default failed"
+    touch "$RUN/pool.created"
+    virsh_q pool-start default >/dev/null || die "cannot start the storage pool 'default'"
+}
+
+# ---------------------------------------------------------------------------------------
+# The network: bridge, namespace, veth.
+
+no_ipv6() { echo 1 > "/proc/sys/net/ipv6/conf/$1/disable_ipv6" 2>/dev/null || true; }
+in_ns() { ip netns exec "$NETNS" "$@"; }
+
+network_up() {
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge stp_state 0 forward_delay 0
+    fi
+    # Disabled before the link comes up: no link-local address ever appears in the root
+    # namespace.
+    no_ipv6 "$BRIDGE"
+    ip link set "$BRIDGE" up
+    netns_exists || ip netns add "$NETNS"
+    if ! ip link show "$VETH_HOST" >/dev/null 2>&1; then
+        ip link add "$VETH_HOST" type veth peer name "$VETH_NS" netns "$NETNS"
+    fi
+    no_ipv6 "$VETH_HOST"
+    ip link set "$VETH_HOST" master "$BRIDGE"
+    ip link set "$VETH_HOST" up
+    in_ns ip link set lo up
+    in_ns ip addr show dev "$VETH_NS" | matches "inet $NS_IP/" \
+        || in_ns ip addr add "$NS_IP/24" dev "$VETH_NS"
+    in_ns ip addr show dev "$VETH_NS" | matches "inet6 $NS_IP6/" \
+        || in_ns ip addr add "$NS_IP6/64" dev "$VETH_NS" nodad
+    in_ns ip link set "$VETH_NS" up
+    # With br_netfilter loaded, bridged frames go through the host's iptables FORWARD chain.
+    if [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || echo 0)" = 1 ] \
+        && iptables -S FORWARD 2>/dev/null | matches '^-P FORWARD DROP'; then
+        log "warning: bridge-nf-call-iptables=1 and iptables FORWARD policy DROP: guests' DHCP may be dropped"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------
+# DHCP + TFTP in the namespace.
+
+dnsmasq_up() {
+    mkdir -p "$LAB/tftp"
+    cp -u /usr/lib/ipxe/undionly.kpxe "$LAB/tftp/undionly.kpxe"
+    # iPXE expands ${...} in scripts, not in a DHCP file name: hand iPXE a script that chains
+    # to rivetd with the booting NIC's MAC. If rivetd has nothing for it, fall through to the
+    # next boot device after a pause.
+    cat > "$LAB/tftp/boot.ipxe" <<EOF
+#!ipxe
+echo rivet-lab: chaining to $PUBLIC_URL for \${net0/mac}
+chain $PUBLIC_URL/boot/ipxe?mac=\${net0/mac} || goto failed
+:failed
+echo rivet-lab: no boot script from rivetd; next boot device in 10 s
+sleep 10
+exit 1
+EOF
+    cat > "$LAB/dnsmasq.conf" <<EOF
+# Generated by scripts/lab.sh: DHCP and TFTP for the lab's guests, inside netns $NETNS.
+port=0
+interface=$VETH_NS
+bind-interfaces
+dhcp-range=$DHCP_FIRST,$DHCP_LAST,255.255.255.0,1h
+dhcp-authoritative
+dhcp-leasefile=$LAB/dnsmasq.leases
+# No default route and no DNS server: there is nothing beyond $NS_IP.
+dhcp-option=option:router
+dhcp-option=option:dns-server
+# Router advertisements (SLAAC only, router lifetime 0: not a default router). iPXE waits
+# for IPv6 autoconfiguration as well as DHCP before it boots; without an RA it waits ~13 s.
+enable-ra
+dhcp-range=${NS_IP6%1},ra-only,64
+ra-param=$VETH_NS,60,0
+dhcp-userclass=set:ipxe,iPXE
+dhcp-boot=tag:ipxe,boot.ipxe,,$NS_IP
+dhcp-boot=tag:!ipxe,undionly.kpxe,,$NS_IP
+enable-tftp
+tftp-root=$LAB/tftp
+pid-file=$(pidfile dnsmasq)
+log-facility=$LAB/dnsmasq.log
+log-dhcp
+no-hosts
+no-resolv
+EOF
+    if alive dnsmasq >/dev/null; then
+        # Pick up a changed config (SIGHUP does not re-read dhcp-range and friends).
+        if ! cmp -s "$LAB/dnsmasq.conf" "$RUN/dnsmasq.conf.running"; then stop_proc dnsmasq; else return 0; fi
+    fi
+    in_ns dnsmasq --conf-file="$LAB/dnsmasq.conf" || die "dnsmasq did not start (see $LAB/dnsmasq.log)"
+    cp "$LAB/dnsmasq.conf" "$RUN/dnsmasq.conf.running"
+    wait_for - 5 alive dnsmasq || die "dnsmasq exited (see $LAB/dnsmasq.log)"
+}
+
+# ---------------------------------------------------------------------------------------
+# Forwarder (guests → rivetd) and the instance-image server.
+
+SOCK="$RUN/rivetd.sock"
+
+forwarder_up() {
+    [ ${#SOCK} -lt 100 ] || die "socket path $SOCK is too long for a Unix socket; move the repo to a shorter path"
+    if ! alive socat-host >/dev/null; then
+        start_bg socat-host "$LAB/socat.log" \
+            socat "UNIX-LISTEN:$SOCK,fork,unlink-early,mode=600" "TCP:127.0.0.1:$RIVETD_PORT"
+    fi
+    if ! alive socat-ns >/dev/null; then
+        start_bg socat-ns "$LAB/socat.log" ip netns exec "$NETNS" \
+            socat "TCP-LISTEN:$API_PORT,bind=$NS_IP,fork,reuseaddr" "UNIX-CONNECT:$SOCK"
+    fi
+    wait_for socat-host 5 test -S "$SOCK" || die "socat did not create $SOCK (see $LAB/socat.log)"
+    wait_for socat-ns 5 in_ns bash -c "exec 3<>/dev/tcp/$NS_IP/$API_PORT" \
+        || die "nothing listens on $NS_IP:$API_PORT in $NETNS (see $LAB/socat.log)"
+}
+
+fileserver_up() {
+    if ! alive fileserver >/dev/null; then
+        start_bg fileserver "$LAB/fileserver.log" ip netns exec "$NETNS" \
+            /usr/bin/python3 -m http.server "$FILE_PORT" --bind "$NS_IP" --directory "$LAB/www"
+    fi
+    wait_for fileserver 10 in_ns curl -sfI "$IMAGE_URL" \
+        || die "$IMAGE_URL does not answer in $NETNS (see $LAB/fileserver.log)"
+}
+
+# ---------------------------------------------------------------------------------------
+# Guests.
+
+domain_name() { echo "$DOMAIN_PREFIX$1"; }
+tap_name() { echo "$TAP_PREFIX$1"; }
+domain_mac() { printf '%s:%02x\n' "$MAC_PREFIX" "$1"; }
+serial_log() { echo "$LAB/serial/$(domain_name "$1").log"; }
+
+# Ours: the description we put there. Anything else with our name is left alone.
+is_lab_domain() { [ "$(virsh_q desc "$1" 2>/dev/null)" = "$DOMAIN_TAG" ]; }
+
+lab_domains() {
+    virsh_q list --all --name 2>/dev/null | grep "^$DOMAIN_PREFIX" | while read -r d; do
+        if is_lab_domain "$d"; then echo "$d"; fi
+    done
+}
+
+domain_xml() {
+    local i="$1" name disk
+    name="$(domain_name "$i")"
+    disk="$LAB/disks/$name.raw"
+    cat <<EOF
+<domain type='qemu'>
+  <name>$name</name>
+  <description>$DOMAIN_TAG</description>
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+    <boot dev='hd'/>
+    <boot dev='network'/>
+    <bios useserial='yes' rebootTimeout='10000'/>
+  </os>
+  <features><acpi/><apic/></features>
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file='$disk'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <target dev='hdc' bus='ide'/>
+      <readonly/>
+    </disk>
+    <interface type='ethernet'>
+      <mac address='$(domain_mac "$i")'/>
+      <target dev='$(tap_name "$i")' managed='no'/>
+      <model type='virtio'/>
+    </interface>
+    <serial type='file'>
+      <source path='$(serial_log "$i")' append='on'/>
+      <target port='0'/>
+    </serial>
+    <console type='file'>
+      <source path='$(serial_log "$i")' append='on'/>
+      <target type='serial' port='0'/>
+    </console>
+    <video><model type='none'/></video>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+EOF
+}
+
+# The guest's NIC is a tap we make (libvirt's managed='no'), not one libvirt makes when the
+# guest starts: ours has IPv6 off before it comes up, so the root namespace never holds an
+# address on the lab's network, not even a link-local one.
+tap_up() {
+    local tap
+    tap="$(tap_name "$1")"
+    ip link show "$tap" >/dev/null 2>&1 || ip tuntap add dev "$tap" mode tap
+    no_ipv6 "$tap"
+    ip link set "$tap" master "$BRIDGE"
+    ip link set "$tap" up
+}
+
+guests_up() {
+    local n="$1" i name
+    mkdir -p "$LAB/disks" "$LAB/serial"
+    for ((i = 0; i < n; i++)); do
+        name="$(domain_name "$i")"
+        tap_up "$i"
+        if virsh_q dominfo "$name" >/dev/null 2>&1; then
+            is_lab_domain "$name" || die "a domain $name exists that scripts/lab.sh did not define; remove or rename it"
+            continue
+        fi
+        log "defining $name ($(domain_mac "$i"))"
+        rm -f "$LAB/disks/$name.raw"
+        truncate -s "$DISK_BYTES" "$LAB/disks/$name.raw"
+        : > "$(serial_log "$i")"
+        domain_xml "$i" > "$RUN/$name.xml"
+        virsh_q define "$RUN/$name.xml" >/dev/null || die "virsh define $name failed"
+    done
+    # Guests beyond --nodes from an earlier, bigger lab.
+    for name in $(lab_domains); do
+        i="${name#"$DOMAIN_PREFIX"}"
+        if [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -ge "$n" ]; then remove_guest "$name"; fi
+    done
+}
+
+remove_guest() {
+    local name="$1" uuid v
+    uuid="$(virsh_q domuuid "$name" 2>/dev/null || true)"
+    vbmc_cmd delete "$name" >/dev/null 2>&1 || true
+    rm -rf "${LAB:?}/vbmc/$name"
+    virsh_q destroy "$name" >/dev/null 2>&1 || true
+    virsh_q undefine "$name" >/dev/null || log "warning: undefine $name failed"
+    # Virtual media sushy uploaded for this guest.
+    if [ -n "$uuid" ]; then
+        for v in $(virsh_q vol-list default 2>/dev/null | awk -v s="-$uuid.img" 'substr($1, length($1) - length(s) + 1) == s {print $1}'); do
+            virsh_q vol-delete "$v" --pool default >/dev/null || true
+        done
+    fi
+    rm -f "$LAB/disks/$name.raw" "$RUN/$name.xml" "/var/log/libvirt/qemu/$name.log"
+    ip link del "$(tap_name "${name#"$DOMAIN_PREFIX"}")" 2>/dev/null || true
+    log "removed $name"
+}
+
+# ---------------------------------------------------------------------------------------
+# BMCs: sushy-emulator (Redfish) for all guests, one VirtualBMC (IPMI) per guest.
+
+ensure_password() {
+    if [ ! -s "$LAB/password" ]; then
+        # 16 characters: IPMI 2.0 takes up to 20.
+        (umask 077 && /usr/bin/python3 -c 'import secrets; print(secrets.token_hex(8))' > "$LAB/password")
+    fi
+    if [ ! -s "$LAB/rivetd-token" ]; then
+        (umask 077 && /usr/bin/python3 -c 'import secrets; print(secrets.token_hex(24))' > "$LAB/rivetd-token")
+    fi
+    if [ ! -s "$LAB/htpasswd" ] || ! grep -q "^$BMC_USER:" "$LAB/htpasswd"; then
+        # sushy-tools checks basic auth against an htpasswd file of bcrypt digests only.
+        (umask 077 && "$VENV/bin/python" -c '
+import bcrypt, sys
+print("%s:%s" % (sys.argv[1], bcrypt.hashpw(open(sys.argv[2]).read().strip().encode(), bcrypt.gensalt()).decode()))
+' "$BMC_USER" "$LAB/password" > "$LAB/htpasswd")
+    fi
+}
+
+sushy_up() {
+    local n="$1" allowed="" i name
+    for ((i = 0; i < n; i++)); do
+        name="$(domain_name "$i")"
+        # Requests name a system by UUID or by name: allow both.
+        allowed+="'$name', '$(virsh_q domuuid "$name")', "
+    done
+    cat > "$LAB/sushy.conf" <<EOF
+# Generated by scripts/lab.sh: Redfish for the lab's guests only.
+SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'
+SUSHY_EMULATOR_LISTEN_PORT = $SUSHY_PORT
+SUSHY_EMULATOR_LIBVIRT_URI = 'qemu:///system'
+SUSHY_EMULATOR_AUTH_FILE = '$LAB/htpasswd'
+SUSHY_EMULATOR_ALLOWED_INSTANCES = [$allowed]
+EOF
+    if alive sushy >/dev/null; then
+        if cmp -s "$LAB/sushy.conf" "$RUN/sushy.conf.running"; then return 0; fi
+        stop_proc sushy   # the allow-list changed with --nodes
+    fi
+    start_bg sushy "$LAB/sushy.log" "$VENV/bin/sushy-emulator" --config "$LAB/sushy.conf"
+    cp "$LAB/sushy.conf" "$RUN/sushy.conf.running"
+    wait_for sushy 30 curl -sf -u "$BMC_USER:$(password)" "http://127.0.0.1:$SUSHY_PORT/redfish/v1/Systems" \
+        || die "sushy-emulator does not answer on 127.0.0.1:$SUSHY_PORT (see $LAB/sushy.log$(tail -n 3 "$LAB/sushy.log" | sed 's/^/\n    /'))"
+}
+
+vbmc_cmd() { "$VENV/bin/vbmc" "$@"; }
+
+vbmcd_up() {
+    mkdir -p "$LAB/vbmc"
+    chmod 700 "$LAB/vbmc"   # vbmcd stores the BMC passwords there in clear
+    cat > "$VIRTUALBMC_CONFIG" <<EOF
+# Generated by scripts/lab.sh: the lab's own VirtualBMC state, not ~/.vbmc.
+[default]
+config_dir = $LAB/vbmc
+# vbmcd writes 0 here; lab.sh tracks vbmcd by the pid it started instead (vbmcd.pid).
+pid_file = $RUN/vbmcd.writes-zero.pid
+server_port = $VBMC_CONTROL_PORT
+[log]
+logfile = $LAB/vbmcd.log
+EOF
+    if ! alive vbmcd >/dev/null; then
+        start_bg vbmcd "$LAB/vbmcd.log" "$VENV/bin/vbmcd" --foreground
+    fi
+    wait_for vbmcd 20 vbmc_cmd list || die "vbmcd does not answer (see $LAB/vbmcd.log)"
+}
+
+ipmi_ok() {
+    ipmitool -I lanplus -H 127.0.0.1 -p "$1" -U "$BMC_USER" -P "$(password)" power status
+}
+
+vbmcs_up() {
+    local n="$1" i name port
+    for ((i = 0; i < n; i++)); do
+        name="$(domain_name "$i")"
+        port=$((VBMC_FIRST_PORT + i))
+        if ! vbmc_cmd show "$name" >/dev/null 2>&1; then
+            vbmc_cmd add "$name" --address 127.0.0.1 --port "$port" --username "$BMC_USER" \
+                --password "$(password)" --libvirt-uri qemu:///system >/dev/null \
+                || die "vbmc add $name failed (see $LAB/vbmcd.log)"
+        fi
+        if ! vbmc_cmd show "$name" -f value -c Property -c Value | matches '^status running$'; then
+            vbmc_cmd start "$name" >/dev/null 2>&1 || die "vbmc start $name failed (see $LAB/vbmcd.log)"
+        fi
+        wait_for vbmcd 20 ipmi_ok "$port" \
+            || die "ipmitool power status on 127.0.0.1:$port fails (see $LAB/vbmcd.log)"
+    done
+}
+
+# ---------------------------------------------------------------------------------------
+# rivetd for the lab's users.
+
+rivetd_binary() {
+    local b="" c
+    for c in "$ROOT/target/release/rivetd" "$ROOT/target/debug/rivetd"; do
+        if [ -x "$c" ] && { [ -z "$b" ] || [ "$c" -nt "$b" ]; }; then b="$c"; fi
+    done
+    if [ -z "$b" ]; then
+        log "building rivetd"
+        (cd "$ROOT" && cargo build -q -p rivet-controller --bin rivetd) >&2 || die "cargo build rivetd failed"
+        b="$ROOT/target/debug/rivetd"
+    fi
+    echo "$b"
+}
+
+write_rivetd_config() {
+    local hash
+    hash="$("$1" hash-secret < "$LAB/password")"
+    local token_hash
+    token_hash="$("$1" hash-secret < "$LAB/rivetd-token")"
+    (umask 077 && cat > "$LAB/rivetd.toml" <<EOF
+# Generated by scripts/lab.sh: rivetd for the lab (guests reach it through the forwarder).
+listen = "127.0.0.1:$RIVETD_PORT"
+db = "sqlite:$LAB/rivet.db"
+conductor_id = "rivet-lab"
+
+[agent]
+long_poll_s = 10
+
+[conductor]
+check_interval_s = 2
+
+[power_sync]
+interval_s = 10
+
+# The lab's disks are emulated (TCG): automated cleaning wipes metadata only. Full erase is
+# tested on loop devices (tests/cleaning.rs) and shown by \`rivet demo\`.
+[cleaning]
+priority_overrides = { "deploy.erase_devices" = 0 }
+
+[boot]
+artefact_dir = "$LAB/ramdisk"
+public_url = "$PUBLIC_URL"
+external_http_url = "$API_URL"
+
+[[auth.users]]
+name = "$BMC_USER"
+hash = "$hash"
+role = "admin"
+
+[[auth.tokens]]
+name = "lab"
+hash = "$token_hash"
+role = "admin"
+EOF
+    )
+}
+
+rivetd_up() {
+    if alive rivetd >/dev/null; then return 0; fi
+    local bin
+    bin="$(rivetd_binary)"
+    write_rivetd_config "$bin"
+    if ! "$bin" --config "$LAB/rivetd.toml" --print-config >/dev/null 2>"$RUN/rivetd-check.err"; then
+        die "$bin rejects $LAB/rivetd.toml (an older build? cargo build -p rivet-controller): $(cat "$RUN/rivetd-check.err")"
+    fi
+    rm -f "$RUN/rivetd-check.err"
+    start_bg rivetd "$LAB/rivetd.log" "$bin" --config "$LAB/rivetd.toml"
+    wait_for rivetd 30 curl -sf "$API_URL/v1" \
+        || die "rivetd does not answer on $API_URL (see $LAB/rivetd.log$(tail -n 3 "$LAB/rivetd.log" | sed 's/^/\n    /'))"
+}
+
+# ---------------------------------------------------------------------------------------
+# lab.json: what a user or a test needs to drive the lab.
+
+write_lab_json() {
+    local n="$1" rivetd_started="$2" i name nodes=()
+    for ((i = 0; i < n; i++)); do
+        name="$(domain_name "$i")"
+        nodes+=("$name" "$(domain_mac "$i")" "$(virsh_q domuuid "$name")" \
+                "$((VBMC_FIRST_PORT + i))" "$(serial_log "$i")")
+    done
+    /usr/bin/python3 - "$LAB/lab.json" "$rivetd_started" "$(password)" "$(cat "$LAB/rivetd-token")" \
+        "${nodes[@]}" <<EOF
+import json, os, sys
+out, started, password, token = sys.argv[1:5]
+rest = sys.argv[5:]
+nodes = []
+for k in range(0, len(rest), 5):
+    name, mac, uuid, port, serial = rest[k:k + 5]
+    nodes.append({
+        "name": name,
+        "macs": [mac],
+        "disk_bytes": $DISK_BYTES,
+        "redfish": {"address": "http://127.0.0.1:$SUSHY_PORT",
+                    "system_id": "/redfish/v1/Systems/" + uuid,
+                    "username": "$BMC_USER", "password": password},
+        "ipmi": {"address": "127.0.0.1", "port": int(port),
+                 "username": "$BMC_USER", "password": password},
+        "serial_log": serial,
+    })
+lab = {
+    "api_url": "$API_URL",
+    "rivetd": {
+        "listen": "127.0.0.1:$RIVETD_PORT",
+        "public_url": "$PUBLIC_URL",
+        "external_http_url": "$API_URL",
+        "artefact_dir": "$LAB/ramdisk",
+        "started": started == "true",
+        "username": "$BMC_USER", "password": password, "token": token,
+    },
+    "nodes": nodes,
+    "image": {
+        "url": "$IMAGE_URL",
+        "sha256": open("$LAB/www/testimage.raw.sha256").read().strip(),
+        "path": "$LAB/www/testimage.raw",
+    },
+}
+tmp = out + ".tmp"
+with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+    json.dump(lab, f, indent=2)
+    f.write("\n")
+os.replace(tmp, out)
+EOF
+}
+
+# ---------------------------------------------------------------------------------------
+# Subcommands.
+
+need_root() { [ "$(id -u)" = 0 ] || die "run as root (network namespaces, bridges, libvirt)"; }
+
+need_tools() {
+    local t missing=()
+    for t in virsh libvirtd virtlogd dnsmasq socat ipmitool curl ip qemu-system-x86_64; do
+        command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+    done
+    [ -x "$VENV/bin/sushy-emulator" ] && [ -x "$VENV/bin/vbmcd" ] || missing+=("$VENV")
+    [ -f /usr/lib/ipxe/undionly.kpxe ] || missing+=("/usr/lib/ipxe/undionly.kpxe")
+    [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: run scripts/setup-lab.sh"
+}
+
+cmd_up() {
+    local n=2 rivetd=1
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --nodes) [ $# -ge 2 ] || die "--nodes needs a number"; n="$2"; shift ;;
+            --nodes=*) n="${1#--nodes=}" ;;
+            --no-rivetd) rivetd=0 ;;
+            *) die "up: unknown argument $1" ;;
+        esac
+        shift
+    done
+    [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 32 ] || die "--nodes must be 1..32"
+    need_root
+    need_tools
+    # target/lab stays world-readable: dnsmasq serves TFTP from it as `nobody`. The secrets
+    # in it (password, tokens, lab.json, the BMCs' configs) are written mode 0600/0700.
+    mkdir -p "$RUN"
+    chmod 700 "$RUN"
+    cmd_image   # rebuilds only what is older than its sources
+    ensure_password
+    libvirt_up
+    pool_up
+    network_up
+    dnsmasq_up
+    forwarder_up
+    fileserver_up
+    guests_up "$n"
+    sushy_up "$n"
+    vbmcd_up
+    vbmcs_up "$n"
+    if [ "$rivetd" = 1 ]; then rivetd_up; else stop_proc rivetd; fi
+    echo "$n" > "$RUN/nodes"
+    write_lab_json "$n" "$([ "$rivetd" = 1 ] && echo true || echo false)"
+    log "up: $n guest(s); rivetd $([ "$rivetd" = 1 ] && echo "on $API_URL" || echo "not started (--no-rivetd)")"
+    echo "$LAB/lab.json"
+}
+
+cmd_status() {
+    local ok=0 name state n port bmc i
+    check() {   # check LABEL CMD...
+        local label="$1"
+        shift
+        if "$@" >/dev/null 2>&1; then printf '  %-32s up\n' "$label"
+        else printf '  %-32s DOWN\n' "$label"; ok=1; fi
+    }
+    echo "lab in $LAB"
+    check "namespace $NETNS" netns_exists
+    check "bridge $BRIDGE" ip link show "$BRIDGE" up
+    check "libvirt (virsh list)" virsh_ok
+    check "storage pool default" pool_running
+    for p in dnsmasq socat-host socat-ns fileserver sushy vbmcd; do
+        check "$p" alive "$p"
+    done
+    if alive rivetd >/dev/null; then
+        printf '  %-32s up\n' "rivetd ($API_URL)"
+    elif [ -f "$LAB/lab.json" ] && matches '"started": false' < "$LAB/lab.json"; then
+        printf '  %-32s not started (--no-rivetd)\n' rivetd
+    else
+        printf '  %-32s DOWN\n' rivetd
+        ok=1
+    fi
+    n="$(cat "$RUN/nodes" 2>/dev/null || echo 0)"
+    [ "$n" -ge 1 ] || { printf '  %-32s none (lab not up)\n' "guests"; ok=1; }
+    for ((i = 0; i < n; i++)); do
+        name="$(domain_name "$i")"
+        state="$(virsh_q domstate "$name" 2>/dev/null || echo missing)"
+        [ "$state" != missing ] || ok=1
+        port=$((VBMC_FIRST_PORT + i))
+        if ipmi_ok "$port" >/dev/null 2>&1; then bmc="IPMI 127.0.0.1:$port"; else bmc="IPMI DOWN"; ok=1; fi
+        printf '  %-32s %s; %s\n' "$name" "$state" "$bmc"
+    done
+    [ "$ok" = 0 ] && echo "lab: up ($LAB/lab.json)" || echo "lab: not (fully) up"
+    return "$ok"
+}
+
+cmd_down() {
+    need_root
+    local name
+    stop_proc rivetd
+    # Guests and their BMCs. libvirt must answer to remove domains: start it again if we
+    # left definitions behind and it is gone.
+    if ! virsh_ok && { ls /etc/libvirt/qemu/"$DOMAIN_PREFIX"*.xml >/dev/null 2>&1 || [ -f "$RUN/pool.created" ]; }; then
+        log "libvirtd is not running but lab domains or the pool remain: starting it to remove them"
+        mkdir -p "$RUN"
+        libvirt_up
+    fi
+    if virsh_ok; then
+        if alive vbmcd >/dev/null; then
+            for name in $(vbmc_cmd list -f value -c 'Domain name' 2>/dev/null); do
+                vbmc_cmd delete "$name" >/dev/null 2>&1 || true
+            done
+        fi
+        for name in $(lab_domains); do remove_guest "$name"; done
+        if [ -f "$RUN/pool.created" ]; then
+            virsh_q pool-destroy default >/dev/null 2>&1 || true
+            virsh_q pool-undefine default >/dev/null 2>&1 || log "warning: pool-undefine default failed"
+            rm -rf "${LAB:?}/pool" "$RUN/pool.created"
+            log "removed the storage pool 'default'"
+        fi
+    fi
+    stop_proc vbmcd
+    rm -rf "${LAB:?}/vbmc" "$RUN/vbmcd.writes-zero.pid"
+    stop_proc sushy
+    stop_proc dnsmasq
+    stop_proc fileserver
+    stop_proc socat-ns
+    stop_proc socat-host
+    rm -f "$SOCK" "$RUN"/*.running
+    if netns_exists; then
+        ip netns del "$NETNS"   # takes the veth pair with it
+        log "removed netns $NETNS"
+    fi
+    if ip link show "$VETH_HOST" >/dev/null 2>&1; then ip link del "$VETH_HOST"; fi
+    # Taps of guests whose domain is already gone (a half-failed up).
+    for name in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep "^$TAP_PREFIX[0-9]*$"); do
+        ip link del "$name"
+    done
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link del "$BRIDGE"
+        log "removed bridge $BRIDGE"
+    fi
+    # libvirt last, and only if we started it.
+    if alive libvirtd >/dev/null || alive virtlogd >/dev/null; then
+        stop_proc libvirtd
+        stop_proc virtlogd
+    fi
+    rm -f "$(pidfile libvirtd)" "$(pidfile virtlogd)"
+    if [ -f "$RUN/network-autostarted.created" ]; then
+        rm -f /run/libvirt/network/autostarted "$RUN/network-autostarted.created"
+    fi
+    if [ -f "$RUN/run-libvirt.created" ] && ! any_running libvirtd; then
+        rm -rf /run/libvirt "$RUN/run-libvirt.created"
+    fi
+    if [ -f "$RUN/qemu.conf.orig" ]; then
+        cp -p "$RUN/qemu.conf.orig" /etc/libvirt/qemu.conf
+        rm -f "$RUN/qemu.conf.orig"
+        log "restored /etc/libvirt/qemu.conf"
+    fi
+    # rivetd's database describes guests that no longer exist; the DHCP leases too.
+    rm -f "$LAB"/rivet.db "$LAB"/rivet.db-* "$LAB"/rivet.db.key "$LAB/dnsmasq.leases"
+    rm -f "$RUN/nodes" "$RUN/rivetd-check.err" "$LAB/lab.json"
+    log "down"
+}
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+main() {
+    local cmd="${1:-}"
+    [ $# -gt 0 ] && shift
+    case "$cmd" in
+        image) cmd_image "$@" ;;
+        up) cmd_up "$@" ;;
+        status) cmd_status "$@" ;;
+        down) cmd_down "$@" ;;
+        -h|--help|help) usage ;;
+        *) usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"

@@ -1,0 +1,564 @@
+//! A server's whole life on VMs that behave like servers, driven through the public API only:
+//! the lab of `scripts/lab.sh` (libvirt TCG guests, sushy-tools for Redfish and VirtualBMC for
+//! IPMI in front of the same guests, a bridge and a network namespace with dnsmasq) and a
+//! rivetd on the host that the guests reach through the lab's forwarder.
+//!
+//! - `rivet-lab-0`, redfish + `redfish-virtual-media`: enroll → manage (the BMC is verified)
+//!   → inspect in the ramdisk (its MACs and disk size are the domain's) → provide (automated
+//!   cleaning in the ramdisk) → deploy a whole-disk image with a configdrive → the guest boots
+//!   from its disk and prints the configdrive's uuid on its serial console → power sync sees
+//!   the instance power itself off → undeploy → cleaning → available, powered off. Then a
+//!   deploy aborted while the ramdisk boots ends in `deploy failed` with the guest off.
+//! - `rivet-lab-1`, ipmi + `ipxe`: the same from manage to active and back, at the same time.
+//! - A redfish node whose BMC does not answer fails verification within 30 s.
+//!
+//! Each phase's duration is printed. One test, because the guests are slow (TCG): the phases
+//! of both nodes run side by side. Needs root, scripts/setup-lab.sh's packages and
+//! `cargo build --workspace --bins`; skips without them unless RIVET_REQUIRE_PEERS=1.
+
+use anyhow::{bail, ensure, Context, Result};
+use rivet_tests::{bin, prerequisite, run_tool, Rivetd};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Where the lab's forwarder sends the guests' requests (lab.sh: 192.168.240.1:6385 → here).
+const RIVETD_PORT: u16 = 16385;
+/// What the guests call rivetd.
+const PUBLIC_URL: &str = "http://192.168.240.1:6385";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn ready() -> bool {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    prerequisite(
+        is_root,
+        "root (the lab makes a bridge, a namespace and VMs)",
+    ) && prerequisite(
+        Path::new("/usr/sbin/libvirtd").exists() && Path::new("/usr/sbin/dnsmasq").exists(),
+        "libvirt and dnsmasq (scripts/setup-lab.sh installs them)",
+    ) && prerequisite(
+        root().join(".venv-lab/bin/sushy-emulator").exists()
+            && root().join(".venv-lab/bin/vbmc").exists(),
+        "sushy-tools and virtualbmc in .venv-lab (scripts/setup-lab.sh)",
+    ) && prerequisite(
+        bin("rivetd").exists(),
+        "rivetd is not built: cargo build --workspace --bins",
+    )
+}
+
+/// `scripts/lab.sh up` (idempotent) and its lab.json.
+fn lab_up(nodes: usize) -> Result<Value> {
+    let t = Instant::now();
+    run_tool(
+        Command::new("bash")
+            .arg(root().join("scripts/lab.sh"))
+            .args(["up", "--nodes", &nodes.to_string(), "--no-rivetd"])
+            .current_dir(root()),
+    )
+    .context("scripts/lab.sh up")?;
+    eprintln!("lab: up in {:.1?}", t.elapsed());
+    let text = std::fs::read_to_string(root().join("target/lab/lab.json"))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Phase timings, printed as they end.
+struct Clock {
+    lines: std::sync::Mutex<Vec<String>>,
+}
+
+impl Clock {
+    fn phase<T>(&self, node: &str, phase: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let r = f().with_context(|| format!("{node}: {phase}"))?;
+        let line = format!(
+            "{node:<14} {phase:<40} {:>7.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        eprintln!("lab: {line}");
+        if let Ok(mut l) = self.lines.lock() {
+            l.push(line);
+        }
+        Ok(r)
+    }
+}
+
+/// A node of the lab and how to reach its console.
+struct Guest {
+    name: String,
+    mac: String,
+    disk_bytes: u64,
+    serial_log: PathBuf,
+    node: Value,
+    /// The guest's Redfish BMC, to check what Rivet did through it.
+    redfish: Redfish,
+}
+
+/// Reads from a lab guest's Redfish BMC (sushy-tools).
+struct Redfish {
+    address: String,
+    system: String,
+    username: String,
+    password: String,
+}
+
+impl Redfish {
+    fn get(&self, path: &str) -> Result<Value> {
+        let r = reqwest::blocking::Client::new()
+            .get(format!("{}{path}", self.address))
+            .basic_auth(&self.username, Some(&self.password))
+            .timeout(Duration::from_secs(10))
+            .send()?;
+        ensure!(r.status().is_success(), "GET {path}: {}", r.status());
+        Ok(r.json()?)
+    }
+
+    fn power(&self) -> Result<String> {
+        Ok(self.get(&self.system)?["PowerState"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// Whether any virtual CD holds an image.
+    fn cd_inserted(&self) -> Result<bool> {
+        let list = self.get(&format!("{}/VirtualMedia", self.system))?;
+        for m in list["Members"].as_array().into_iter().flatten() {
+            let dev = self.get(m["@odata.id"].as_str().unwrap_or_default())?;
+            if dev["Inserted"].as_bool() == Some(true) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+impl Guest {
+    fn serial_len(&self) -> u64 {
+        std::fs::metadata(&self.serial_log)
+            .map(|m| m.len())
+            .unwrap_or(0)
+    }
+
+    /// Serial output written since byte `from`.
+    fn serial_since(&self, from: u64) -> String {
+        let bytes = std::fs::read(&self.serial_log).unwrap_or_default();
+        let from = (from as usize).min(bytes.len());
+        String::from_utf8_lossy(&bytes[from..]).to_string()
+    }
+
+    fn serial_tail(&self, from: u64, n: usize) -> String {
+        let s = self.serial_since(from);
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+fn verb(d: &Rivetd, uuid: &str, body: Value) -> Result<()> {
+    let (s, v) = d.call(
+        "PUT",
+        &format!("/v1/nodes/{uuid}/states/provision"),
+        Some(body.clone()),
+    )?;
+    ensure!(s == 202, "{body}: {s} {v}");
+    Ok(())
+}
+
+/// Wait for `want`; a failed state or the deadline is an error showing the node, the guest's
+/// console and rivetd's log.
+fn wait_state(
+    d: &Rivetd,
+    g: &Guest,
+    uuid: &str,
+    want: &str,
+    secs: u64,
+    since: u64,
+) -> Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let n = d.node(uuid)?;
+        let state = n["provision_state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state == want {
+            return Ok(n);
+        }
+        if (state.ends_with("failed") && !want.ends_with("failed")) || Instant::now() > deadline {
+            let log = d.log_text();
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains(uuid)).collect();
+            bail!(
+                "{} is {state:?}, not {want:?}: {}\n--- serial console (tail):\n{}\n--- rivetd log for the node (tail):\n{}",
+                g.name,
+                n["last_error"],
+                g.serial_tail(since, 40),
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn wait_console(g: &Guest, needle: &str, since: u64, secs: u64) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = g.serial_since(since);
+        if let Some(line) = text.lines().find(|l| l.contains(needle)) {
+            return Ok(line.trim().to_string());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not print {needle:?} in {secs} s; console tail:\n{}",
+                g.name,
+                g.serial_tail(since, 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The whole-disk image the lab serves to guests.
+struct Image {
+    url: String,
+    sha256: String,
+}
+
+/// How a node's life starts.
+#[derive(Clone, Copy, PartialEq)]
+enum Start {
+    /// Enrol without ports; in-band inspection finds them (virtual media needs none).
+    Inspect,
+    /// Enrol with the guest's port (iPXE finds its node by MAC), no inspection.
+    WithPort,
+}
+
+/// enroll → manage → (inspect) → provide → deploy → the instance boots → power sync →
+/// undeploy.
+fn lifecycle(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, start: Start) -> Result<String> {
+    let name = g.name.as_str();
+    let inspect = start == Start::Inspect;
+    let uuid = if inspect {
+        let (s, v) = d.call("POST", "/v1/nodes", Some(g.node.clone()))?;
+        ensure!(s == 201, "enroll {name}: {s} {v}");
+        v["uuid"].as_str().context("uuid")?.to_string()
+    } else {
+        d.create_node_with_port(g.node.clone(), &g.mac)?
+    };
+
+    clock.phase(name, "manage (verify the BMC)", || {
+        verb(d, &uuid, json!({"target": "manage"}))?;
+        wait_state(d, g, &uuid, "manageable", 60, g.serial_len())
+    })?;
+
+    if inspect {
+        let n = clock.phase(name, "inspect (in-band, ramdisk)", || {
+            let since = g.serial_len();
+            verb(d, &uuid, json!({"target": "inspect"}))?;
+            wait_state(d, g, &uuid, "manageable", 600, since)
+        })?;
+        let (s, inv) = d.call("GET", &format!("/v1/nodes/{uuid}/inventory"), None)?;
+        ensure!(s == 200, "inventory: {s} {inv}");
+        let macs: Vec<String> = inv["inventory"]["interfaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["mac_address"].as_str().map(str::to_lowercase))
+            .collect();
+        ensure!(
+            macs.contains(&g.mac),
+            "{name}: inventory MACs {macs:?} lack the domain's {}",
+            g.mac
+        );
+        let sizes: Vec<u64> = inv["inventory"]["disks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["size"].as_u64())
+            .collect();
+        ensure!(
+            sizes.contains(&g.disk_bytes),
+            "{name}: inventory disk sizes {sizes:?} lack the domain's {} bytes",
+            g.disk_bytes
+        );
+        let (s, ports) = d.call("GET", &format!("/v1/ports?node={uuid}"), None)?;
+        ensure!(s == 200, "{ports}");
+        ensure!(
+            ports["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| p["address"] == g.mac.as_str()),
+            "{name}: inspection made no port for {}: {ports} (node: {n})",
+            g.mac
+        );
+    }
+
+    clock.phase(name, "provide (automated cleaning)", || {
+        let since = g.serial_len();
+        verb(d, &uuid, json!({"target": "provide"}))?;
+        let n = wait_state(d, g, &uuid, "available", 600, since)?;
+        ensure!(
+            n["power_state"] == "power off",
+            "{name} is not off after cleaning: {n}"
+        );
+        Ok(())
+    })?;
+
+    set_image(d, &uuid, image)?;
+    let since = g.serial_len();
+    clock.phase(name, "deploy → active", || {
+        verb(
+            d,
+            &uuid,
+            json!({"target": "active", "configdrive": {"meta_data": {"hostname": name}}}),
+        )?;
+        wait_state(d, g, &uuid, "active", 900, since)
+    })?;
+    if start == Start::Inspect {
+        // Virtual media: the CD went before the instance booted.
+        ensure!(
+            !g.redfish.cd_inserted()?,
+            "{name}: the ramdisk's CD is still inserted while active"
+        );
+    }
+    let line = clock.phase(name, "active → instance marker on console", || {
+        wait_console(g, rivet_image_build::testimage::MARKER, since, 300)
+    })?;
+    ensure!(
+        line.ends_with(&format!("uuid={uuid}")),
+        "{name}: the instance did not read the configdrive Rivet wrote: {line:?}"
+    );
+    // The test instance powers itself off after its marker: behind Rivet's back.
+    clock.phase(name, "power sync sees the instance off", || {
+        d.wait_node(&uuid, Duration::from_secs(60), |n| {
+            n["power_state"] == "power off"
+        })
+    })?;
+
+    clock.phase(name, "undeploy → cleaning → available", || {
+        let since = g.serial_len();
+        verb(d, &uuid, json!({"target": "deleted"}))?;
+        let n = wait_state(d, g, &uuid, "available", 900, since)?;
+        ensure!(
+            n["power_state"] == "power off",
+            "{name} is not off after undeploy: {n}"
+        );
+        ensure!(n["instance_info"] == json!({}), "{n}");
+        Ok(())
+    })?;
+    Ok(uuid)
+}
+
+/// instance_info for a deploy of `image` (undeploy clears it).
+fn set_image(d: &Rivetd, uuid: &str, image: &Image) -> Result<()> {
+    let (s, v) = d.call(
+        "PATCH",
+        &format!("/v1/nodes/{uuid}"),
+        Some(json!([{"op": "add", "path": "/instance_info", "value": {
+            "image_source": image.url, "image_os_hash_algo": "sha256",
+            "image_os_hash_value": image.sha256}}])),
+    )?;
+    ensure!(s == 200, "instance_info: {s} {v}");
+    Ok(())
+}
+
+fn lab_node(lab: &Value, i: usize) -> Result<&Value> {
+    lab["nodes"]
+        .get(i)
+        .with_context(|| format!("lab.json has no node {i}"))
+}
+
+fn guest(lab: &Value, i: usize, node: Value) -> Result<Guest> {
+    let n = lab_node(lab, i)?;
+    Ok(Guest {
+        name: n["name"].as_str().context("name")?.to_string(),
+        mac: n["macs"][0].as_str().context("mac")?.to_lowercase(),
+        disk_bytes: n["disk_bytes"].as_u64().context("disk_bytes")?,
+        serial_log: PathBuf::from(n["serial_log"].as_str().context("serial_log")?),
+        node,
+        redfish: Redfish {
+            address: n["redfish"]["address"]
+                .as_str()
+                .context("redfish address")?
+                .into(),
+            system: n["redfish"]["system_id"]
+                .as_str()
+                .context("system_id")?
+                .into(),
+            username: n["redfish"]["username"].as_str().unwrap_or_default().into(),
+            password: n["redfish"]["password"].as_str().unwrap_or_default().into(),
+        },
+    })
+}
+
+fn redfish_info(n: &Value) -> Value {
+    let r = &n["redfish"];
+    let mut info = json!({"redfish_address": r["address"], "redfish_system_id": r["system_id"]});
+    for (k, f) in [
+        ("username", "redfish_username"),
+        ("password", "redfish_password"),
+    ] {
+        if let Some(v) = r[k].as_str().filter(|v| !v.is_empty()) {
+            info[f] = json!(v);
+        }
+    }
+    info
+}
+
+#[test]
+fn server_lifecycle_on_lab_vms() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let lab = lab_up(2)?;
+    // Every run starts from machines that are off, as a rack's new servers would be (an
+    // interrupted run may have left a guest in its ramdisk).
+    for n in lab["nodes"].as_array().into_iter().flatten() {
+        if let Some(name) = n["name"].as_str() {
+            let _ = Command::new("virsh")
+                .args(["-c", "qemu:///system", "destroy", name])
+                .output();
+        }
+    }
+    let image = Image {
+        url: lab["image"]["url"]
+            .as_str()
+            .context("image url")?
+            .to_string(),
+        sha256: lab["image"]["sha256"]
+            .as_str()
+            .context("image sha256")?
+            .to_string(),
+    };
+    let artefacts = lab["rivetd"]["artefact_dir"]
+        .as_str()
+        .context("artefact_dir")?;
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("rivetd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
+             [power_sync]\ninterval_s = 2\n\
+             [cleaning]\npriority_overrides = {{\"deploy.erase_devices\" = 0}}\n\
+             [boot]\nartefact_dir = {artefacts:?}\npublic_url = \"{PUBLIC_URL}\"\n\
+             external_http_url = \"http://127.0.0.1:{RIVETD_PORT}\"\n"
+        ),
+    )?;
+    let cfg = cfg.display().to_string();
+    let d = Rivetd::start(
+        &dir.path().join("rivet.db"),
+        RIVETD_PORT,
+        &["--config", &cfg],
+    )?;
+    let clock = Clock {
+        lines: std::sync::Mutex::new(Vec::new()),
+    };
+    let started = Instant::now();
+
+    let n0 = lab_node(&lab, 0)?;
+    let vmedia = guest(
+        &lab,
+        0,
+        json!({"driver": "redfish", "name": n0["name"], "boot_interface": "redfish-virtual-media",
+               "driver_info": redfish_info(n0), "automated_clean": true,
+               "properties": {"root_device": {"name": "/dev/vda"}}}),
+    )?;
+    let n1 = lab_node(&lab, 1)?;
+    let ipxe = guest(
+        &lab,
+        1,
+        json!({"driver": "ipmi", "name": n1["name"], "boot_interface": "ipxe",
+               "driver_info": {"ipmi_address": n1["ipmi"]["address"], "ipmi_port": n1["ipmi"]["port"],
+                               "ipmi_username": n1["ipmi"]["username"], "ipmi_password": n1["ipmi"]["password"]},
+               "automated_clean": true,
+               "properties": {"root_device": {"name": "/dev/vda"}}}),
+    )?;
+
+    let (vmedia_uuid, ipxe_result) = std::thread::scope(|s| {
+        // Side by side: each guest keeps one of the two cores busy while it boots.
+        let other = s.spawn(|| lifecycle(&d, &clock, &ipxe, &image, Start::WithPort));
+        let first = lifecycle(&d, &clock, &vmedia, &image, Start::Inspect);
+        (first, other.join())
+    });
+    match ipxe_result {
+        Ok(r) => {
+            r?;
+        }
+        Err(_) => bail!("the ipxe node's thread panicked"),
+    }
+    let vmedia_uuid = vmedia_uuid?;
+
+    // Abort while the ramdisk boots: deploy failed, the guest off.
+    clock.phase(
+        &vmedia.name,
+        "abort in wait call-back → deploy failed",
+        || {
+            let since = vmedia.serial_len();
+            set_image(&d, &vmedia_uuid, &image)?;
+            verb(&d, &vmedia_uuid, json!({"target": "active"}))?;
+            wait_state(&d, &vmedia, &vmedia_uuid, "wait call-back", 120, since)?;
+            verb(&d, &vmedia_uuid, json!({"target": "abort"}))?;
+            wait_state(&d, &vmedia, &vmedia_uuid, "deploy failed", 60, since)?;
+            let n = d.wait_node(&vmedia_uuid, Duration::from_secs(60), |n| {
+                n["power_state"] == "power off"
+            })?;
+            ensure!(
+                n["last_error"].as_str().is_some_and(|e| !e.is_empty()),
+                "{n}"
+            );
+            // rivetd powers off, then ejects, after answering the abort.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let (power, cd) = (vmedia.redfish.power()?, vmedia.redfish.cd_inserted()?);
+                if power == "Off" && !cd {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "after the abort the BMC reports power {power:?}, CD inserted: {cd}"
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Ok(())
+        },
+    )?;
+
+    // An unreachable BMC: verification fails within 30 s, saying so.
+    clock.phase("unreachable", "manage with a dead BMC → enroll", || {
+        let dead = rivet_tests::peers::closed_port()?;
+        let (s, v) = d.call(
+            "POST",
+            "/v1/nodes",
+            Some(json!({"driver": "redfish", "name": "dead-bmc",
+                        "driver_info": {"redfish_address": format!("http://127.0.0.1:{dead}"),
+                                        "redfish_system_id": "/redfish/v1/Systems/x"}})),
+        )?;
+        ensure!(s == 201, "{v}");
+        let t = Instant::now();
+        verb(&d, "dead-bmc", json!({"target": "manage"}))?;
+        let n = d.wait_node("dead-bmc", Duration::from_secs(30), |n| {
+            n["provision_state"] == "enroll" && n["target_provision_state"].is_null()
+        })?;
+        let err = n["last_error"].as_str().unwrap_or_default();
+        ensure!(err.contains("dead-bmc") || err.contains("127.0.0.1"), "{n}");
+        eprintln!("lab: dead BMC reported after {:.1?}: {err}", t.elapsed());
+        Ok(())
+    })?;
+
+    eprintln!("lab: whole scenario {:.1?}", started.elapsed());
+    if let Some(kib) = d.peak_rss_kib() {
+        eprintln!("lab: rivetd peak RSS {:.1} MiB", kib as f64 / 1024.0);
+    }
+    if let Ok(lines) = clock.lines.lock() {
+        eprintln!("lab: phase durations (TCG guests)\n{}", lines.join("\n"));
+    }
+    Ok(())
+}
