@@ -114,10 +114,7 @@ fn every_served_microversion_passes_its_probe() -> Result<()> {
         truthful.map_or("none (1.1 is partial)".to_string(), |m| format!("1.{m}"))
     );
     if !failures.is_empty() {
-        bail!(
-            "served rows whose probe fails:\n{}",
-            failures.join("\n")
-        );
+        bail!("served rows whose probe fails:\n{}", failures.join("\n"));
     }
     Ok(())
 }
