@@ -140,6 +140,29 @@ async fn version_documents_and_negotiation(db: TestDb) {
         .await
         .expect("get");
     assert_eq!(r.headers()["X-OpenStack-Ironic-API-Version"], "1.20");
+
+    // Clients older than 1.11 know no `enroll`: Ironic creates their nodes `available`.
+    for (version, state) in [
+        ("1.10", "available"),
+        ("1.11", "enroll"),
+        ("1.1", "available"),
+    ] {
+        let r = app
+            .server
+            .http
+            .post(format!("{}/v1/nodes", app.server.base))
+            .header("X-OpenStack-Ironic-API-Version", version)
+            .json(&json!({"driver": "fake-hardware"}))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let body: Value = r.json().await.expect("json");
+        assert_eq!(
+            body["provision_state"], state,
+            "created at {version}: {body}"
+        );
+    }
 }
 
 async fn node_lifecycle(db: TestDb) {

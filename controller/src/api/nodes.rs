@@ -243,6 +243,7 @@ fn node_response(status: StatusCode, node: &Node, headers: &HeaderMap) -> Respon
 async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: Option<axum::Extension<super::version::ApiVersion>>,
     JsonBody(req): JsonBody<NodeCreate>,
 ) -> ApiResult<Response> {
     check_driver(&req.driver)?;
@@ -268,6 +269,11 @@ async fn create(
     node.inspect_interface = check_inspect_interface(req.inspect_interface.clone())?;
     node.interfaces = interfaces_from_create(&req, &node.driver)?;
     node.provision_updated_at = Some(node.created_at);
+    // Ironic's contract with clients older than 1.11 (which know no `enroll`): their nodes
+    // are created `available`, unverified and uncleaned, as Ironic creates them.
+    if version.is_some_and(|v| v.0 .0 < (1, 11)) {
+        node.provision_state = rivet_protocol::states::ProvisionState::Available;
+    }
     let node = state.conductor.store.create_node(&node).await?;
     tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
     let mut resp = node_response(StatusCode::CREATED, &node, &headers);
