@@ -1,6 +1,7 @@
 //! docs/api-versions.md against a running rivetd: every microversion from 1.1 to the advertised
 //! maximum has a row, and every row marked **served** passes its probe at that row's version
-//! (a route answers 2xx, or a field is in a node's document). Prints the highest version whose
+//! (a route answers 2xx, or a field is in a node's document and not in one a client of the
+//! version before sees). Prints the highest version whose
 //! every row up to it is served, which is what rivetd could truthfully advertise.
 
 use anyhow::{bail, ensure, Context, Result};
@@ -87,11 +88,15 @@ fn every_served_microversion_passes_its_probe() -> Result<()> {
                 Err(format!("GET {path} at 1.{}: {s} {body}", row.minor))
             }
         } else if let Some(field) = row.probe.strip_prefix("field node.") {
+            // Shown from its version on, hidden from clients one version older.
             let (s, node) = get(&d, row.minor, &format!("/v1/nodes/{name}"))?;
-            if s == 200 && node.get(field).is_some() {
-                Ok(())
-            } else {
+            let (_, older) = get(&d, row.minor - 1, &format!("/v1/nodes/{name}"))?;
+            if s != 200 || node.get(field).is_none() {
                 Err(format!("node at 1.{} lacks {field}: {s} {node}", row.minor))
+            } else if row.minor > 1 && older.get(field).is_some() {
+                Err(format!("node at 1.{} already shows {field}", row.minor - 1))
+            } else {
+                Ok(())
             }
         } else if row.probe == "—" {
             Ok(())

@@ -79,7 +79,8 @@ impl App {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("node {node} never reached {state}");
+        let (_, v) = self.get(&format!("/v1/nodes/{node}")).await;
+        panic!("node {node} never reached {state}: {v}");
     }
 }
 
@@ -93,6 +94,7 @@ on_every_backend!(
     delete_only_in_allowed_states_and_locks,
     verify_failure_returns_to_enroll_with_last_error,
     auth_required_unless_no_auth,
+    ironic_node_fields_and_lifecycle_flags,
 );
 
 async fn version_documents_and_negotiation(db: TestDb) {
@@ -766,4 +768,144 @@ fn no_auth_refused_off_loopback() {
         ..Config::default()
     };
     assert!(rivet_controller::server::check_listen(&config).is_ok());
+}
+
+/// Ironic's ownership and lifecycle fields: stored, shown from their microversion, filtered
+/// on; `protected` and `retired` follow Ironic's rules and change what may happen.
+async fn ironic_node_fields_and_lifecycle_flags(db: TestDb) {
+    let app = start(db, |_| {}).await;
+    let (s, n) = app
+        .send(
+            reqwest::Method::POST,
+            "/v1/nodes",
+            json!({"driver": "fake-hardware", "name": "f1", "owner": "proj-a",
+                   "lessee": "proj-b", "description": "rack 7, slot 3",
+                   "conductor_group": "Rack7", "shard": "s1",
+                   "network_data": {"links": []}, "automated_clean": false}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{n}");
+    assert_eq!(n["owner"], "proj-a");
+    assert_eq!(
+        n["conductor_group"], "rack7",
+        "stored lower case as Ironic does"
+    );
+    assert_eq!(n["network_data"], json!({"links": []}));
+    assert_eq!(n["protected"], false);
+    app.create("f2").await;
+
+    // Shown from the version that added each field, hidden below it.
+    let at = |v: &'static str| {
+        app.server
+            .http
+            .get(format!("{}/v1/nodes/f1", app.server.base))
+            .header("X-OpenStack-Ironic-API-Version", v)
+    };
+    let old: Value = at("1.49")
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        old.get("owner").is_none() && old.get("conductor").is_some(),
+        "{old}"
+    );
+    let new: Value = at("1.50")
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(new["owner"], "proj-a", "{new}");
+    assert!(new.get("lessee").is_none(), "lessee is 1.65: {new}");
+    let ancient: Value = at("1.1")
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert!(ancient.get("name").is_none(), "name is 1.5: {ancient}");
+
+    // Filters.
+    for (query, want) in [
+        ("owner=proj-a", vec!["f1"]),
+        ("lessee=proj-b", vec!["f1"]),
+        ("conductor_group=RACK7", vec!["f1"]),
+        ("shard=s1", vec!["f1"]),
+        ("retired=false", vec!["f1", "f2"]),
+        ("associated=false", vec!["f1", "f2"]),
+        ("associated=true", vec![]),
+    ] {
+        let (s, list) = app.get(&format!("/v1/nodes?{query}")).await;
+        assert_eq!(s, 200, "{query}: {list}");
+        let names: Vec<&str> = list["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter_map(|n| n["name"].as_str())
+            .collect();
+        assert_eq!(names, want, "{query}");
+    }
+
+    // Bad values: 400, nothing changed.
+    let patch = |ops: Value| app.send(reqwest::Method::PATCH, "/v1/nodes/f1", ops);
+    let (s, e) =
+        patch(json!([{"op": "replace", "path": "/conductor_group", "value": "no spaces"}])).await;
+    assert_eq!(s, 400, "{e}");
+    let (s, e) = patch(json!([{"op": "replace", "path": "/protected_reason", "value": "x"}])).await;
+    assert_eq!(s, 400, "reason without the flag: {e}");
+    assert!(message(&e).contains("protected is True"), "{e}");
+    // Protected only in active or rescue.
+    let (s, e) = patch(json!([{"op": "replace", "path": "/protected", "value": true}])).await;
+    assert_eq!(s, 409, "{e}");
+    assert!(message(&e).contains("'enroll'"), "{e}");
+    let (_, v) = app.get("/v1/nodes/f1").await;
+    assert_eq!(v["protected"], false);
+    assert_eq!(v["conductor_group"], "rack7");
+
+    // Into service; protected there: undeploy, rebuild and delete refused with 403.
+    app.provision("f1", "manage").await;
+    app.wait_state("f1", "manageable").await;
+    app.provision("f1", "provide").await;
+    app.wait_state("f1", "available").await;
+    let (s, e) = patch(json!([{"op": "replace", "path": "/retired", "value": true}])).await;
+    assert_eq!(s, 409, "not retired in available: {e}");
+    app.provision("f1", "active").await;
+    app.wait_state("f1", "active").await;
+    let (s, v) = patch(
+        json!([{"op": "replace", "path": "/protected", "value": true},
+                              {"op": "add", "path": "/protected_reason", "value": "prod db"}]),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["protected_reason"], "prod db");
+    for verb in ["deleted", "rebuild"] {
+        let (s, e) = app.provision("f1", verb).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{verb}: {e}");
+        assert!(message(&e).contains("protected"), "{e}");
+    }
+    let (_, v) = app.get("/v1/nodes/f1").await;
+    assert_eq!(v["provision_state"], "active");
+    // Unprotecting clears the reason.
+    let (s, v) = patch(json!([{"op": "replace", "path": "/protected", "value": false}])).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["protected_reason"].is_null(), "{v}");
+
+    // Retired: undeploy's cleaning ends in manageable, and provide is refused.
+    let (s, v) = patch(json!([{"op": "replace", "path": "/retired", "value": true},
+                              {"op": "add", "path": "/retired_reason", "value": "EOL"}]))
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, _) = app.provision("f1", "deleted").await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    app.wait_state("f1", "manageable").await;
+    let (s, e) = app.provision("f1", "provide").await;
+    assert_eq!(s, 400, "{e}");
+    assert!(message(&e).contains("retired"), "{e}");
+    let (_, list) = app.get("/v1/nodes?retired=true").await;
+    assert_eq!(list["nodes"][0]["name"], "f1", "{list}");
 }

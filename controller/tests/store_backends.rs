@@ -1189,6 +1189,7 @@ async fn rivetd_db_upgrade_serve_and_refuse(db: TestDb) {
     }
     let listed: Value = http
         .get(format!("{base}/v1/nodes"))
+        .header("X-OpenStack-Ironic-API-Version", "latest")
         .send()
         .await
         .expect("list")

@@ -48,6 +48,33 @@ pub struct NodeCreate {
     /// Per-node automated cleaning switch (null = global default).
     #[serde(default)]
     pub automated_clean: Option<bool>,
+    /// Owning project (1.50).
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// Project the node is leased to (1.65).
+    #[serde(default)]
+    pub lessee: Option<String>,
+    /// Free text (1.51).
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Conductor group (1.46).
+    #[serde(default)]
+    pub conductor_group: Option<String>,
+    /// Shard (1.82).
+    #[serde(default)]
+    pub shard: Option<String>,
+    /// Instance network configuration for the configdrive (1.66).
+    #[serde(default)]
+    pub network_data: Option<Map<String, Value>>,
+    /// Name of the instance (1.104).
+    #[serde(default)]
+    pub instance_name: Option<String>,
+    /// Parent node UUID or name (1.83).
+    #[serde(default)]
+    pub parent_node: Option<String>,
+    /// Never power the node off (1.95).
+    #[serde(default)]
+    pub disable_power_off: Option<bool>,
     /// `boot_interface`: one of the hardware type's enabled implementations (its default
     /// when absent).
     #[serde(default)]

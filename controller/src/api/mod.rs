@@ -112,6 +112,9 @@ impl From<ConductorError> for ApiError {
                 ApiError::bad_request(e.to_string())
             }
             ConductorError::Locked { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            ConductorError::Protected { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, e.to_string())
+            }
             ConductorError::Driver { .. } => ApiError::bad_request(e.to_string()),
         }
     }

@@ -51,6 +51,14 @@ const LIST_PARAMS: &[&str] = &[
     "resource_class",
     "fields",
     "detail",
+    "owner",
+    "lessee",
+    "conductor_group",
+    "shard",
+    "retired",
+    "associated",
+    "instance_uuid",
+    "fault",
 ];
 
 fn parse_bool(name: &str, v: &str) -> Result<bool, ApiError> {
@@ -98,12 +106,126 @@ fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<Node
     }
     q.driver = params.get("driver").cloned();
     q.resource_class = params.get("resource_class").cloned();
+    q.owner = params.get("owner").cloned();
+    q.lessee = params.get("lessee").cloned();
+    q.conductor_group = params.get("conductor_group").map(|g| g.to_lowercase());
+    q.shard = params.get("shard").cloned();
+    q.instance_uuid = params.get("instance_uuid").cloned();
+    q.fault = params.get("fault").cloned();
+    if let Some(r) = params.get("retired") {
+        q.retired = Some(parse_bool("retired", r)?);
+    }
+    if let Some(a) = params.get("associated") {
+        q.associated = Some(parse_bool("associated", a)?);
+    }
     Ok(q)
+}
+
+/// Ironic's conductor group rule: letters, digits, `_`, `-`, `.`, at most 255, stored lower
+/// case.
+fn check_conductor_group(g: &str) -> Result<String, ApiError> {
+    if g.len() > 255
+        || !g
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+    {
+        return Err(ApiError::bad_request(format!(
+            "conductor_group {g:?} is invalid: use at most 255 letters, digits, '_', '-' or '.'"
+        )));
+    }
+    Ok(g.to_lowercase())
+}
+
+/// A free-text field of at most `max` characters.
+fn check_len(field: &str, v: &Option<String>, max: usize) -> Result<(), ApiError> {
+    match v {
+        Some(s) if s.chars().count() > max => Err(ApiError::bad_request(format!(
+            "{field} is {} characters long; at most {max} are allowed",
+            s.chars().count()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `parent_node` names an existing other node; stored as its UUID.
+async fn resolve_parent(
+    state: &AppState,
+    node: &Node,
+    parent: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let Some(p) = parent else { return Ok(None) };
+    match state.conductor.store.get_node(&p).await {
+        Ok(n) if n.uuid == node.uuid => Err(ApiError::bad_request(format!(
+            "node {} cannot be its own parent_node",
+            node.ident()
+        ))),
+        Ok(n) => Ok(Some(n.uuid)),
+        Err(crate::store::StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
+            "parent_node {p:?} is not a node"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Ironic's rules for `protected` and `retired` (conductor `update_node`): protection only
+/// in `active` or `rescue` (409), a reason only with the flag set (400), retiring not in
+/// `available` (409); clearing the flag clears the reason.
+fn check_lifecycle_flags(old: &Node, new: &mut Node) -> Result<(), ApiError> {
+    use rivet_protocol::states::ProvisionState::{Active, Available, Rescue};
+    let a = &mut new.attrs;
+    if a.protected != old.attrs.protected {
+        if !a.protected {
+            a.protected_reason = None;
+        } else if !matches!(new.provision_state, Active | Rescue) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "Node {} can only be made protected in provision states 'active' or 'rescue', the current state is '{}'",
+                    old.uuid, new.provision_state
+                ),
+            ));
+        }
+    }
+    if a.protected_reason.is_some() && !a.protected {
+        return Err(ApiError::bad_request(
+            "The protected_reason field can only be set when protected is True",
+        ));
+    }
+    if a.retired != old.attrs.retired {
+        if !a.retired {
+            a.retired_reason = None;
+        } else if new.provision_state == Available {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "Node {} can not have 'retired' set in provision state 'available', the current state is 'available'",
+                    old.uuid
+                ),
+            ));
+        }
+    }
+    if a.retired_reason.is_some() && !a.retired {
+        return Err(ApiError::bad_request(
+            "The retired_reason field can only be set when retired is True",
+        ));
+    }
+    Ok(())
+}
+
+fn opt_bool(doc: &mut Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+    match doc.remove(key) {
+        Some(Value::Bool(b)) => Ok(b),
+        Some(Value::Null) | None => Ok(false),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "field {key} must be true or false, not {other}"
+        ))),
+    }
 }
 
 async fn list_inner(
     state: &AppState,
     headers: &HeaderMap,
+    version: (u32, u32),
     params: HashMap<String, String>,
     mut detail: bool,
 ) -> ApiResult<Json<Value>> {
@@ -128,19 +250,19 @@ async fn list_inner(
     for n in &mut nodes {
         show_owner(&ring, state.conductor.id(), n);
     }
-    let template = nodes.first().map(|n| node_full(n, &base));
+    let template = nodes.first().map(|n| node_doc(n, &base, version));
     let fields = match (&template, params.get("fields")) {
         (Some(t), f) => parse_fields(f.map(String::as_str), t)?,
         (None, Some(f)) => parse_fields(
             Some(f),
-            &node_full(&Node::new(String::new(), String::new()), &base),
+            &node_doc(&Node::new(String::new(), String::new()), &base, version),
         )?,
         (None, None) => None,
     };
     let docs: Vec<Value> = nodes
         .iter()
         .map(|n| {
-            let full = node_full(n, &base);
+            let full = node_doc(n, &base, version);
             match (&fields, detail) {
                 (Some(f), _) => select(full, f),
                 (None, true) => Value::Object(full),
@@ -176,20 +298,37 @@ async fn list_inner(
     Ok(Json(body))
 }
 
+/// The request's microversion (set by `version::negotiate`; the minimum when absent).
+type Version = Option<axum::Extension<super::version::ApiVersion>>;
+
+fn ver(v: &Version) -> (u32, u32) {
+    v.as_ref()
+        .map_or(rivet_protocol::api::MIN_VERSION, |e| e.0 .0)
+}
+
+/// A node's document as a client at `version` sees it.
+fn node_doc(n: &Node, base: &str, version: (u32, u32)) -> Map<String, Value> {
+    let mut doc = node_full(n, base);
+    super::render::gate_node(&mut doc, version);
+    doc
+}
+
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: Version,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    list_inner(&state, &headers, params, false).await
+    list_inner(&state, &headers, ver(&version), params, false).await
 }
 
 async fn list_detail(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: Version,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    list_inner(&state, &headers, params, true).await
+    list_inner(&state, &headers, ver(&version), params, true).await
 }
 
 /// A node name must be usable in URLs and not look like a UUID.
@@ -233,9 +372,14 @@ fn etag(resp: &mut Response, version: i64) {
     }
 }
 
-fn node_response(status: StatusCode, node: &Node, headers: &HeaderMap) -> Response {
+fn node_response(
+    status: StatusCode,
+    node: &Node,
+    headers: &HeaderMap,
+    version: (u32, u32),
+) -> Response {
     let base = base_url(headers);
-    let mut resp = (status, Json(Value::Object(node_full(node, &base)))).into_response();
+    let mut resp = (status, Json(Value::Object(node_doc(node, &base, version)))).into_response();
     etag(&mut resp, node.version);
     resp
 }
@@ -243,7 +387,7 @@ fn node_response(status: StatusCode, node: &Node, headers: &HeaderMap) -> Respon
 async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Option<axum::Extension<super::version::ApiVersion>>,
+    version: Version,
     JsonBody(req): JsonBody<NodeCreate>,
 ) -> ApiResult<Response> {
     check_driver(&req.driver)?;
@@ -266,17 +410,36 @@ async fn create(
     node.extra = req.extra.clone();
     node.resource_class = req.resource_class.clone();
     node.automated_clean = req.automated_clean;
+    for (field, v, max) in [
+        ("owner", &req.owner, 255),
+        ("lessee", &req.lessee, 255),
+        ("description", &req.description, 4096),
+        ("shard", &req.shard, 255),
+        ("instance_name", &req.instance_name, 255),
+    ] {
+        check_len(field, v, max)?;
+    }
+    node.attrs.owner = req.owner.clone();
+    node.attrs.lessee = req.lessee.clone();
+    node.attrs.description = req.description.clone();
+    node.attrs.shard = req.shard.clone();
+    node.attrs.instance_name = req.instance_name.clone();
+    node.attrs.conductor_group =
+        check_conductor_group(req.conductor_group.as_deref().unwrap_or(""))?;
+    node.attrs.network_data = req.network_data.clone().unwrap_or_default();
+    node.attrs.disable_power_off = req.disable_power_off.unwrap_or(false);
+    node.attrs.parent_node = resolve_parent(&state, &node, req.parent_node.clone()).await?;
     node.inspect_interface = check_inspect_interface(req.inspect_interface.clone())?;
     node.interfaces = interfaces_from_create(&req, &node.driver)?;
     node.provision_updated_at = Some(node.created_at);
     // Ironic's contract with clients older than 1.11 (which know no `enroll`): their nodes
     // are created `available`, unverified and uncleaned, as Ironic creates them.
-    if version.is_some_and(|v| v.0 .0 < (1, 11)) {
+    if ver(&version) < (1, 11) {
         node.provision_state = rivet_protocol::states::ProvisionState::Available;
     }
     let node = state.conductor.store.create_node(&node).await?;
     tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
-    let mut resp = node_response(StatusCode::CREATED, &node, &headers);
+    let mut resp = node_response(StatusCode::CREATED, &node, &headers, ver(&version));
     if let Ok(loc) =
         HeaderValue::from_str(&format!("{}/v1/nodes/{}", base_url(&headers), node.uuid))
     {
@@ -294,12 +457,13 @@ struct ShowParams {
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: Version,
     Path(ident): Path<String>,
     Query(p): Query<ShowParams>,
 ) -> ApiResult<Response> {
     let mut node = state.conductor.store.get_node(&ident).await?;
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
-    let full = node_full(&node, &base_url(&headers));
+    let full = node_doc(&node, &base_url(&headers), ver(&version));
     let mut resp = match parse_fields(p.fields.as_deref(), &full)? {
         Some(f) => Json(select(full, &f)).into_response(),
         None => Json(Value::Object(full)).into_response(),
@@ -390,6 +554,7 @@ fn opt_string(doc: &mut Map<String, Value>, key: &str) -> Result<Option<String>,
 async fn update(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: Version,
     Path(ident): Path<String>,
     JsonBody(ops): JsonBody<Vec<PatchOp>>,
 ) -> ApiResult<Response> {
@@ -417,6 +582,24 @@ async fn update(
         "automated_clean": node.automated_clean,
         "inspect_interface": node.inspect_interface,
     });
+    let a = &node.attrs;
+    for (k, v) in [
+        ("owner", json!(a.owner)),
+        ("lessee", json!(a.lessee)),
+        ("description", json!(a.description)),
+        ("conductor_group", json!(a.conductor_group)),
+        ("shard", json!(a.shard)),
+        ("network_data", json!(a.network_data)),
+        ("instance_name", json!(a.instance_name)),
+        ("parent_node", json!(a.parent_node)),
+        ("disable_power_off", json!(a.disable_power_off)),
+        ("retired", json!(a.retired)),
+        ("retired_reason", json!(a.retired_reason)),
+        ("protected", json!(a.protected)),
+        ("protected_reason", json!(a.protected_reason)),
+    ] {
+        doc[k] = v;
+    }
     for (iface, value) in node.interfaces.resolved(&node.driver) {
         doc[iface.field()] = Value::from(value);
     }
@@ -466,8 +649,42 @@ async fn update(
             )))
         }
     };
+    new.attrs.owner = opt_string(&mut doc, "owner")?;
+    new.attrs.lessee = opt_string(&mut doc, "lessee")?;
+    new.attrs.description = opt_string(&mut doc, "description")?;
+    new.attrs.shard = opt_string(&mut doc, "shard")?;
+    new.attrs.instance_name = opt_string(&mut doc, "instance_name")?;
+    for (field, v, max) in [
+        ("owner", &new.attrs.owner, 255),
+        ("lessee", &new.attrs.lessee, 255),
+        ("description", &new.attrs.description, 4096),
+        ("shard", &new.attrs.shard, 255),
+        ("instance_name", &new.attrs.instance_name, 255),
+    ] {
+        check_len(field, v, max)?;
+    }
+    new.attrs.conductor_group =
+        check_conductor_group(&opt_string(&mut doc, "conductor_group")?.unwrap_or_default())?;
+    new.attrs.network_data = map_field(&mut doc, "network_data")?;
+    let parent = opt_string(&mut doc, "parent_node")?;
+    new.attrs.parent_node = if parent == node.attrs.parent_node {
+        parent
+    } else {
+        resolve_parent(&state, &node, parent).await?
+    };
+    new.attrs.disable_power_off = opt_bool(&mut doc, "disable_power_off")?;
+    new.attrs.retired = opt_bool(&mut doc, "retired")?;
+    new.attrs.retired_reason = opt_string(&mut doc, "retired_reason")?;
+    new.attrs.protected = opt_bool(&mut doc, "protected")?;
+    new.attrs.protected_reason = opt_string(&mut doc, "protected_reason")?;
+    check_lifecycle_flags(&node, &mut new)?;
     let saved = state.conductor.store.update_node(&new).await?;
-    Ok(node_response(StatusCode::OK, &saved, &headers))
+    Ok(node_response(
+        StatusCode::OK,
+        &saved,
+        &headers,
+        ver(&version),
+    ))
 }
 
 async fn remove(

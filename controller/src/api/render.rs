@@ -41,6 +41,58 @@ fn links(base: &str, kind: &str, uuid: &str) -> Value {
 }
 
 /// The full node document.
+/// Node fields that appeared after 1.1, with the microversion that added each (Ironic's
+/// `versions.py`): below it a field is not shown, as Ironic hides it.
+pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
+    ("driver_internal_info", (1, 3)),
+    ("name", (1, 5)),
+    ("inspection_started_at", (1, 6)),
+    ("inspection_finished_at", (1, 6)),
+    ("clean_step", (1, 7)),
+    ("states", (1, 14)),
+    ("network_interface", (1, 20)),
+    ("resource_class", (1, 21)),
+    ("boot_interface", (1, 31)),
+    ("console_interface", (1, 31)),
+    ("deploy_interface", (1, 31)),
+    ("inspect_interface", (1, 31)),
+    ("management_interface", (1, 31)),
+    ("power_interface", (1, 31)),
+    ("raid_interface", (1, 31)),
+    ("vendor_interface", (1, 31)),
+    ("storage_interface", (1, 33)),
+    ("traits", (1, 37)),
+    ("rescue_interface", (1, 38)),
+    ("bios_interface", (1, 40)),
+    ("fault", (1, 42)),
+    ("deploy_step", (1, 44)),
+    ("conductor_group", (1, 46)),
+    ("automated_clean", (1, 47)),
+    ("protected", (1, 48)),
+    ("protected_reason", (1, 48)),
+    ("conductor", (1, 49)),
+    ("owner", (1, 50)),
+    ("description", (1, 51)),
+    ("retired", (1, 61)),
+    ("retired_reason", (1, 61)),
+    ("lessee", (1, 65)),
+    ("network_data", (1, 66)),
+    ("shard", (1, 82)),
+    ("parent_node", (1, 83)),
+    ("firmware_interface", (1, 86)),
+    ("disable_power_off", (1, 95)),
+    ("instance_name", (1, 104)),
+];
+
+/// Drop the fields a client at `version` does not know.
+pub fn gate_node(doc: &mut Map<String, Value>, version: (u32, u32)) {
+    for (field, since) in NODE_FIELD_VERSIONS {
+        if version < *since {
+            doc.remove(*field);
+        }
+    }
+}
+
 pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
     let mut internal = mask_secrets(&n.driver_internal_info);
     // The run state lives in its own column; the parts Ironic shows in
@@ -84,8 +136,6 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         "automated_clean": n.automated_clean,
         "resource_class": n.resource_class,
         "console_enabled": false,
-        "protected": false,
-        "retired": false,
         "traits": n.traits,
         "inspect_interface": n.inspect_interface.as_deref().unwrap_or("agent"),
         "inspection_started_at": time(&n.inspection_started_at),
@@ -101,6 +151,24 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         Value::Object(m) => m,
         _ => Map::new(),
     };
+    let a = &n.attrs;
+    for (k, v) in [
+        ("protected", json!(a.protected)),
+        ("protected_reason", json!(a.protected_reason)),
+        ("retired", json!(a.retired)),
+        ("retired_reason", json!(a.retired_reason)),
+        ("owner", json!(a.owner)),
+        ("lessee", json!(a.lessee)),
+        ("description", json!(a.description)),
+        ("conductor_group", json!(a.conductor_group)),
+        ("shard", json!(a.shard)),
+        ("instance_name", json!(a.instance_name)),
+        ("parent_node", json!(a.parent_node)),
+        ("network_data", json!(a.network_data)),
+        ("disable_power_off", json!(a.disable_power_off)),
+    ] {
+        m.insert(k.into(), v);
+    }
     for (iface, value) in n.interfaces.resolved(&n.driver) {
         m.insert(iface.field(), Value::from(value));
     }

@@ -121,10 +121,15 @@ impl Conductor {
         let uuid = node.uuid.clone();
 
         if !manual && !self.automated_clean_enabled(&node) {
-            tracing::info!(node = %uuid, "automated cleaning disabled; node becomes available");
+            tracing::info!(node = %uuid, retired = node.attrs.retired, "automated cleaning disabled; node becomes available (manageable when retired)");
             clear_run(&mut node);
+            let event = if node.attrs.retired {
+                Event::Manage
+            } else {
+                Event::Done
+            };
             let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
-            return self.event(node, Event::Done, None).await.map(Some);
+            return self.event(node, event, None).await.map(Some);
         }
 
         // 1. Boot the ramdisk once per run, unless the run needs none: the fake deploy
@@ -518,8 +523,19 @@ impl Conductor {
         clear_run(&mut node);
         let _ = self.store.cancel_pending(&node.uuid).await;
         tracing::info!(node = %node.uuid, manual, "cleaning finished");
-        self.event(node, if manual { Event::Manage } else { Event::Done }, None)
-            .await
+        // A retired node is not offered for deployment again: after cleaning it rests in
+        // manageable, as in Ironic.
+        let to_manageable = manual || node.attrs.retired;
+        self.event(
+            node,
+            if to_manageable {
+                Event::Manage
+            } else {
+                Event::Done
+            },
+            None,
+        )
+        .await
     }
 }
 

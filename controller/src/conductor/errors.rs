@@ -34,6 +34,14 @@ pub enum ConductorError {
     /// The request is malformed or not allowed as asked.
     #[error("{0}")]
     BadRequest(String),
+    /// The node is protected (Ironic's `NodeProtected`, 403).
+    #[error("Node {node} is protected and cannot be undeployed, rebuilt or deleted; unset protected first (reason: {reason})")]
+    Protected {
+        /// Node UUID.
+        node: String,
+        /// Its protected_reason, or "none given".
+        reason: String,
+    },
     /// The driver failed.
     #[error("node {node}: {message}")]
     Driver {

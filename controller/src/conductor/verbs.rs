@@ -255,6 +255,20 @@ impl Conductor {
                 });
             }
         }
+        if node.attrs.protected && matches!(verb, Verb::Deleted | Verb::Undeploy | Verb::Rebuild) {
+            return Err(protected(&node));
+        }
+        if node.attrs.retired && verb == Verb::Provide {
+            return Err(ConductorError::BadRequest(format!(
+                "The providing operation can't be performed on node {} because it is retired{}; unset retired first",
+                node.uuid,
+                node.attrs
+                    .retired_reason
+                    .as_deref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            )));
+        }
         if node.maintenance && matches!(verb, Verb::Active | Verb::Deploy | Verb::Rebuild) {
             return Err(ConductorError::BadRequest(format!(
                 "node {} is in maintenance; \"{verb}\" is refused until `rivet node maintenance unset {}`",
@@ -580,6 +594,12 @@ impl Conductor {
                 node.ident()
             )));
         }
+        if node.attrs.disable_power_off && matches!(target, PowerState::Off | PowerState::SoftOff) {
+            return Err(ConductorError::BadRequest(format!(
+                "node {} has disable_power_off set: it is never powered off; reboot it, or unset disable_power_off",
+                node.ident()
+            )));
+        }
         if target == PowerState::Error {
             return Err(ConductorError::BadRequest(
                 "target must be one of: power on, power off, rebooting, soft rebooting, soft power off"
@@ -716,6 +736,9 @@ impl Conductor {
                 state: node.provision_state,
             });
         }
+        if node.attrs.protected {
+            return Err(protected(node));
+        }
         if !node.maintenance && !matches!(node.provision_state, Manageable | Enroll | AdoptFailed) {
             return Err(ConductorError::BadRequest(format!(
                 "node {} is in \"{}\"; it can be deleted only in enroll, manageable or adopt failed (or in maintenance) — run `manage` first",
@@ -724,5 +747,16 @@ impl Conductor {
             )));
         }
         Ok(())
+    }
+}
+
+fn protected(node: &Node) -> ConductorError {
+    ConductorError::Protected {
+        node: node.uuid.clone(),
+        reason: node
+            .attrs
+            .protected_reason
+            .clone()
+            .unwrap_or_else(|| "none given".into()),
     }
 }

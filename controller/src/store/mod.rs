@@ -131,12 +131,47 @@ pub struct Node {
     pub interfaces: crate::interfaces::Interfaces,
     /// The conductor's bookkeeping of the running operation (its own column, typed).
     pub runs: crate::runs::Runs,
+    /// Ironic's ownership and lifecycle fields (owner, lessee, retired, protected…).
+    pub attrs: Attributes,
     /// Set when a stored field did not decode: the node is shown with that error and every
     /// write of it is refused ([`Node::writable`]).
     pub corrupt: Option<Corrupt>,
     /// What the node's agent last said of itself. Read with the node, written only by
     /// [`Store::record_liveness`]: never by a node update, and it never moves the version.
     pub liveness: Liveness,
+}
+
+/// Ironic's descriptive, ownership and lifecycle fields of a node, each in its own column.
+/// Most are stored and shown only; `protected` and `retired` change what may happen to the
+/// node, as in Ironic (see `api::nodes` and the conductor's verbs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attributes {
+    /// Project that owns the node (1.50).
+    pub owner: Option<String>,
+    /// Project the node is leased to (1.65).
+    pub lessee: Option<String>,
+    /// Free text (1.51).
+    pub description: Option<String>,
+    /// Conductor group (1.46); empty is the default group.
+    pub conductor_group: String,
+    /// Shard (1.82).
+    pub shard: Option<String>,
+    /// Name of the instance on the node (1.104).
+    pub instance_name: Option<String>,
+    /// UUID of the parent node (1.83).
+    pub parent_node: Option<String>,
+    /// Network configuration for the instance's configdrive (1.66).
+    pub network_data: Map<String, Value>,
+    /// Retired: no new deployments; cleaning ends in manageable (1.61).
+    pub retired: bool,
+    /// Why it is retired.
+    pub retired_reason: Option<String>,
+    /// Protected: undeploy, rebuild and delete are refused (1.48).
+    pub protected: bool,
+    /// Why it is protected.
+    pub protected_reason: Option<String>,
+    /// Never power the node off (1.95).
+    pub disable_power_off: bool,
 }
 
 /// Agent liveness and step progress: written on every few heartbeats, so kept outside the
@@ -189,6 +224,7 @@ impl Node {
             traits: Vec::new(),
             interfaces: crate::interfaces::Interfaces::default(),
             runs: crate::runs::Runs::default(),
+            attrs: Attributes::default(),
             corrupt: None,
             liveness: Liveness::default(),
         }
@@ -332,6 +368,22 @@ pub struct NodeQuery {
     pub driver: Option<String>,
     /// Filter.
     pub resource_class: Option<String>,
+    /// Filter.
+    pub owner: Option<String>,
+    /// Filter.
+    pub lessee: Option<String>,
+    /// Filter.
+    pub conductor_group: Option<String>,
+    /// Filter.
+    pub shard: Option<String>,
+    /// Filter.
+    pub retired: Option<bool>,
+    /// Filter: nodes with (true) or without (false) an instance.
+    pub associated: Option<bool>,
+    /// Filter.
+    pub instance_uuid: Option<String>,
+    /// Filter.
+    pub fault: Option<String>,
 }
 
 impl Default for NodeQuery {
@@ -345,6 +397,14 @@ impl Default for NodeQuery {
             maintenance: None,
             driver: None,
             resource_class: None,
+            owner: None,
+            lessee: None,
+            conductor_group: None,
+            shard: None,
+            retired: None,
+            associated: None,
+            instance_uuid: None,
+            fault: None,
         }
     }
 }

@@ -144,6 +144,22 @@ ALTER TABLE nodes ADD COLUMN step_progress JSON;
     r#"
 ALTER TABLE nodes ADD COLUMN run_state JSON;
 "#,
+    // Ironic's ownership and lifecycle fields (store::Attributes).
+    r#"
+ALTER TABLE nodes ADD COLUMN owner TEXT;
+ALTER TABLE nodes ADD COLUMN lessee TEXT;
+ALTER TABLE nodes ADD COLUMN description TEXT;
+ALTER TABLE nodes ADD COLUMN conductor_group TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN shard TEXT;
+ALTER TABLE nodes ADD COLUMN instance_name TEXT;
+ALTER TABLE nodes ADD COLUMN parent_node TEXT;
+ALTER TABLE nodes ADD COLUMN network_data JSON NOT NULL DEFAULT '{}';
+ALTER TABLE nodes ADD COLUMN retired BOOLEAN NOT NULL DEFAULT FALSE;
+ALTER TABLE nodes ADD COLUMN retired_reason TEXT;
+ALTER TABLE nodes ADD COLUMN protected BOOLEAN NOT NULL DEFAULT FALSE;
+ALTER TABLE nodes ADD COLUMN protected_reason TEXT;
+ALTER TABLE nodes ADD COLUMN disable_power_off BOOLEAN NOT NULL DEFAULT FALSE;
+"#,
 ];
 
 /// The schema version this build knows.

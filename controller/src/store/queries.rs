@@ -6,8 +6,8 @@
 use super::decode::Decoder;
 use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
 use super::{
-    AuditEntry, AuditQuery, ConductorRecord, Liveness, Node, NodeQuery, NodeSummary, Notice, Port,
-    PortQuery, SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
+    Attributes, AuditEntry, AuditQuery, ConductorRecord, Liveness, Node, NodeQuery, NodeSummary,
+    Notice, Port, PortQuery, SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
 };
 use crate::runs::Runs;
 use async_trait::async_trait;
@@ -70,7 +70,7 @@ impl<E: Engine> SqlStore<E> {
 }
 
 /// Node columns a node write sets, in one order for INSERT and UPDATE.
-const NODE_COLUMNS: [&str; 33] = [
+const NODE_COLUMNS: [&str; 46] = [
     "uuid",
     "name",
     "driver",
@@ -104,6 +104,19 @@ const NODE_COLUMNS: [&str; 33] = [
     "traits",
     "interfaces",
     "run_state",
+    "owner",
+    "lessee",
+    "description",
+    "conductor_group",
+    "shard",
+    "instance_name",
+    "parent_node",
+    "network_data",
+    "retired",
+    "retired_reason",
+    "protected",
+    "protected_reason",
+    "disable_power_off",
 ];
 
 /// What a node read selects: [`NODE_COLUMNS`], then the liveness columns, which node writes
@@ -164,11 +177,26 @@ fn node_from_row(mut r: impl SqlRow) -> Result<Node, StoreError> {
         traits: d.json("traits", Some(r.json(30)?.as_deref().unwrap_or("[]"))),
         interfaces: d.json("interfaces", r.json(31)?.as_deref()),
         runs: Runs::default(),
+        attrs: Attributes {
+            owner: r.opt_text(33)?,
+            lessee: r.opt_text(34)?,
+            description: r.opt_text(35)?,
+            conductor_group: r.opt_text(36)?.unwrap_or_default(),
+            shard: r.opt_text(37)?,
+            instance_name: r.opt_text(38)?,
+            parent_node: r.opt_text(39)?,
+            network_data: d.map("network_data", &r.json(40)?.unwrap_or_default()),
+            retired: r.flag(41)?,
+            retired_reason: r.opt_text(42)?,
+            protected: r.flag(43)?,
+            protected_reason: r.opt_text(44)?,
+            disable_power_off: r.flag(45)?,
+        },
         corrupt: None,
         liveness: Liveness {
-            last_heartbeat: r.time(33)?,
-            agent_version: r.opt_text(34)?,
-            progress: d.opt_value("step_progress", r.json(35)?.as_deref()),
+            last_heartbeat: r.time(46)?,
+            agent_version: r.opt_text(47)?,
+            progress: d.opt_value("step_progress", r.json(48)?.as_deref()),
         },
     };
     node.runs = decode_runs(&mut d, r.json(32)?, &mut node.driver_internal_info);
@@ -242,6 +270,19 @@ fn node_values(n: &Node, driver_info: String) -> Vec<Arg> {
         Arg::Json(serde_json::to_string(&n.traits).unwrap_or_else(|_| "[]".into())),
         Arg::json(serde_json::to_string(&n.interfaces).ok()),
         Arg::json(serde_json::to_string(&n.runs).ok()),
+        free_text(&n.attrs.owner),
+        free_text(&n.attrs.lessee),
+        free_text(&n.attrs.description),
+        n.attrs.conductor_group.as_str().into(),
+        n.attrs.shard.clone().into(),
+        free_text(&n.attrs.instance_name),
+        n.attrs.parent_node.clone().into(),
+        map_text(&n.attrs.network_data),
+        n.attrs.retired.into(),
+        free_text(&n.attrs.retired_reason),
+        n.attrs.protected.into(),
+        free_text(&n.attrs.protected_reason),
+        n.attrs.disable_power_off.into(),
     ]
 }
 
@@ -422,6 +463,27 @@ impl<E: Engine> Store for SqlStore<E> {
         }
         if let Some(rc) = &q.resource_class {
             filter("resource_class", rc.as_str().into());
+        }
+        for (column, value) in [
+            ("owner", &q.owner),
+            ("lessee", &q.lessee),
+            ("conductor_group", &q.conductor_group),
+            ("shard", &q.shard),
+            ("instance_uuid", &q.instance_uuid),
+            ("fault", &q.fault),
+        ] {
+            if let Some(v) = value {
+                filter(column, v.as_str().into());
+            }
+        }
+        if let Some(r) = q.retired {
+            filter("retired", r.into());
+        }
+        if let Some(a) = q.associated {
+            wheres.push(format!(
+                "instance_uuid IS {}NULL",
+                if a { "NOT " } else { "" }
+            ));
         }
         let dir = if q.sort_dir == SortDir::Asc {
             "ASC"
@@ -1039,6 +1101,6 @@ mod tests {
     fn column_lists_agree() {
         let n = Node::new("u".into(), "d".into());
         assert_eq!(node_values(&n, String::new()).len(), NODE_COLUMNS.len());
-        assert!(NODE_INSERT.ends_with("$33)"), "{}", *NODE_INSERT);
+        assert!(NODE_INSERT.ends_with("$46)"), "{}", *NODE_INSERT);
     }
 }

@@ -142,6 +142,22 @@ ALTER TABLE nodes ADD COLUMN step_progress TEXT;
     r#"
 ALTER TABLE nodes ADD COLUMN run_state TEXT;
 "#,
+    // Ironic's ownership and lifecycle fields (store::Attributes).
+    r#"
+ALTER TABLE nodes ADD COLUMN owner TEXT;
+ALTER TABLE nodes ADD COLUMN lessee TEXT;
+ALTER TABLE nodes ADD COLUMN description TEXT;
+ALTER TABLE nodes ADD COLUMN conductor_group TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN shard TEXT;
+ALTER TABLE nodes ADD COLUMN instance_name TEXT;
+ALTER TABLE nodes ADD COLUMN parent_node TEXT;
+ALTER TABLE nodes ADD COLUMN network_data TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE nodes ADD COLUMN retired INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN retired_reason TEXT;
+ALTER TABLE nodes ADD COLUMN protected INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN protected_reason TEXT;
+ALTER TABLE nodes ADD COLUMN disable_power_off INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// The schema version this build knows.
