@@ -248,3 +248,212 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
     assert_eq!(state.trim(), "available");
     Ok(())
 }
+
+/// The drivers API through the stock client: the hardware types and the controller serving
+/// them, one hardware type's interfaces, and the driver_info keys a driver reads.
+#[test]
+fn stock_client_lists_and_shows_drivers() -> anyhow::Result<()> {
+    if !prerequisite(
+        baremetal().exists(),
+        "python-ironicclient venv (.venv/bin/baremetal)",
+    ) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &[])?;
+
+    let list: serde_json::Value =
+        serde_json::from_str(&run(&d, &["driver", "list", "-f", "json"])?)?;
+    let mut names: Vec<&str> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["fake-hardware", "ipmi", "redfish"], "{list}");
+    for r in list.as_array().into_iter().flatten() {
+        assert_eq!(r["hosts"], "test-conductor", "{list}");
+    }
+    let long = run(&d, &["driver", "list", "--long", "-f", "json"])?;
+    assert!(long.contains("redfish-virtual-media"), "{long}");
+
+    let show: serde_json::Value =
+        serde_json::from_str(&run(&d, &["driver", "show", "redfish", "-f", "json"])?)?;
+    assert_eq!(show["name"], "redfish", "{show}");
+    assert_eq!(show["type"], "dynamic", "{show}");
+    assert_eq!(show["hosts"], "test-conductor", "{show}");
+    assert_eq!(show["default_boot_interface"], "ipxe", "{show}");
+    assert_eq!(
+        show["enabled_boot_interfaces"], "ipxe, pxe, redfish-virtual-media",
+        "{show}"
+    );
+    assert_eq!(show["default_firmware_interface"], "redfish", "{show}");
+
+    let props: serde_json::Value = serde_json::from_str(&run(
+        &d,
+        &["driver", "property", "list", "ipmi", "-f", "json"],
+    )?)?;
+    let rows: Vec<(String, String)> = props
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let text = |k: &str| {
+                r.get(k)
+                    .or_else(|| r.get(k.to_ascii_lowercase()))
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            (text("Property"), text("Description"))
+        })
+        .collect();
+    let keys: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "boot_mode",
+            "ipmi_address",
+            "ipmi_password",
+            "ipmi_port",
+            "ipmi_username"
+        ],
+        "{props}"
+    );
+    assert!(
+        rows.iter()
+            .any(|(k, v)| k == "ipmi_address" && v.ends_with("Required.")),
+        "{props}"
+    );
+
+    // An unknown driver is the client's error, naming it.
+    let out = Command::new(baremetal())
+        .args(["--os-endpoint", &d.url, "--os-auth-type", "none"])
+        .args(["driver", "show", "nope"])
+        .output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("nope"), "{stderr}");
+    Ok(())
+}
+
+/// Traits, validate and the boot device through the stock client on a fake-hardware node.
+#[test]
+fn stock_client_traits_validate_and_boot_device() -> anyhow::Result<()> {
+    if !prerequisite(
+        baremetal().exists(),
+        "python-ironicclient venv (.venv/bin/baremetal)",
+    ) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &[])?;
+    run(
+        &d,
+        &[
+            "node",
+            "create",
+            "--driver",
+            "fake-hardware",
+            "--name",
+            "t1",
+        ],
+    )?;
+
+    let added = run(
+        &d,
+        &["node", "add", "trait", "t1", "CUSTOM_X", "HW_CPU_X86_VMX"],
+    )?;
+    assert!(added.contains("Added trait CUSTOM_X"), "{added}");
+    assert!(added.contains("Added trait HW_CPU_X86_VMX"), "{added}");
+    let listed = run(&d, &["node", "trait", "list", "t1", "-f", "value"])?;
+    let listed: Vec<&str> = listed.lines().map(str::trim).collect();
+    assert_eq!(listed, ["CUSTOM_X", "HW_CPU_X86_VMX"]);
+    // A name Ironic refuses is refused with its message.
+    let out = Command::new(baremetal())
+        .args(["--os-endpoint", &d.url, "--os-auth-type", "none"])
+        .args(["node", "add", "trait", "t1", "lower_case"])
+        .output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("does not match"), "{stderr}");
+    let removed = run(&d, &["node", "remove", "trait", "t1", "CUSTOM_X"])?;
+    assert!(removed.contains("Removed trait CUSTOM_X"), "{removed}");
+    let listed = run(&d, &["node", "trait", "list", "t1", "-f", "value"])?;
+    assert_eq!(listed.trim(), "HW_CPU_X86_VMX");
+
+    let v: serde_json::Value =
+        serde_json::from_str(&run(&d, &["node", "validate", "t1", "-f", "json"])?)?;
+    let rows = v.as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r["Interface"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "bios",
+            "boot",
+            "console",
+            "deploy",
+            "firmware",
+            "inspect",
+            "management",
+            "network",
+            "power",
+            "raid",
+            "rescue",
+            "storage"
+        ],
+        "{v}"
+    );
+    assert!(rows.iter().all(|r| r["Result"] == true), "{v}");
+
+    let show = |d: &Rivetd| -> anyhow::Result<serde_json::Value> {
+        Ok(serde_json::from_str(&run(
+            d,
+            &["node", "boot", "device", "show", "t1", "-f", "json"],
+        )?)?)
+    };
+    assert_eq!(
+        show(&d)?,
+        serde_json::json!({"boot_device": "pxe", "persistent": false})
+    );
+    run(
+        &d,
+        &[
+            "node",
+            "boot",
+            "device",
+            "set",
+            "t1",
+            "disk",
+            "--persistent",
+        ],
+    )?;
+    assert_eq!(
+        show(&d)?,
+        serde_json::json!({"boot_device": "disk", "persistent": true})
+    );
+    run(&d, &["node", "boot", "device", "set", "t1", "pxe"])?;
+    assert_eq!(
+        show(&d)?,
+        serde_json::json!({"boot_device": "pxe", "persistent": false})
+    );
+    let supported = run(
+        &d,
+        &[
+            "node",
+            "boot",
+            "device",
+            "show",
+            "t1",
+            "--supported",
+            "-f",
+            "value",
+        ],
+    )?;
+    assert_eq!(supported.trim(), "pxe, disk, cdrom");
+    Ok(())
+}

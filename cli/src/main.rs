@@ -7,6 +7,7 @@ mod audit;
 mod client;
 mod conductor;
 mod demo;
+mod driver;
 mod node;
 mod output;
 mod port;
@@ -45,6 +46,9 @@ enum Command {
     /// Controllers sharing the database (several rivetd on PostgreSQL).
     #[command(subcommand)]
     Conductor(conductor::ConductorCmd),
+    /// Hardware types (Ironic's drivers): hosts, interfaces, driver_info keys.
+    #[command(subcommand)]
+    Driver(driver::DriverCmd),
     /// The whole flow on this machine: rivetd, a fake-hardware node, a local agent on
     /// sparse-file disks; automated then manual cleaning.
     Demo(demo::DemoArgs),
@@ -63,6 +67,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Port(cmd) => port::run(cmd, &client(&cli.url)?, out).await,
         Command::Audit(a) => audit::run(a, &client(&cli.url)?, out).await,
         Command::Conductor(cmd) => conductor::run(cmd, &client(&cli.url)?, out).await,
+        Command::Driver(cmd) => driver::run(cmd, &client(&cli.url)?, out).await,
         // The demo starts its own rivetd: the caller's URL and token do not apply.
         Command::Demo(a) => demo::run(a).await,
     }

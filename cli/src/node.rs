@@ -7,7 +7,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use reqwest::StatusCode;
 use rivet_protocol::api::{
-    MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
+    BootDeviceRequest, MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
+    TraitsRequest, VmediaAttachRequest,
 };
 use rivet_protocol::states::{PowerState, Verb};
 use rivet_protocol::steps::RequestedStep;
@@ -88,6 +89,94 @@ pub enum NodeCmd {
     Inventory(NodeArg),
     /// Wait until the node reaches a provision state, showing progress on stderr.
     Wait(wait::WaitArgs),
+    /// The node's traits (API 1.37): list, add, remove.
+    Trait {
+        #[command(subcommand)]
+        action: TraitAction,
+    },
+    /// Check every interface has what it needs: an Interface / Result / Reason table.
+    Validate(NodeArg),
+    /// The boot device: show it (default), set it, or list what the driver supports.
+    BootDevice {
+        /// Node UUID or name.
+        node: String,
+        #[command(subcommand)]
+        action: Option<BootDeviceAction>,
+    },
+    /// Virtual media (redfish): attach an ISO by URL, detach, show.
+    Vmedia {
+        /// Node UUID or name.
+        node: String,
+        #[command(subcommand)]
+        action: VmediaAction,
+    },
+}
+
+/// `rivet node trait list|add|remove NODE [TRAIT…]`.
+#[derive(Debug, Subcommand)]
+pub enum TraitAction {
+    /// List the node's traits.
+    List(NodeArg),
+    /// Add traits: standard os-traits names (HW_CPU_X86_VMX…) or CUSTOM_[A-Z0-9_]+.
+    Add {
+        /// Node UUID or name.
+        node: String,
+        /// The traits.
+        #[arg(required = true)]
+        traits: Vec<String>,
+    },
+    /// Remove traits, or every trait with --all.
+    Remove {
+        /// Node UUID or name.
+        node: String,
+        /// The traits.
+        traits: Vec<String>,
+        /// Remove every trait.
+        #[arg(long, conflicts_with = "traits")]
+        all: bool,
+    },
+    /// Replace every trait with these (none: remove them all).
+    Set {
+        /// Node UUID or name.
+        node: String,
+        /// The traits.
+        traits: Vec<String>,
+    },
+}
+
+/// `rivet node boot-device NODE show|set|supported`.
+#[derive(Debug, Subcommand)]
+pub enum BootDeviceAction {
+    /// The boot device the BMC reports (the default).
+    Show,
+    /// Set the boot device for the next boot, or every boot with --persistent.
+    Set {
+        /// pxe, disk, cdrom, bios, safe or uefihttp, as the driver supports.
+        device: String,
+        /// For every boot from now on.
+        #[arg(long)]
+        persistent: bool,
+    },
+    /// The boot devices the node's driver can set.
+    Supported,
+}
+
+/// `rivet node vmedia NODE attach URL | detach | show`.
+#[derive(Debug, Subcommand)]
+pub enum VmediaAction {
+    /// Insert an ISO by its http(s) URL (the BMC downloads it).
+    Attach {
+        /// The image's URL.
+        #[arg(value_name = "URL")]
+        image_url: String,
+        /// The virtual device.
+        #[arg(long, default_value = "cdrom")]
+        device_type: String,
+    },
+    /// Eject what is inserted.
+    Detach,
+    /// The BMC's virtual media devices and what they hold.
+    Show,
 }
 
 /// `rivet node deploy` / `rebuild`.
@@ -408,6 +497,12 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
         NodeCmd::CleanSteps(n) => sub_document(client, &n.node, "clean_steps", "clean steps").await,
         NodeCmd::Inventory(n) => sub_document(client, &n.node, "inventory", "inventory").await,
         NodeCmd::Wait(a) => wait::run(a, client, out).await,
+        NodeCmd::Trait { action } => traits(client, out, action).await,
+        NodeCmd::Validate(n) => validate(client, out, &n.node).await,
+        NodeCmd::BootDevice { node, action } => {
+            boot_device(client, out, &node, action.unwrap_or(BootDeviceAction::Show)).await
+        }
+        NodeCmd::Vmedia { node, action } => vmedia(client, out, &node, action).await,
     }
 }
 
@@ -650,6 +745,173 @@ async fn deploy(client: &Client, out: Output, a: DeployArgs, verb: Verb) -> Resu
             timeout: a.timeout,
         };
         wait::run(args, client, out).await?;
+    }
+    Ok(())
+}
+
+/// Run `f` for each item, printing `done` for each success; every failure is reported at the
+/// end (as the `baremetal` client does for traits).
+async fn each<F, Fut>(items: &[String], out: Output, done: &str, f: F) -> Result<()>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(), crate::client::ClientError>>,
+{
+    let mut failures = Vec::new();
+    for item in items {
+        match f(item.clone()).await {
+            Ok(()) => out.note(&format!("{done} {item}")),
+            Err(e) => failures.push(format!("{item}: {e}")),
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+async fn traits(client: &Client, out: Output, action: TraitAction) -> Result<()> {
+    let path = |node: &str| format!("{}/traits", node_path(node));
+    match action {
+        TraitAction::List(n) => {
+            let doc = client.get(&path(&n.node), &[]).await?;
+            if out.json {
+                output::print_json(&doc);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = doc
+                .get("traits")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|t| vec![output::cell(t)])
+                .collect();
+            print!("{}", output::table(&["Trait"], &rows));
+            Ok(())
+        }
+        TraitAction::Add { node, traits } => {
+            each(&traits, out, "Added trait", |t| {
+                let p = format!("{}/{}", path(&node), seg(&t));
+                async move { client.put::<()>(&p, None).await.map(|_| ()) }
+            })
+            .await
+        }
+        TraitAction::Remove { node, traits, all } => {
+            if all {
+                client.delete(&path(&node)).await?;
+                out.note(&format!("Removed every trait of node {node}"));
+                return Ok(());
+            }
+            if traits.is_empty() {
+                bail!("give the traits to remove, or --all");
+            }
+            each(&traits, out, "Removed trait", |t| {
+                let p = format!("{}/{}", path(&node), seg(&t));
+                async move { client.delete(&p).await }
+            })
+            .await
+        }
+        TraitAction::Set { node, traits } => {
+            client
+                .put(&path(&node), Some(&TraitsRequest { traits }))
+                .await?;
+            out.note(&format!("Set the traits of node {node}"));
+            Ok(())
+        }
+    }
+}
+
+/// `rivet node validate`: one row per interface, sorted, as `baremetal node validate`.
+async fn validate(client: &Client, out: Output, node: &str) -> Result<()> {
+    let doc = client
+        .get(&format!("{}/validate", node_path(node)), &[])
+        .await?;
+    if out.json {
+        output::print_json(&doc);
+        return Ok(());
+    }
+    let mut rows: Vec<Vec<String>> = doc
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(iface, v)| {
+            vec![
+                iface.clone(),
+                output::cell(&v["result"]),
+                output::cell(&v["reason"]),
+            ]
+        })
+        .collect();
+    rows.sort();
+    print!(
+        "{}",
+        output::table(&["Interface", "Result", "Reason"], &rows)
+    );
+    Ok(())
+}
+
+async fn boot_device(
+    client: &Client,
+    out: Output,
+    node: &str,
+    action: BootDeviceAction,
+) -> Result<()> {
+    let path = format!("{}/management/boot_device", node_path(node));
+    match action {
+        BootDeviceAction::Show => out.document(&client.get(&path, &[]).await?),
+        BootDeviceAction::Supported => {
+            out.document(&client.get(&format!("{path}/supported"), &[]).await?)
+        }
+        BootDeviceAction::Set { device, persistent } => {
+            let body = BootDeviceRequest {
+                boot_device: device.clone(),
+                persistent,
+            };
+            client.put(&path, Some(&body)).await?;
+            out.note(&format!(
+                "Boot device of node {node} set to {device}{}",
+                if persistent {
+                    " for every boot"
+                } else {
+                    " for the next boot"
+                }
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn vmedia(client: &Client, out: Output, node: &str, action: VmediaAction) -> Result<()> {
+    let path = format!("{}/vmedia", node_path(node));
+    match action {
+        VmediaAction::Attach {
+            image_url,
+            device_type,
+        } => {
+            let body = VmediaAttachRequest {
+                device_type,
+                image_url: image_url.clone(),
+                image_download_source: Some("http".into()),
+            };
+            client.post(&path, &body).await?;
+            out.note(&format!("Attached {image_url} to node {node}"));
+        }
+        VmediaAction::Detach => {
+            client.delete(&path).await?;
+            out.note(&format!("Detached the virtual media of node {node}"));
+        }
+        VmediaAction::Show => {
+            let doc = client.get(&path, &[]).await?;
+            if out.json {
+                output::print_json(&doc);
+                return Ok(());
+            }
+            let items = doc.as_array().cloned().unwrap_or_default();
+            let rows = output::rows(&items, &["media_types", "inserted", "image"]);
+            print!(
+                "{}",
+                output::table(&["Media Types", "Inserted", "Image"], &rows)
+            );
+        }
     }
     Ok(())
 }

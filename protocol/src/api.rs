@@ -243,6 +243,38 @@ impl ErrorBody {
     }
 }
 
+/// `PUT /v1/nodes/{id}/traits` (1.37): the node's traits, replacing all it had.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraitsRequest {
+    /// Standard os-traits names or `CUSTOM_[A-Z0-9_]+`, at most 50.
+    pub traits: Vec<String>,
+}
+
+/// `PUT /v1/nodes/{id}/management/boot_device`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootDeviceRequest {
+    /// `pxe`, `disk`, `cdrom`, `bios`, `safe` or `uefihttp`, as the node's driver supports.
+    pub boot_device: String,
+    /// For every boot from now on (false: the next boot only).
+    #[serde(default)]
+    pub persistent: bool,
+}
+
+/// `POST /v1/nodes/{id}/vmedia` (1.89).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmediaAttachRequest {
+    /// `cdrom`, `disk` or `floppy` (Rivet's drivers attach a cdrom).
+    pub device_type: String,
+    /// The image's URL.
+    pub image_url: String,
+    /// `http` (the BMC fetches `image_url`) or `local`; Ironic's default is `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_download_source: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

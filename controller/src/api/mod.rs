@@ -10,7 +10,9 @@ mod auth;
 mod body;
 mod boot;
 mod conductors;
+mod drivers;
 mod listing;
+mod node_actions;
 mod nodes;
 mod patch;
 mod ports;
@@ -112,9 +114,7 @@ impl From<ConductorError> for ApiError {
                 ApiError::bad_request(e.to_string())
             }
             ConductorError::Locked { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
-            ConductorError::Protected { .. } => {
-                ApiError::new(StatusCode::FORBIDDEN, e.to_string())
-            }
+            ConductorError::Protected { .. } => ApiError::new(StatusCode::FORBIDDEN, e.to_string()),
             ConductorError::Driver { .. } => ApiError::bad_request(e.to_string()),
         }
     }
@@ -128,9 +128,11 @@ pub fn router(state: AppState) -> Router {
     let max_body = state.conductor.config.api.max_body_bytes;
     let admin = Router::new()
         .merge(nodes::routes())
+        .merge(node_actions::routes())
         .merge(ports::routes())
         .merge(rules::routes())
         .merge(conductors::routes())
+        .merge(drivers::routes())
         .merge(audit::routes())
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -20,6 +20,7 @@ pub mod supervisor;
 mod verbs;
 
 pub use errors::ConductorError;
+pub(crate) use verbs::check_image_info;
 pub use verbs::AbortRefusal;
 
 use crate::config::Config;

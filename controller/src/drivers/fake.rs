@@ -14,11 +14,32 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// The `driver_info` keys this driver reads (`GET /v1/drivers/fake-hardware/properties`).
+pub const PROPERTIES: &[(&str, &str)] = &[
+    (
+        "fake_delay_ms",
+        "Milliseconds every power, boot device, inspection and step call waits first (at most 600000). Optional.",
+    ),
+    (
+        "fake_fail",
+        "A message every power, boot device, inspection and step call then fails with. Optional.",
+    ),
+    (
+        "fake_steps",
+        "Out-of-band steps the driver offers: a list of step descriptors (interface, step, priority, ...), each optionally with sleep_ms. Optional.",
+    ),
+    (
+        "fake_inventory",
+        "What out-of-band inspection finds: {\"cpus\", \"cpu_arch\", \"memory_mb\", \"macs\"}. Optional.",
+    ),
+];
+
 /// In-memory BMCs keyed by node UUID.
 #[derive(Default)]
 pub struct FakeBmc {
     power: Mutex<HashMap<String, PowerState>>,
-    boot: Mutex<HashMap<String, BootDevice>>,
+    /// Last boot device set, and whether persistently.
+    boot: Mutex<HashMap<String, (BootDevice, bool)>>,
 }
 
 impl FakeBmc {
@@ -34,7 +55,22 @@ impl FakeBmc {
 
     /// Last boot device set for a node (tests).
     pub fn boot_device(&self, node: &str) -> Option<BootDevice> {
-        self.boot.lock().ok().and_then(|b| b.get(node).copied())
+        self.boot.lock().ok().and_then(|b| b.get(node).map(|d| d.0))
+    }
+
+    async fn set_boot(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        device: BootDevice,
+        persistent: bool,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        self.boot
+            .lock()
+            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
+            .insert(node.to_string(), (device, persistent));
+        Ok(())
     }
 }
 
@@ -92,12 +128,7 @@ impl Bmc for FakeBmc {
         info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError> {
-        self.behave(info).await?;
-        self.boot
-            .lock()
-            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
-            .insert(node.to_string(), device);
-        Ok(())
+        self.set_boot(node, info, device, false).await
     }
 
     async fn set_boot_device_persistent(
@@ -106,7 +137,28 @@ impl Bmc for FakeBmc {
         info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError> {
-        self.set_boot_device(node, info, device).await
+        self.set_boot(node, info, device, true).await
+    }
+
+    /// The last device set; a node never set boots from the network once, as Ironic's fake
+    /// management interface reports.
+    async fn get_boot_device(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+    ) -> Result<super::BootDeviceState, DriverError> {
+        self.behave(info).await?;
+        let (device, persistent) = self
+            .boot
+            .lock()
+            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
+            .get(node)
+            .copied()
+            .unwrap_or((BootDevice::Pxe, false));
+        Ok(super::BootDeviceState {
+            boot_device: Some(device),
+            persistent: Some(persistent),
+        })
     }
 
     async fn inspect(

@@ -29,6 +29,19 @@ struct IpmiInfo {
     uefi: bool,
 }
 
+/// The `driver_info` keys this driver reads (`GET /v1/drivers/ipmi/properties`), worded as
+/// Ironic's ipmitool driver words them where the meaning is the same.
+pub const PROPERTIES: &[(&str, &str)] = &[
+    ("ipmi_address", "IP address or hostname of the node. Required."),
+    ("ipmi_username", "username; default is NULL user. Optional."),
+    ("ipmi_password", "password. Optional."),
+    ("ipmi_port", "remote IPMI RMCP port; default is 623. Optional."),
+    (
+        "boot_mode",
+        "boot mode the boot device is set for: \"uefi\" (ipmitool's efiboot option) or \"bios\"; default is bios. Optional.",
+    ),
+];
+
 fn bad(field: &str, reason: impl Into<String>) -> DriverError {
     DriverError::BadDriverInfo {
         field: field.to_string(),
@@ -315,6 +328,63 @@ impl Bmc for IpmiBmc {
     ) -> Result<(), DriverError> {
         self.bootdev(node, driver_info, device, true).await
     }
+
+    fn supported_boot_devices(&self) -> &'static [BootDevice] {
+        SUPPORTED_BOOT_DEVICES
+    }
+
+    /// `chassis bootparam get 5`, read as Ironic's ipmitool driver reads it.
+    async fn get_boot_device(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<super::BootDeviceState, DriverError> {
+        let info = parse(driver_info)?;
+        tracing::debug!(node = %node, "ipmi: reading the boot device");
+        let out = self
+            .ipmitool(&info, &["chassis", "bootparam", "get", "5"])
+            .await?;
+        Ok(parse_bootparam(&out))
+    }
+}
+
+/// Ironic's ipmitool boot devices (its `BOOT_DEVICE_HEXA_MAP`), in its order.
+const SUPPORTED_BOOT_DEVICES: &[BootDevice] = &[
+    BootDevice::Pxe,
+    BootDevice::Disk,
+    BootDevice::Cdrom,
+    BootDevice::Bios,
+    BootDevice::Safe,
+];
+
+/// The `Boot Device Selector` and whether the options apply to all future boots, from
+/// `ipmitool chassis bootparam get 5`.
+fn parse_bootparam(out: &str) -> super::BootDeviceState {
+    let selector = out.lines().find_map(|l| {
+        l.split_once("Boot Device Selector :")
+            .map(|(_, s)| s.trim())
+    });
+    let boot_device = selector.and_then(|s| {
+        if s.contains("PXE") {
+            Some(BootDevice::Pxe)
+        } else if s.contains("Hard-Drive") {
+            Some(if s.contains("Safe-Mode") {
+                BootDevice::Safe
+            } else {
+                BootDevice::Disk
+            })
+        } else if s.contains("BIOS") {
+            Some(BootDevice::Bios)
+        } else if s.contains("CD/DVD") {
+            Some(BootDevice::Cdrom)
+        } else {
+            None
+        }
+    });
+    super::BootDeviceState {
+        boot_device,
+        persistent: Some(out.contains("Options apply to all future boots")),
+    }
 }
 
 impl IpmiBmc {
@@ -331,6 +401,14 @@ impl IpmiBmc {
             BootDevice::Pxe => "pxe",
             BootDevice::Disk => "disk",
             BootDevice::Cdrom => "cdrom",
+            BootDevice::Bios => "bios",
+            BootDevice::Safe => "safe",
+            BootDevice::UefiHttp => {
+                return Err(DriverError::Unsupported {
+                    driver: "ipmi".into(),
+                    operation: "boot device uefihttp".into(),
+                })
+            }
         };
         tracing::info!(node = %node, device = dev, persistent, "ipmi: boot device");
         let mut options = Vec::new();
@@ -434,9 +512,68 @@ mod tests {
     }
 
     #[test]
+    fn boot_parameter_parses() {
+        let out = "Boot parameter version: 1\nBoot parameter 5 is valid/unlocked\n\
+            Boot parameter data: 0004000000\n Boot Flags :\n   - Boot Flag Invalid\n\
+               - Options apply to only next boot\n   - BIOS PC Compatible (legacy) boot \n\
+               - Boot Device Selector : Force PXE\n   - BIOS verbosity : System Default\n";
+        let s = parse_bootparam(out);
+        assert_eq!(
+            (s.boot_device, s.persistent),
+            (Some(BootDevice::Pxe), Some(false))
+        );
+        let s = parse_bootparam(
+            "   - Options apply to all future boots\n   - Boot Device Selector : Force Boot from default Hard-Drive, request Safe-Mode\n",
+        );
+        assert_eq!(
+            (s.boot_device, s.persistent),
+            (Some(BootDevice::Safe), Some(true))
+        );
+        for (sel, want) in [
+            ("Force Boot from default Hard-Drive", Some(BootDevice::Disk)),
+            ("Force Boot from CD/DVD", Some(BootDevice::Cdrom)),
+            ("Force Boot into BIOS Setup", Some(BootDevice::Bios)),
+            ("No override", None),
+        ] {
+            let s = parse_bootparam(&format!(" - Boot Device Selector : {sel}\n"));
+            assert_eq!(s.boot_device, want, "{sel}");
+        }
+    }
+
+    #[test]
     fn power_status_parses() {
         assert_eq!(parse_power("Chassis Power is on\n"), Some(PowerState::On));
         assert_eq!(parse_power("Chassis Power is off"), Some(PowerState::Off));
         assert_eq!(parse_power("?"), None);
+    }
+
+    /// `PROPERTIES` is what `parse` reads: every listed key is checked (a bad value is refused
+    /// naming it), and exactly the keys described as "Required." are required.
+    #[test]
+    fn properties_are_the_keys_parse_reads() {
+        let full = json!({"ipmi_address": "h", "ipmi_username": "u", "ipmi_password": "p",
+            "ipmi_port": 6230, "boot_mode": "uefi"});
+        let i = parse(&info(full.clone())).expect("valid");
+        assert!(i.uefi && i.port == 6230);
+        let bad = json!({"ipmi_address": "-h", "ipmi_username": "-u", "ipmi_password": 1,
+            "ipmi_port": "x", "boot_mode": "efi"});
+        assert_eq!(full.as_object().map(|o| o.len()), Some(PROPERTIES.len()));
+        for (key, _) in PROPERTIES {
+            let mut v = info(full.clone());
+            v.insert(key.to_string(), bad[key].clone());
+            match parse(&v) {
+                Err(DriverError::BadDriverInfo { field, .. }) => assert_eq!(field, *key),
+                other => panic!("{key}: bad value accepted: {:?}", other.map(|_| ())),
+            }
+        }
+        let required: Vec<&str> = PROPERTIES
+            .iter()
+            .filter(|(_, d)| d.ends_with("Required."))
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(required, ["ipmi_address"]);
+        let mut minimal = info(full);
+        minimal.retain(|k, _| required.contains(&k.as_str()));
+        assert!(parse(&minimal).is_ok());
     }
 }

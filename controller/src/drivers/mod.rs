@@ -53,6 +53,61 @@ pub enum BootDevice {
     Disk,
     /// Virtual CD.
     Cdrom,
+    /// The firmware's setup screen.
+    Bios,
+    /// Local disk in safe mode (IPMI only).
+    Safe,
+    /// UEFI HTTP boot (Redfish only).
+    UefiHttp,
+}
+
+impl BootDevice {
+    /// Every device, in Ironic's order (`ironic.common.boot_devices`).
+    pub const ALL: &'static [BootDevice] = &[
+        BootDevice::Pxe,
+        BootDevice::Disk,
+        BootDevice::Cdrom,
+        BootDevice::Bios,
+        BootDevice::Safe,
+        BootDevice::UefiHttp,
+    ];
+
+    /// Ironic's name (`pxe`, `disk`, `cdrom`, `bios`, `safe`, `uefihttp`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootDevice::Pxe => "pxe",
+            BootDevice::Disk => "disk",
+            BootDevice::Cdrom => "cdrom",
+            BootDevice::Bios => "bios",
+            BootDevice::Safe => "safe",
+            BootDevice::UefiHttp => "uefihttp",
+        }
+    }
+
+    /// The device Ironic calls `name`.
+    pub fn from_name(name: &str) -> Option<BootDevice> {
+        Self::ALL.iter().copied().find(|d| d.as_str() == name)
+    }
+}
+
+/// The boot device a BMC reports: `None` where it does not say (Ironic shows null).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BootDeviceState {
+    /// The device the next boot(s) use.
+    pub boot_device: Option<BootDevice>,
+    /// Whether it applies to every boot (false: the next one only).
+    pub persistent: Option<bool>,
+}
+
+/// One virtual media device as the BMC reports it (Ironic's `GET /v1/nodes/{id}/vmedia`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VirtualMedia {
+    /// Redfish `MediaTypes` (`CD`, `DVD`, `Floppy`, `USBStick`).
+    pub media_types: Vec<String>,
+    /// Whether an image is inserted.
+    pub inserted: Option<bool>,
+    /// The image's URL.
+    pub image: Option<String>,
 }
 
 /// A node's baseboard management controller, as the conductor uses it.
@@ -87,6 +142,24 @@ pub trait Bmc: Send + Sync {
         driver_info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError>;
+
+    /// The boot devices [`Bmc::set_boot_device`] accepts (Ironic's
+    /// `get_supported_boot_devices`).
+    fn supported_boot_devices(&self) -> &'static [BootDevice] {
+        &[BootDevice::Pxe, BootDevice::Disk, BootDevice::Cdrom]
+    }
+
+    /// The boot device the BMC reports for the next boot.
+    async fn get_boot_device(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<BootDeviceState, DriverError> {
+        Err(DriverError::Unsupported {
+            driver: "this driver".into(),
+            operation: "reading the boot device".into(),
+        })
+    }
 
     /// Out-of-band steps this driver offers for the node (BIOS, firmware…). The conductor
     /// merges them with the agent's in-band steps by priority.
@@ -135,6 +208,18 @@ pub trait Bmc: Send + Sync {
         })
     }
 
+    /// The virtual media devices the BMC has and what they hold.
+    async fn get_virtual_media(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<Vec<VirtualMedia>, DriverError> {
+        Err(DriverError::Unsupported {
+            driver: "this driver".into(),
+            operation: "virtual media".into(),
+        })
+    }
+
     /// Out-of-band inspection: what the BMC knows of CPUs, memory and NICs.
     async fn inspect(
         &self,
@@ -163,6 +248,17 @@ pub struct OobInventory {
 
 /// Driver names an operator may enroll with.
 pub const DRIVERS: &[&str] = &["fake-hardware", "redfish", "ipmi"];
+
+/// The `driver_info` keys hardware type `name` reads, with what each means (Ironic's driver
+/// properties); `None` for a name that is not one of [`DRIVERS`].
+pub fn properties(name: &str) -> Option<&'static [(&'static str, &'static str)]> {
+    match name {
+        "fake-hardware" => Some(fake::PROPERTIES),
+        "redfish" => Some(redfish::PROPERTIES),
+        "ipmi" => Some(ipmi::PROPERTIES),
+        _ => None,
+    }
+}
 
 /// The driver for a node's `driver` field. Redfish and IPMI drivers are cheap values over
 /// `config`; the Redfish HTTP clients and sessions they use are shared process-wide.
@@ -285,5 +381,24 @@ mod tests {
         assert_eq!(m["ipmi_username"], "admin");
         assert_eq!(m["nested"]["api_token"], "******");
         assert!(!Value::Object(m).to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn every_driver_describes_its_driver_info() {
+        for d in DRIVERS {
+            let props = properties(d).unwrap_or_else(|| panic!("{d} has no properties"));
+            assert!(!props.is_empty(), "{d}");
+            let mut keys: Vec<&str> = props.iter().map(|(k, _)| *k).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            assert_eq!(keys.len(), props.len(), "{d}: a key is listed twice");
+            for (k, desc) in props {
+                assert!(
+                    desc.ends_with("Required.") || desc.ends_with("Optional."),
+                    "{d}.{k}: {desc}"
+                );
+            }
+        }
+        assert!(properties("agent_ipmitool").is_none());
     }
 }

@@ -81,6 +81,36 @@ impl RedfishInfo {
     }
 }
 
+/// The `driver_info` keys [`parse`] reads (`GET /v1/drivers/redfish/properties`), worded as
+/// Ironic's redfish driver words them where the meaning is the same.
+pub const PROPERTIES: &[(&str, &str)] = &[
+    (
+        "redfish_address",
+        "The URL address to the Redfish controller. It must include the authority portion of the URL. If the scheme is missing, https is assumed. For example: https://mgmt.vendor.com. If a path is added, it is kept as the API root prefix. Required.",
+    ),
+    (
+        "redfish_system_id",
+        "The ComputerSystem the driver manages: its canonical path (for example /redfish/v1/Systems/1) or its bare id. Only needed if the BMC manages more than one ComputerSystem; otherwise the only one is used. Optional.",
+    ),
+    (
+        "redfish_username",
+        "User account with admin/server-profile access privilege; required when redfish_password is set. Optional.",
+    ),
+    ("redfish_password", "User account password. Optional."),
+    (
+        "redfish_verify_ca",
+        "Either a Boolean value or the path of a CA bundle file. If true the BMC's certificate is verified against the built-in roots; if false it is not verified; if a path, it is verified against that bundle only. Defaults to true. Optional.",
+    ),
+    (
+        "redfish_auth_type",
+        "Redfish HTTP client authentication method: \"basic\", \"session\" or \"auto\" (a session when the BMC offers one, else basic). Defaults to auto. Optional.",
+    ),
+    (
+        "boot_mode",
+        "Boot mode sent with every boot device override (BootSourceOverrideMode): \"uefi\" or \"bios\"; if not set, none is sent and the BMC keeps its own. Optional.",
+    ),
+];
+
 fn bad(field: &str, reason: impl Into<String>) -> DriverError {
     DriverError::BadDriverInfo {
         field: field.to_string(),
@@ -284,5 +314,40 @@ mod tests {
                 other => panic!("{v}: expected bad {field}, got {other:?}"),
             }
         }
+    }
+
+    /// `PROPERTIES` is what `parse` reads: every listed key is checked (a bad value is refused
+    /// naming it), and exactly the keys described as "Required." are required.
+    #[test]
+    fn properties_are_the_keys_parse_reads() {
+        let full = json!({"redfish_address": "http://x", "redfish_system_id": "1",
+            "redfish_username": "u", "redfish_password": "p", "redfish_verify_ca": false,
+            "redfish_auth_type": "basic", "boot_mode": "uefi"});
+        let i = parse(&info(full.clone())).expect("valid");
+        assert_eq!(
+            (i.auth, i.boot_mode),
+            (AuthType::Basic, Some(BootMode::Uefi))
+        );
+        let bad = json!({"redfish_address": "ftp://x", "redfish_system_id": 1,
+            "redfish_username": 1, "redfish_password": 1, "redfish_verify_ca": 1,
+            "redfish_auth_type": "kerberos", "boot_mode": "efi"});
+        assert_eq!(full.as_object().map(|o| o.len()), Some(PROPERTIES.len()));
+        for (key, _) in PROPERTIES {
+            let mut v = info(full.clone());
+            v.insert(key.to_string(), bad[key].clone());
+            match parse(&v) {
+                Err(DriverError::BadDriverInfo { field, .. }) => assert_eq!(field, *key),
+                other => panic!("{key}: bad value accepted: {:?}", other.map(|_| ())),
+            }
+        }
+        let required: Vec<&str> = PROPERTIES
+            .iter()
+            .filter(|(_, d)| d.ends_with("Required."))
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(required, ["redfish_address"]);
+        let mut minimal = info(full);
+        minimal.retain(|k, _| required.contains(&k.as_str()));
+        assert!(parse(&minimal).is_ok());
     }
 }

@@ -111,3 +111,31 @@ pub(crate) async fn eject(ctx: &Ctx) -> Result<(), DriverError> {
     }
     Ok(())
 }
+
+/// Every virtual media device of the first collection that has any (the system's, else its
+/// managers'), as Ironic's `get_virtual_media` reports them.
+pub(crate) async fn list(ctx: &Ctx) -> Result<Vec<crate::drivers::VirtualMedia>, DriverError> {
+    for coll in collections(ctx).await? {
+        let list = ctx.client.get(&coll).await?;
+        let paths = members(&list);
+        if paths.is_empty() {
+            continue;
+        }
+        let mut out = Vec::with_capacity(paths.len());
+        for path in paths {
+            let dev = ctx.client.get(&path).await?;
+            out.push(crate::drivers::VirtualMedia {
+                media_types: dev["MediaTypes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t.as_str().map(str::to_string))
+                    .collect(),
+                inserted: dev["Inserted"].as_bool(),
+                image: dev["Image"].as_str().map(str::to_string),
+            });
+        }
+        return Ok(out);
+    }
+    Ok(Vec::new())
+}

@@ -16,6 +16,7 @@ use super::{Bmc, BootDevice, DriverError, DriversConfig, OobInventory};
 use async_trait::async_trait;
 use client::RedfishClient;
 use info::RedfishInfo;
+pub use info::PROPERTIES;
 use rivet_protocol::states::PowerState;
 use rivet_protocol::steps::StepDescriptor;
 use serde_json::{json, Map, Value};
@@ -233,17 +234,55 @@ async fn set_power(ctx: &Ctx, target: PowerState) -> Result<(), DriverError> {
     wait_power(ctx, want, reset_type).await
 }
 
-fn boot_target(device: BootDevice) -> &'static str {
-    match device {
-        BootDevice::Pxe => "Pxe",
-        BootDevice::Disk => "Hdd",
-        BootDevice::Cdrom => "Cd",
+/// Ironic's Redfish boot devices (its `BOOT_DEVICE_MAP`), in its order.
+const BOOT_DEVICES: &[(BootDevice, &str)] = &[
+    (BootDevice::Pxe, "Pxe"),
+    (BootDevice::Disk, "Hdd"),
+    (BootDevice::Cdrom, "Cd"),
+    (BootDevice::Bios, "BiosSetup"),
+    (BootDevice::UefiHttp, "UefiHttp"),
+];
+
+/// What the API may ask for: [`BOOT_DEVICES`] without their Redfish names.
+const SUPPORTED_BOOT_DEVICES: &[BootDevice] = &[
+    BootDevice::Pxe,
+    BootDevice::Disk,
+    BootDevice::Cdrom,
+    BootDevice::Bios,
+    BootDevice::UefiHttp,
+];
+
+fn boot_target(device: BootDevice) -> Option<&'static str> {
+    BOOT_DEVICES
+        .iter()
+        .find(|(d, _)| *d == device)
+        .map(|(_, t)| *t)
+}
+
+/// `Boot.BootSourceOverrideTarget` / `BootSourceOverrideEnabled` → ours; what Ironic does
+/// not map (`None`, `Disabled`, vendor targets) reads as unknown.
+fn boot_from_redfish(boot: &Value) -> super::BootDeviceState {
+    let target = boot["BootSourceOverrideTarget"].as_str();
+    super::BootDeviceState {
+        boot_device: BOOT_DEVICES
+            .iter()
+            .find(|(_, t)| Some(*t) == target)
+            .map(|(d, _)| *d),
+        persistent: match boot["BootSourceOverrideEnabled"].as_str() {
+            Some("Continuous") => Some(true),
+            Some("Once") => Some(false),
+            _ => None,
+        },
     }
 }
 
 async fn set_boot(ctx: &Ctx, device: BootDevice, persistent: bool) -> Result<(), DriverError> {
+    let target = boot_target(device).ok_or_else(|| DriverError::Unsupported {
+        driver: "redfish".into(),
+        operation: format!("boot device {}", device.as_str()),
+    })?;
     let mut boot = json!({
-        "BootSourceOverrideTarget": boot_target(device),
+        "BootSourceOverrideTarget": target,
         "BootSourceOverrideEnabled": if persistent { "Continuous" } else { "Once" },
     });
     if let Some(mode) = ctx.info.boot_mode {
@@ -304,7 +343,7 @@ impl Bmc for RedfishBmc {
         driver_info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError> {
-        tracing::info!(node = %node, device = boot_target(device), "redfish: one-time boot override");
+        tracing::info!(node = %node, device = device.as_str(), "redfish: one-time boot override");
         let ctx = self.ctx(driver_info).await?;
         ctx.scrub(set_boot(&ctx, device, false).instrument(span(node)).await)
     }
@@ -315,9 +354,24 @@ impl Bmc for RedfishBmc {
         driver_info: &Map<String, Value>,
         device: BootDevice,
     ) -> Result<(), DriverError> {
-        tracing::info!(node = %node, device = boot_target(device), "redfish: persistent boot device");
+        tracing::info!(node = %node, device = device.as_str(), "redfish: persistent boot device");
         let ctx = self.ctx(driver_info).await?;
         ctx.scrub(set_boot(&ctx, device, true).instrument(span(node)).await)
+    }
+
+    fn supported_boot_devices(&self) -> &'static [BootDevice] {
+        SUPPORTED_BOOT_DEVICES
+    }
+
+    async fn get_boot_device(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<super::BootDeviceState, DriverError> {
+        tracing::debug!(node = %node, "redfish: reading the boot device");
+        let ctx = self.ctx(driver_info).await?;
+        let sys = ctx.scrub(ctx.client.get(&ctx.system).instrument(span(node)).await)?;
+        Ok(boot_from_redfish(&sys["Boot"]))
     }
 
     async fn steps(&self, _node: &str, _driver_info: &Map<String, Value>) -> Vec<StepDescriptor> {
@@ -379,6 +433,16 @@ impl Bmc for RedfishBmc {
         ctx.scrub(media::eject(&ctx).instrument(span(node)).await)
     }
 
+    async fn get_virtual_media(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<Vec<super::VirtualMedia>, DriverError> {
+        tracing::debug!(node = %node, "redfish: reading virtual media");
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(media::list(&ctx).instrument(span(node)).await)
+    }
+
     async fn inspect(
         &self,
         node: &str,
@@ -417,6 +481,33 @@ mod tests {
         assert_eq!(plan(Off, Rebooting), Some(("On", On)));
         assert_eq!(plan(On, SoftRebooting), Some(("GracefulRestart", On)));
         assert!(reset_plan(On, Error).is_err());
+    }
+
+    #[test]
+    fn boot_device_names() {
+        let state = |target: &str, enabled: &str| {
+            boot_from_redfish(
+                &json!({"BootSourceOverrideTarget": target, "BootSourceOverrideEnabled": enabled}),
+            )
+        };
+        let s = state("Cd", "Continuous");
+        assert_eq!(
+            (s.boot_device, s.persistent),
+            (Some(BootDevice::Cdrom), Some(true))
+        );
+        let s = state("Hdd", "Once");
+        assert_eq!(
+            (s.boot_device, s.persistent),
+            (Some(BootDevice::Disk), Some(false))
+        );
+        let s = state("None", "Disabled");
+        assert_eq!((s.boot_device, s.persistent), (None, None));
+        assert_eq!(boot_target(BootDevice::Bios), Some("BiosSetup"));
+        assert_eq!(boot_target(BootDevice::Safe), None);
+        for d in SUPPORTED_BOOT_DEVICES {
+            let t = boot_target(*d).expect("a target");
+            assert_eq!(state(t, "Once").boot_device, Some(*d));
+        }
     }
 
     #[test]
