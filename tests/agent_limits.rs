@@ -402,19 +402,7 @@ fn a_keep_alive_connection_is_closed_after_the_request_limit() -> Result<()> {
 fn failed_admin_authentications_are_limited_and_do_not_flood_the_audit_trail() -> Result<()> {
     use std::process::{Command, Stdio};
     let dir = tempfile::tempdir()?;
-    let mut hashing = Command::new(rivet_tests::bin("rivetd"))
-        .arg("hash-secret")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    hashing
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(b"s3cret-admin-token\n")?;
-    let out = hashing.wait_with_output()?;
-    ensure!(out.status.success(), "hash-secret failed");
-    let hash = String::from_utf8(out.stdout)?.trim().to_string();
+    let hash = rivet_tests::hash_secret("s3cret-admin-token")?;
     let port = rivet_tests::free_port()?;
     let cfg = dir.path().join("auth.toml");
     std::fs::write(

@@ -384,22 +384,9 @@ fn hosts_are_the_live_controllers() -> Result<()> {
 /// role may read (a reader token is enough).
 #[test]
 fn drivers_need_credentials_and_any_role_reads_them() -> Result<()> {
-    use std::io::Write;
     use std::process::{Command, Stdio};
     let dir = tempfile::tempdir()?;
-    let mut hashing = Command::new(rivet_tests::bin("rivetd"))
-        .arg("hash-secret")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    hashing
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(b"reader-token\n")?;
-    let out = hashing.wait_with_output()?;
-    anyhow::ensure!(out.status.success(), "hash-secret failed");
-    let hash = String::from_utf8(out.stdout)?.trim().to_string();
+    let hash = rivet_tests::hash_secret("reader-token")?;
     let cfg = dir.path().join("auth.toml");
     std::fs::write(
         &cfg,

@@ -78,6 +78,25 @@ pub fn gpt_one_partition(path: &Path) -> Result<String> {
     )
 }
 
+/// `rivetd hash-secret` of `secret`: the hash a config's `[[auth.tokens]]` or
+/// `[[auth.users]]` entry takes.
+pub fn hash_secret(secret: &str) -> Result<String> {
+    use std::io::Write;
+    let mut hashing = Command::new(bin("rivetd"))
+        .arg("hash-secret")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    hashing
+        .stdin
+        .take()
+        .context("stdin of rivetd hash-secret")?
+        .write_all(format!("{secret}\n").as_bytes())?;
+    let out = hashing.wait_with_output()?;
+    anyhow::ensure!(out.status.success(), "rivetd hash-secret failed");
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
 pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())

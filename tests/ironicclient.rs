@@ -29,6 +29,20 @@ fn run(d: &Rivetd, args: &[&str]) -> anyhow::Result<String> {
     Ok(stdout)
 }
 
+/// Run `baremetal ARGS` expecting it to fail; its error output.
+fn run_failing(d: &Rivetd, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(baremetal())
+        .args(["--os-endpoint", &d.url, "--os-auth-type", "none"])
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        !out.status.success(),
+        "baremetal {args:?} succeeded but should have failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    Ok(String::from_utf8_lossy(&out.stderr).to_string())
+}
+
 #[test]
 fn stock_ironic_client_drives_core_flow() -> anyhow::Result<()> {
     if !prerequisite(
@@ -91,19 +105,7 @@ fn stock_ironic_client_drives_core_flow() -> anyhow::Result<()> {
     assert_eq!(owner.trim(), "test-conductor");
 
     // An error comes back as the client's error text, not a crash.
-    let out = Command::new(baremetal())
-        .args([
-            "--os-endpoint",
-            &d.url,
-            "--os-auth-type",
-            "none",
-            "node",
-            "show",
-            "ghost",
-        ])
-        .output()?;
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = run_failing(&d, &["node", "show", "ghost"])?;
     assert!(stderr.contains("ghost"), "{stderr}");
     Ok(())
 }
@@ -328,12 +330,7 @@ fn stock_client_lists_and_shows_drivers() -> anyhow::Result<()> {
     );
 
     // An unknown driver is the client's error, naming it.
-    let out = Command::new(baremetal())
-        .args(["--os-endpoint", &d.url, "--os-auth-type", "none"])
-        .args(["driver", "show", "nope"])
-        .output()?;
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = run_failing(&d, &["driver", "show", "nope"])?;
     assert!(stderr.contains("nope"), "{stderr}");
     Ok(())
 }
@@ -371,12 +368,7 @@ fn stock_client_traits_validate_and_boot_device() -> anyhow::Result<()> {
     let listed: Vec<&str> = listed.lines().map(str::trim).collect();
     assert_eq!(listed, ["CUSTOM_X", "HW_CPU_X86_VMX"]);
     // A name Ironic refuses is refused with its message.
-    let out = Command::new(baremetal())
-        .args(["--os-endpoint", &d.url, "--os-auth-type", "none"])
-        .args(["node", "add", "trait", "t1", "lower_case"])
-        .output()?;
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = run_failing(&d, &["node", "add", "trait", "t1", "lower_case"])?;
     assert!(stderr.contains("does not match"), "{stderr}");
     let removed = run(&d, &["node", "remove", "trait", "t1", "CUSTOM_X"])?;
     assert!(removed.contains("Removed trait CUSTOM_X"), "{removed}");

@@ -557,23 +557,6 @@ mod tests {
         assert!(i.uefi && i.port == 6230);
         let bad = json!({"ipmi_address": "-h", "ipmi_username": "-u", "ipmi_password": 1,
             "ipmi_port": "x", "boot_mode": "efi"});
-        assert_eq!(full.as_object().map(|o| o.len()), Some(PROPERTIES.len()));
-        for (key, _) in PROPERTIES {
-            let mut v = info(full.clone());
-            v.insert(key.to_string(), bad[key].clone());
-            match parse(&v) {
-                Err(DriverError::BadDriverInfo { field, .. }) => assert_eq!(field, *key),
-                other => panic!("{key}: bad value accepted: {:?}", other.map(|_| ())),
-            }
-        }
-        let required: Vec<&str> = PROPERTIES
-            .iter()
-            .filter(|(_, d)| d.ends_with("Required."))
-            .map(|(k, _)| *k)
-            .collect();
-        assert_eq!(required, ["ipmi_address"]);
-        let mut minimal = info(full);
-        minimal.retain(|k, _| required.contains(&k.as_str()));
-        assert!(parse(&minimal).is_ok());
+        crate::drivers::check_properties(PROPERTIES, &full, &bad, parse, &["ipmi_address"]);
     }
 }

@@ -366,6 +366,38 @@ pub fn mask_secrets(info: &Map<String, Value>) -> Map<String, Value> {
         .collect()
 }
 
+/// For each driver's tests: its `PROPERTIES` are exactly what its `parse` reads. `full` sets
+/// every key (and parses); `bad` has a refused value for each key, which must be refused
+/// naming that key; the keys described "Required." are `required`, and they alone parse.
+#[cfg(test)]
+pub(crate) fn check_properties<T>(
+    properties: &[(&str, &str)],
+    full: &Value,
+    bad: &Value,
+    parse: impl Fn(&Map<String, Value>) -> Result<T, DriverError>,
+    required: &[&str],
+) {
+    let full = full.as_object().cloned().unwrap_or_default();
+    assert_eq!(full.len(), properties.len(), "full sets every property");
+    for (key, _) in properties {
+        let mut v = full.clone();
+        v.insert(key.to_string(), bad[*key].clone());
+        match parse(&v) {
+            Err(DriverError::BadDriverInfo { field, .. }) => assert_eq!(field, *key),
+            other => panic!("{key}: bad value accepted: {:?}", other.map(|_| ())),
+        }
+    }
+    let described: Vec<&str> = properties
+        .iter()
+        .filter(|(_, d)| d.ends_with("Required."))
+        .map(|(k, _)| *k)
+        .collect();
+    assert_eq!(described, required);
+    let mut minimal = full;
+    minimal.retain(|k, _| required.contains(&k.as_str()));
+    assert!(parse(&minimal).is_ok(), "the required keys alone parse");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

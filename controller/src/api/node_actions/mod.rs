@@ -1,0 +1,274 @@
+//! Node sub-resources Ironic's clients call in everyday flows, with the shapes, codes and
+//! microversion gates of Ironic's `node.py` and its unit tests, one module each:
+//!
+//! - `traits` (1.37): `GET|PUT|DELETE /v1/nodes/{node}/traits`, `PUT|DELETE …/traits/{trait}`;
+//!   standard os-traits names or `CUSTOM_[A-Z0-9_]+`, at most 255 characters, 50 per node;
+//! - `validate`: `GET /v1/nodes/{node}/validate`, `{"result": bool, "reason": …}` per interface;
+//! - `boot_device`: `GET|PUT …/management/boot_device`, `GET …/boot_device/supported`;
+//! - `vmedia`: `POST|DELETE /v1/nodes/{node}/vmedia` (1.89), `GET` (1.93).
+//!
+//! Whatever changes the node or talks to its BMC is refused with 409 while another operation
+//! holds the node (its reservation; for BMC calls also a power action in flight), as Ironic
+//! refuses a node locked by another task. Reads Ironic serves under a shared lock (traits,
+//! validate, supported devices, the vmedia list) are not refused. A record that does not
+//! decode is never acted on (409, as for every write of it).
+//!
+//! This module holds their routes and what they share: the microversion gates, the refusals,
+//! and Ironic's wording of schema errors.
+
+mod boot_device;
+mod traits;
+mod validate;
+mod vmedia;
+
+use super::{ApiError, AppState};
+use crate::conductor::ConductorError;
+use crate::drivers::{Bmc, DriverError};
+use crate::store::Node;
+use axum::body::Bytes;
+use axum::http::{Method, StatusCode};
+use axum::routing::{delete, get, put};
+use axum::Router;
+use rivet_protocol::limits::{parse_strict, Limits};
+use serde_json::Value;
+use std::sync::Arc;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/v1/nodes/{ident}/traits",
+            get(traits::traits_list)
+                .put(traits::traits_set)
+                .delete(traits::traits_clear),
+        )
+        .route(
+            "/v1/nodes/{ident}/traits/{trait}",
+            put(traits::trait_add).delete(traits::trait_remove),
+        )
+        .route("/v1/nodes/{ident}/validate", get(validate::validate))
+        .route(
+            "/v1/nodes/{ident}/management/boot_device",
+            get(boot_device::boot_device_get).put(boot_device::boot_device_set),
+        )
+        .route(
+            "/v1/nodes/{ident}/management/boot_device/supported",
+            get(boot_device::boot_device_supported),
+        )
+        .route(
+            "/v1/nodes/{ident}/vmedia",
+            get(vmedia::vmedia_get)
+                .post(vmedia::vmedia_attach)
+                .delete(vmedia::vmedia_detach),
+        )
+        .route(
+            "/v1/nodes/{ident}/vmedia/{device_type}",
+            delete(vmedia::vmedia_detach_one),
+        )
+}
+
+// ------------------------------------------------------------------ versions and refusals
+
+/// Node traits (`MINOR_37_NODE_TRAITS`).
+const TRAITS_VERSION: (u32, u32) = (1, 37);
+/// Attaching and detaching virtual media (`MINOR_89_ATTACH_DETACH_VMEDIA`).
+const VMEDIA_VERSION: (u32, u32) = (1, 89);
+/// Listing virtual media (`MINOR_93_GET_VMEDIA`).
+const VMEDIA_GET_VERSION: (u32, u32) = (1, 93);
+
+fn ver(v: (u32, u32)) -> String {
+    format!("{}.{}", v.0, v.1)
+}
+
+/// Below 1.37 Ironic routes these paths elsewhere, and its tests pin what that gives: a GET
+/// reads as a node request for the field `traits`, newer than the version (406); a PUT finds
+/// no handler (405); a DELETE no resource (404).
+fn traits_gate(version: (u32, u32), method: &Method) -> Result<(), ApiError> {
+    if version >= TRAITS_VERSION {
+        return Ok(());
+    }
+    let status = match *method {
+        Method::GET => StatusCode::NOT_ACCEPTABLE,
+        Method::PUT => StatusCode::METHOD_NOT_ALLOWED,
+        _ => StatusCode::NOT_FOUND,
+    };
+    Err(ApiError::new(
+        status,
+        format!(
+            "node traits need API version {} or later; this request asked for {}",
+            ver(TRAITS_VERSION),
+            ver(version)
+        ),
+    ))
+}
+
+/// Virtual media is 404 below its version, as in Ironic.
+fn vmedia_gate(version: (u32, u32), need: (u32, u32), ident: &str) -> Result<(), ApiError> {
+    if version >= need {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "the resource /v1/nodes/{ident}/vmedia is not served at API version {}: this request needs {} or later",
+            ver(version),
+            ver(need)
+        ),
+    ))
+}
+
+/// 409 while another operation holds the node: its reservation (a provision operation, the
+/// conductor's lease) and, with `power_too`, a power action still running (Ironic's power
+/// action holds the node's lock as long).
+fn refuse_locked(node: &Node, power_too: bool) -> Result<(), ApiError> {
+    if let Some(by) = &node.reservation {
+        return Err(ConductorError::Locked {
+            node: node.ident().to_string(),
+            by: by.clone(),
+            state: node.provision_state,
+        }
+        .into());
+    }
+    if let (true, Some(t)) = (power_too, node.target_power_state) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "node {} has a power action in progress (target \"{t}\"); retry when it ends",
+                node.ident()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A driver failure as Ironic answers it: an operation the driver lacks or bad driver_info
+/// is the caller's to fix (400); a BMC that fails is a server-side failure (500).
+fn driver_error(node: &Node, e: DriverError) -> ApiError {
+    match e {
+        DriverError::Unsupported { operation, .. } => ApiError::bad_request(format!(
+            "Driver {} does not support {operation} (disabled or not implemented).",
+            node.driver
+        )),
+        e @ (DriverError::BadDriverInfo { .. } | DriverError::BadStepArgs { .. }) => {
+            ApiError::bad_request(format!("node {}: {e}", node.ident()))
+        }
+        e @ DriverError::Bmc(_) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("node {}: {e}", node.ident()),
+        ),
+    }
+}
+
+/// The node to act on through its BMC: readable, not held by another operation, its driver
+/// and driver_info usable (Ironic validates the management interface first).
+async fn node_for_bmc(
+    state: &AppState,
+    ident: &str,
+    exclusive: bool,
+) -> Result<(Node, Arc<dyn Bmc>), ApiError> {
+    let node = state.conductor.store.get_node(ident).await?;
+    node.writable()?;
+    if exclusive {
+        refuse_locked(&node, true)?;
+    }
+    let bmc = state.conductor.bmc(&node)?;
+    bmc.validate(&node.driver_info)
+        .map_err(|e| driver_error(&node, e))?;
+    Ok((node, bmc))
+}
+
+/// A request body as JSON under the admin limits; `None` when empty or `null`.
+fn json_body(body: &Bytes) -> Result<Option<Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let v: Value =
+        parse_strict(body, &Limits::ADMIN).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(if v.is_null() { None } else { Some(v) })
+}
+
+// ------------------------------------------------------------------ Ironic's schema errors
+
+/// A string as Python's `repr` writes it (Ironic's schema errors quote values that way).
+fn py_str(s: &str) -> String {
+    let q = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(q);
+    out
+}
+
+/// A JSON value as Python's `repr` of its decoded form.
+fn py_repr(v: &Value) -> String {
+    match v {
+        Value::Null => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => py_str(s),
+        Value::Array(a) => format!("[{}]", a.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
+        Value::Object(m) => format!(
+            "{{{}}}",
+            m.iter()
+                .map(|(k, v)| format!("{}: {}", py_str(k), py_repr(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+fn schema_error(name: &str, message: String) -> ApiError {
+    ApiError::bad_request(format!("Schema error for {name}: {message}"))
+}
+
+/// jsonschema's message for properties a schema does not allow.
+fn extras_message(extras: &[&String]) -> String {
+    let mut names: Vec<String> = extras.iter().map(|k| py_str(k)).collect();
+    names.sort();
+    let verb = if names.len() == 1 { "was" } else { "were" };
+    format!(
+        "Additional properties are not allowed ({} {verb} unexpected)",
+        names.join(", ")
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn python_reprs() {
+        assert_eq!(py_str("it's"), "\"it's\"");
+        assert_eq!(py_str("a'b\"c"), "'a\\'b\"c'");
+        assert_eq!(py_str("x\ny"), "'x\\ny'");
+        assert_eq!(
+            py_repr(&json!({"a": [true, null, 1]})),
+            "{'a': [True, None, 1]}"
+        );
+        let a = "a".to_string();
+        let b = "b".to_string();
+        assert_eq!(
+            extras_message(&[&b, &a]),
+            "Additional properties are not allowed ('a', 'b' were unexpected)"
+        );
+    }
+}
