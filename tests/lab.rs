@@ -54,19 +54,53 @@ fn ready() -> bool {
     )
 }
 
+fn lab_sh(args: &[&str]) -> Command {
+    let mut c = Command::new("bash");
+    c.arg(root().join("scripts/lab.sh"))
+        .args(args)
+        .current_dir(root());
+    c
+}
+
+/// The lab for this test. A lab that was already up (a user's, kept between runs) stays up;
+/// one this test brought up is taken down again when the test ends, however it ends, so no
+/// daemon or VM outlives the run.
+struct Lab {
+    json: Value,
+    take_down: bool,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.take_down {
+            if let Err(e) = run_tool(&mut lab_sh(&["down"])) {
+                eprintln!("lab: scripts/lab.sh down failed: {e:#}");
+            }
+        }
+    }
+}
+
 /// `scripts/lab.sh up` (idempotent) and its lab.json.
-fn lab_up(nodes: usize) -> Result<Value> {
+fn lab_up(nodes: usize) -> Result<Lab> {
     let t = Instant::now();
-    run_tool(
-        Command::new("bash")
-            .arg(root().join("scripts/lab.sh"))
-            .args(["up", "--nodes", &nodes.to_string(), "--no-rivetd"])
-            .current_dir(root()),
-    )
+    let was_up = lab_sh(&["status"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut lab = Lab {
+        json: Value::Null,
+        take_down: !was_up,
+    };
+    run_tool(&mut lab_sh(&[
+        "up",
+        "--nodes",
+        &nodes.to_string(),
+        "--no-rivetd",
+    ]))
     .context("scripts/lab.sh up")?;
-    eprintln!("lab: up in {:.1?}", t.elapsed());
+    eprintln!("lab: up in {:.1?} (already up: {was_up})", t.elapsed());
     let text = std::fs::read_to_string(root().join("target/lab/lab.json"))?;
-    Ok(serde_json::from_str(&text)?)
+    lab.json = serde_json::from_str(&text)?;
+    Ok(lab)
 }
 
 /// Phase timings, printed as they end.
@@ -417,7 +451,8 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
     if !ready() {
         return Ok(());
     }
-    let lab = lab_up(2)?;
+    let lab_guard = lab_up(2)?;
+    let lab = &lab_guard.json;
     // Every run starts from machines that are off, as a rack's new servers would be (an
     // interrupted run may have left a guest in its ramdisk).
     for n in lab["nodes"].as_array().into_iter().flatten() {
@@ -463,17 +498,17 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
     };
     let started = Instant::now();
 
-    let n0 = lab_node(&lab, 0)?;
+    let n0 = lab_node(lab, 0)?;
     let vmedia = guest(
-        &lab,
+        lab,
         0,
         json!({"driver": "redfish", "name": n0["name"], "boot_interface": "redfish-virtual-media",
                "driver_info": redfish_info(n0), "automated_clean": true,
                "properties": {"root_device": {"name": "/dev/vda"}}}),
     )?;
-    let n1 = lab_node(&lab, 1)?;
+    let n1 = lab_node(lab, 1)?;
     let ipxe = guest(
-        &lab,
+        lab,
         1,
         json!({"driver": "ipmi", "name": n1["name"], "boot_interface": "ipxe",
                "driver_info": {"ipmi_address": n1["ipmi"]["address"], "ipmi_port": n1["ipmi"]["port"],
