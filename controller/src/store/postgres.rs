@@ -160,6 +160,20 @@ ALTER TABLE nodes ADD COLUMN protected BOOLEAN NOT NULL DEFAULT FALSE;
 ALTER TABLE nodes ADD COLUMN protected_reason TEXT;
 ALTER TABLE nodes ADD COLUMN disable_power_off BOOLEAN NOT NULL DEFAULT FALSE;
 "#,
+    // Chassis (Ironic's grouping of nodes) and a node's chassis.
+    r#"
+CREATE TABLE chassis (
+    id BIGSERIAL PRIMARY KEY,
+    uuid TEXT NOT NULL CONSTRAINT chassis_uuid_key UNIQUE,
+    description TEXT,
+    extra JSON NOT NULL DEFAULT '{}',
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    version BIGINT NOT NULL
+);
+ALTER TABLE nodes ADD COLUMN chassis_uuid TEXT;
+CREATE INDEX nodes_chassis ON nodes(chassis_uuid);
+"#,
 ];
 
 /// The schema version this build knows.

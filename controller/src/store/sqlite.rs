@@ -158,6 +158,20 @@ ALTER TABLE nodes ADD COLUMN protected INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN protected_reason TEXT;
 ALTER TABLE nodes ADD COLUMN disable_power_off INTEGER NOT NULL DEFAULT 0;
 "#,
+    // Chassis (Ironic's grouping of nodes) and a node's chassis.
+    r#"
+CREATE TABLE chassis (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    uuid TEXT NOT NULL UNIQUE,
+    description TEXT,
+    extra TEXT NOT NULL DEFAULT '{}',
+    created_at TEXT NOT NULL,
+    updated_at TEXT,
+    version INTEGER NOT NULL
+);
+ALTER TABLE nodes ADD COLUMN chassis_uuid TEXT;
+CREATE INDEX nodes_chassis ON nodes(chassis_uuid);
+"#,
 ];
 
 /// The schema version this build knows.
