@@ -200,7 +200,7 @@ fn main() -> anyhow::Result<()> {
                     s.trim_end_matches('\n').to_string()
                 }
             };
-            println!("{}", hash_secret(&secret));
+            println!("{}", hash_secret(&secret).map_err(anyhow::Error::msg)?);
             return Ok(());
         }
         Some(Command::Db {

@@ -716,7 +716,7 @@ async fn auth_required_unless_no_auth(db: TestDb) {
         c.no_auth = false;
         c.auth.tokens.push(TokenEntry {
             name: "ops".into(),
-            hash: hash_secret("tok-123"),
+            hash: hash_secret("tok-123").expect("hash"),
             role: Default::default(),
         });
     })

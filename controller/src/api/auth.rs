@@ -23,6 +23,45 @@ pub struct Caller {
     pub role: Role,
 }
 
+/// Credentials that verified, remembered so a client pays argon2's cost once, not on every
+/// request: the SHA-256 of (stored hash, presented secret). Only successes are kept (a flood
+/// of wrong guesses cannot fill it, and the failed-auth limit slows those); bounded, and
+/// emptied when full.
+static VERIFIED: std::sync::Mutex<Option<std::collections::HashSet<[u8; 32]>>> =
+    std::sync::Mutex::new(None);
+const VERIFIED_MAX: usize = 4096;
+/// Verifications that ran the hash (tests check the cache spares them).
+#[cfg(test)]
+static SLOW_CHECKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn verified(secret: &str, hash: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(hash.as_bytes());
+    h.update([0u8]);
+    h.update(secret.as_bytes());
+    let key: [u8; 32] = h.finalize().into();
+    let seen = |k: &[u8; 32]| {
+        let cache = VERIFIED.lock().unwrap_or_else(|p| p.into_inner());
+        cache.as_ref().is_some_and(|c| c.contains(k))
+    };
+    if seen(&key) {
+        return true;
+    }
+    #[cfg(test)]
+    SLOW_CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if !verify_secret(secret, hash) {
+        return false;
+    }
+    let mut cache = VERIFIED.lock().unwrap_or_else(|p| p.into_inner());
+    let set = cache.get_or_insert_with(Default::default);
+    if set.len() >= VERIFIED_MAX {
+        set.clear();
+    }
+    set.insert(key);
+    true
+}
+
 /// The caller a request's credentials name, if any (also used by the audit trail).
 pub(super) fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
     let auth = &state.conductor.config.auth;
@@ -34,7 +73,7 @@ pub(super) fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
         return auth
             .tokens
             .iter()
-            .find(|t| verify_secret(token, &t.hash))
+            .find(|t| verified(token, &t.hash))
             .map(|t| Caller {
                 name: t.name.clone(),
                 role: t.role,
@@ -48,7 +87,7 @@ pub(super) fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
     let (user, password) = text.split_once(':')?;
     auth.users
         .iter()
-        .find(|u| u.name == user && verify_secret(password, &u.hash))
+        .find(|u| u.name == user && verified(password, &u.hash))
         .map(|u| Caller {
             name: u.name.clone(),
             role: u.role,
@@ -208,6 +247,30 @@ pub async fn require_admin(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argon2_verifications_are_cached_only_when_they_succeed() {
+        let hash = crate::config::hash_secret("tok-cache-test").expect("hash");
+        let cached = || {
+            VERIFIED
+                .lock()
+                .map(|c| c.as_ref().map_or(0, |s| s.len()))
+                .unwrap_or(0)
+        };
+        let before = cached();
+        assert!(!verified("wrong", &hash));
+        assert_eq!(cached(), before, "a failure is not remembered");
+        assert!(verified("tok-cache-test", &hash));
+        assert!(cached() > before || before >= VERIFIED_MAX - 1);
+        // The second check is a lookup, not another argon2 run.
+        let slow = SLOW_CHECKS.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(verified("tok-cache-test", &hash));
+        assert_eq!(SLOW_CHECKS.load(std::sync::atomic::Ordering::Relaxed), slow);
+        assert!(!verified(
+            "tok-cache-test",
+            "$argon2id$v=19$m=19456,t=2,p=1$bm9wZQ$bm9wZQ"
+        ));
+    }
 
     #[test]
     fn role_matrix() {

@@ -154,7 +154,7 @@ pub fn add_role_tokens(config: &mut Config) {
     ] {
         config.auth.tokens.push(TokenEntry {
             name: name.into(),
-            hash: hash_secret(&format!("{name}-token")),
+            hash: hash_secret(&format!("{name}-token")).expect("hash"),
             role,
         });
     }
