@@ -449,3 +449,63 @@ fn stock_client_traits_validate_and_boot_device() -> anyhow::Result<()> {
     assert_eq!(supported.trim(), "pxe, disk, cdrom");
     Ok(())
 }
+
+/// Chassis (API 1.1) through the stock client: create, list, show, a node in it, delete.
+#[test]
+fn stock_client_manages_chassis() -> anyhow::Result<()> {
+    if !prerequisite(
+        baremetal().exists(),
+        "python-ironicclient venv (.venv/bin/baremetal)",
+    ) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &[])?;
+
+    let created = run(
+        &d,
+        &["chassis", "create", "--description", "rack 7", "-f", "json"],
+    )?;
+    let created: serde_json::Value = serde_json::from_str(&created)?;
+    assert_eq!(created["description"], "rack 7", "{created}");
+    let uuid = created["uuid"].as_str().unwrap_or_default().to_string();
+    assert_eq!(uuid.len(), 36, "{created}");
+
+    let list = run(&d, &["chassis", "list", "-f", "json"])?;
+    let list: serde_json::Value = serde_json::from_str(&list)?;
+    assert_eq!(list[0]["uuid"], uuid.as_str(), "{list}");
+    assert_eq!(list[0]["description"], "rack 7", "{list}");
+
+    let shown = run(&d, &["chassis", "show", &uuid, "-f", "json"])?;
+    let shown: serde_json::Value = serde_json::from_str(&shown)?;
+    assert_eq!(shown["description"], "rack 7", "{shown}");
+    assert_eq!(shown["extra"], serde_json::json!({}), "{shown}");
+
+    let node = run(
+        &d,
+        &[
+            "node",
+            "create",
+            "--driver",
+            "fake-hardware",
+            "--name",
+            "racked",
+            "--chassis-uuid",
+            &uuid,
+            "-f",
+            "json",
+        ],
+    )?;
+    let node: serde_json::Value = serde_json::from_str(&node)?;
+    assert_eq!(node["chassis_uuid"], uuid.as_str(), "{node}");
+    let in_chassis = run(&d, &["node", "list", "--chassis", &uuid, "-f", "json"])?;
+    assert!(in_chassis.contains("racked"), "{in_chassis}");
+
+    let refused = run_failing(&d, &["chassis", "delete", &uuid])?;
+    assert!(refused.contains("contains nodes"), "{refused}");
+    run(&d, &["node", "delete", "racked"])?;
+    run(&d, &["chassis", "delete", &uuid])?;
+    let list = run(&d, &["chassis", "list", "-f", "json"])?;
+    assert_eq!(list.trim(), "[]", "{list}");
+    Ok(())
+}

@@ -4,6 +4,7 @@
 //! `error: <message>` on stderr with exit status 1.
 
 mod audit;
+mod chassis;
 mod client;
 mod conductor;
 mod demo;
@@ -11,6 +12,7 @@ mod driver;
 mod node;
 mod output;
 mod port;
+mod shard;
 mod wait;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +43,9 @@ enum Command {
     /// Ports: a node's NICs.
     #[command(subcommand)]
     Port(port::PortCmd),
+    /// Chassis: Ironic's grouping of nodes.
+    #[command(subcommand)]
+    Chassis(chassis::ChassisCmd),
     /// The audit trail (admin only): requests, refusals and provision transitions.
     Audit(audit::AuditArgs),
     /// Controllers sharing the database (several rivetd on PostgreSQL).
@@ -49,6 +54,9 @@ enum Command {
     /// Hardware types (Ironic's drivers): hosts, interfaces, driver_info keys.
     #[command(subcommand)]
     Driver(driver::DriverCmd),
+    /// Shards (API 1.82): how many nodes each holds.
+    #[command(subcommand)]
+    Shard(shard::ShardCmd),
     /// The whole flow on this machine: rivetd, a fake-hardware node, a local agent on
     /// sparse-file disks; automated then manual cleaning.
     Demo(demo::DemoArgs),
@@ -65,9 +73,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(cmd) => node::run(cmd, &client(&cli.url)?, out).await,
         Command::Port(cmd) => port::run(cmd, &client(&cli.url)?, out).await,
+        Command::Chassis(cmd) => chassis::run(cmd, &client(&cli.url)?, out).await,
         Command::Audit(a) => audit::run(a, &client(&cli.url)?, out).await,
         Command::Conductor(cmd) => conductor::run(cmd, &client(&cli.url)?, out).await,
         Command::Driver(cmd) => driver::run(cmd, &client(&cli.url)?, out).await,
+        Command::Shard(cmd) => shard::run(cmd, &client(&cli.url)?, out).await,
         // The demo starts its own rivetd: the caller's URL and token do not apply.
         Command::Demo(a) => demo::run(a).await,
     }

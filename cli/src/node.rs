@@ -87,6 +87,8 @@ pub enum NodeCmd {
     CleanSteps(NodeArg),
     /// The node's hardware inventory (JSON).
     Inventory(NodeArg),
+    /// The node's history (API 1.78): its provision transitions and failures, oldest first.
+    History(NodeArg),
     /// Wait until the node reaches a provision state, showing progress on stderr.
     Wait(wait::WaitArgs),
     /// The node's traits (API 1.37): list, add, remove.
@@ -496,6 +498,7 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
         }
         NodeCmd::CleanSteps(n) => sub_document(client, &n.node, "clean_steps", "clean steps").await,
         NodeCmd::Inventory(n) => sub_document(client, &n.node, "inventory", "inventory").await,
+        NodeCmd::History(n) => history(client, out, &n.node).await,
         NodeCmd::Wait(a) => wait::run(a, client, out).await,
         NodeCmd::Trait { action } => traits(client, out, action).await,
         NodeCmd::Validate(n) => validate(client, out, &n.node).await,
@@ -504,6 +507,32 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
         }
         NodeCmd::Vmedia { node, action } => vmedia(client, out, &node, action).await,
     }
+}
+
+/// `rivet node history NODE`: created_at, severity, event type, event and user per entry.
+async fn history(client: &Client, out: Output, node: &str) -> Result<()> {
+    let doc = client
+        .get(
+            &format!("/v1/nodes/{}/history", crate::client::seg(node)),
+            &[("detail", "true".into())],
+        )
+        .await?;
+    if out.json {
+        crate::output::print_json(&doc);
+        return Ok(());
+    }
+    let entries = doc
+        .get("history")
+        .and_then(serde_json::Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let keys = ["created_at", "severity", "event_type", "event", "user"];
+    let headers = ["Created at", "Severity", "Event type", "Event", "User"];
+    print!(
+        "{}",
+        crate::output::table(&headers, &crate::output::rows(&entries, &keys))
+    );
+    Ok(())
 }
 
 async fn create(a: CreateArgs, client: &Client, out: Output) -> Result<()> {

@@ -95,6 +95,7 @@ on_every_backend!(
     verify_failure_returns_to_enroll_with_last_error,
     auth_required_unless_no_auth,
     ironic_node_fields_and_lifecycle_flags,
+    chassis_crud_and_nodes,
 );
 
 async fn version_documents_and_negotiation(db: TestDb) {
@@ -908,4 +909,245 @@ async fn ironic_node_fields_and_lifecycle_flags(db: TestDb) {
     assert!(message(&e).contains("retired"), "{e}");
     let (_, list) = app.get("/v1/nodes?retired=true").await;
     assert_eq!(list["nodes"][0]["name"], "f1", "{list}");
+}
+
+async fn chassis_crud_and_nodes(db: TestDb) {
+    use reqwest::Method;
+    let app = start(db, |_| {}).await;
+    let (s, v1) = app.get("/v1").await;
+    assert_eq!(s, 200);
+    assert!(v1["chassis"][0]["href"]
+        .as_str()
+        .expect("chassis test")
+        .ends_with("/v1/chassis/"));
+
+    // Create: 201, Location, Ironic's document.
+    let r = app
+        .server
+        .request(Method::POST, "/v1/chassis")
+        .json(&json!({"description": "rack 1", "extra": {"row": 4}}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let loc = r.headers()["Location"]
+        .to_str()
+        .expect("chassis test")
+        .to_string();
+    let c1: Value = r.json().await.expect("chassis test");
+    let u1 = c1["uuid"].as_str().expect("chassis test").to_string();
+    assert!(loc.ends_with(&format!("/v1/chassis/{u1}")), "{loc}");
+    assert_eq!(c1["description"], "rack 1");
+    assert_eq!(c1["extra"], json!({"row": 4}));
+    assert!(c1["updated_at"].is_null());
+    assert!(c1["nodes"][0]["href"]
+        .as_str()
+        .expect("chassis test")
+        .ends_with(&format!("/v1/chassis/{u1}/nodes")));
+    assert_eq!(c1["links"][1]["rel"], "bookmark");
+    let given = "1be26c0b-03f2-4d2e-ae87-c02d7f33c123";
+    let (s, c2) = app
+        .send(Method::POST, "/v1/chassis", json!({"uuid": given}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{c2}");
+    assert_eq!(c2["uuid"], given);
+    assert!(c2["description"].is_null());
+    // Refused: taken UUID (409), wrong types, unknown fields, too long (400).
+    let (s, _) = app
+        .send(Method::POST, "/v1/chassis", json!({"uuid": given}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    for bad in [
+        json!({"description": 1334}),
+        json!({"colour": "red"}),
+        json!({"extra": "x"}),
+        json!({"uuid": "not-a-uuid"}),
+        json!({"description": "x".repeat(256)}),
+    ] {
+        let (s, v) = app.send(Method::POST, "/v1/chassis", bad.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {v}");
+    }
+    let (_, v) = app
+        .send(Method::POST, "/v1/chassis", json!({"description": 1334}))
+        .await;
+    assert!(
+        message(&v).contains("1334 is not of type 'string', 'null'"),
+        "{v}"
+    );
+
+    // Show, fields, 404 and 400.
+    let (s, v) = app.get(&format!("/v1/chassis/{u1}")).await;
+    assert_eq!((s, &v["description"]), (StatusCode::OK, &json!("rack 1")));
+    let (_, v) = app
+        .get(&format!("/v1/chassis/{u1}?fields=uuid,extra"))
+        .await;
+    assert_eq!(v, json!({"uuid": u1, "extra": {"row": 4}}));
+    let (s, _) = app.get(&format!("/v1/chassis/{u1}?fields=colour")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let missing = "eeeeeeee-cccc-aaaa-bbbb-cccccccccccc";
+    let (s, _) = app.get(&format!("/v1/chassis/{missing}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = app.get(&format!("/v1/chassis/{missing}/nodes")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = app.get("/v1/chassis/nodes").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _) = app.get(&format!("/v1/chassis/{u1}/detail")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // List, detail, paging.
+    let (s, v) = app.get("/v1/chassis").await;
+    assert_eq!(s, 200);
+    let list = v["chassis"].as_array().expect("chassis test");
+    assert_eq!(list.len(), 2);
+    let mut keys: Vec<&String> = list[0].as_object().expect("chassis test").keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["description", "links", "uuid"]);
+    assert!(v.get("next").is_none());
+    let (_, v) = app.get("/v1/chassis/detail").await;
+    assert_eq!(v["chassis"][0]["extra"], json!({"row": 4}));
+    assert!(v["chassis"][0]["created_at"].is_string());
+    let (_, v) = app.get("/v1/chassis?detail=true").await;
+    assert!(v["chassis"][0]["nodes"].is_array());
+    let (s, _) = app.get("/v1/chassis?detail=true&fields=uuid").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (_, p1) = app.get("/v1/chassis?limit=1").await;
+    assert_eq!(p1["chassis"].as_array().expect("chassis test").len(), 1);
+    assert_eq!(p1["chassis"][0]["uuid"], u1);
+    let next = p1["next"].as_str().expect("chassis test");
+    assert!(next.contains(&format!("marker={u1}")), "{next}");
+    let (_, p2) = app.get(&format!("/v1/chassis?limit=1&marker={u1}")).await;
+    assert_eq!(p2["chassis"][0]["uuid"], given);
+    let (_, v) = app.get("/v1/chassis?sort_dir=desc&fields=uuid").await;
+    assert_eq!(v["chassis"][0], json!({"uuid": given}));
+    let (_, v) = app.get("/v1/chassis?sort_key=uuid").await;
+    assert_eq!(v["chassis"][0]["uuid"], given);
+    let (s, _) = app.get("/v1/chassis?sort_key=extra").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _) = app.get(&format!("/v1/chassis?marker={missing}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Patch.
+    let (s, v) = app
+        .send(
+            Method::PATCH,
+            &format!("/v1/chassis/{u1}"),
+            json!([{"op": "replace", "path": "/description", "value": "Updated Chassis"},
+                   {"op": "add", "path": "/extra/slot", "value": 7}]),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["description"], "Updated Chassis");
+    assert_eq!(v["extra"], json!({"row": 4, "slot": 7}));
+    assert!(v["updated_at"].is_string());
+    for bad in [
+        json!([{"op": "replace", "path": "/uuid", "value": missing}]),
+        json!([{"op": "replace", "path": "/description", "value": 5}]),
+    ] {
+        let (s, v) = app
+            .send(Method::PATCH, &format!("/v1/chassis/{u1}"), bad)
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    }
+    let (s, _) = app
+        .send(
+            Method::PATCH,
+            &format!("/v1/chassis/{missing}"),
+            json!([{"op": "remove", "path": "/description"}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Nodes in a chassis: create with one (a missing one is a 400), filter, sub-resource.
+    let (s, v) = app
+        .send(
+            Method::POST,
+            "/v1/nodes",
+            json!({"driver": "fake-hardware", "name": "lost", "chassis_uuid": missing}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(message(&v).contains(missing), "{v}");
+    let (s, n1) = app
+        .send(
+            Method::POST,
+            "/v1/nodes",
+            json!({"driver": "fake-hardware", "name": "in-rack", "chassis_uuid": u1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{n1}");
+    assert_eq!(n1["chassis_uuid"], u1.as_str());
+    let n2 = app.create("elsewhere").await;
+    assert!(n2["chassis_uuid"].is_null());
+    let (_, v) = app.get(&format!("/v1/nodes?chassis_uuid={u1}")).await;
+    let names: Vec<&Value> = v["nodes"]
+        .as_array()
+        .expect("chassis test")
+        .iter()
+        .map(|n| &n["name"])
+        .collect();
+    assert_eq!(names, [&json!("in-rack")]);
+    let (_, v) = app.get(&format!("/v1/chassis/{u1}/nodes")).await;
+    assert_eq!(v["nodes"].as_array().expect("chassis test").len(), 1);
+    assert_eq!(v["nodes"][0]["name"], "in-rack");
+    assert!(v["nodes"][0].get("driver").is_none());
+    let (_, v) = app.get(&format!("/v1/chassis/{u1}/nodes/detail")).await;
+    assert_eq!(v["nodes"][0]["chassis_uuid"], u1.as_str());
+    let (_, v) = app.get(&format!("/v1/chassis/{given}/nodes")).await;
+    assert_eq!(v["nodes"], json!([]));
+    // Patch a node into a missing chassis (400), into the other one, then out.
+    let (s, _) = app
+        .send(
+            Method::PATCH,
+            "/v1/nodes/elsewhere",
+            json!([{"op": "add", "path": "/chassis_uuid", "value": missing}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, v) = app
+        .send(
+            Method::PATCH,
+            "/v1/nodes/elsewhere",
+            json!([{"op": "add", "path": "/chassis_uuid", "value": given}]),
+        )
+        .await;
+    assert_eq!((s, &v["chassis_uuid"]), (StatusCode::OK, &json!(given)));
+
+    // A chassis with nodes is not deleted (Ironic: 400, ChassisNotEmpty).
+    let (s, v) = app
+        .send(Method::DELETE, &format!("/v1/chassis/{u1}"), Value::Null)
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        message(&v).contains(&format!("chassis {u1} contains nodes")),
+        "{v}"
+    );
+    let (s, _) = app.get(&format!("/v1/chassis/{u1}")).await;
+    assert_eq!(s, 200);
+    let (s, v) = app
+        .send(
+            Method::PATCH,
+            "/v1/nodes/elsewhere",
+            json!([{"op": "remove", "path": "/chassis_uuid"}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["chassis_uuid"].is_null());
+    let (s, _) = app
+        .send(Method::DELETE, &format!("/v1/chassis/{given}"), Value::Null)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = app
+        .send(Method::DELETE, "/v1/nodes/in-rack", Value::Null)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = app
+        .send(Method::DELETE, &format!("/v1/chassis/{u1}"), Value::Null)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = app
+        .send(Method::DELETE, &format!("/v1/chassis/{u1}"), Value::Null)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, v) = app.get("/v1/chassis").await;
+    assert_eq!(v["chassis"], json!([]));
 }

@@ -174,9 +174,9 @@ async fn provide_records_requests_and_transitions_with_causes(db: TestDb) {
     assert_eq!(
         transitions(&rows),
         vec![
-            format!("enroll -> verifying (verb: manage; {cause_manage})"),
+            format!("enroll -> verifying (verb: manage; target: manageable; {cause_manage})"),
             format!("verifying -> manageable (event: done; {cause_manage})"),
-            format!("manageable -> cleaning (verb: provide; {cause_provide})"),
+            format!("manageable -> cleaning (verb: provide; target: available; {cause_provide})"),
             format!("cleaning -> available (event: done; {cause_provide})"),
         ]
     );
@@ -213,8 +213,8 @@ async fn provide_records_requests_and_transitions_with_causes(db: TestDb) {
     assert_eq!(
         t[2..4],
         [
-            "manageable -> cleaning (verb: provide; cause: provide by boss (role admin))",
-            "cleaning -> clean wait (event: wait; cause: provide by boss (role admin))",
+            "manageable -> cleaning (verb: provide; target: available; cause: provide by boss (role admin))",
+            "cleaning -> clean wait (event: wait; target: available; cause: provide by boss (role admin))",
         ],
         "{t:#?}"
     );

@@ -75,6 +75,9 @@ pub struct NodeCreate {
     /// Never power the node off (1.95).
     #[serde(default)]
     pub disable_power_off: Option<bool>,
+    /// The chassis the node is in.
+    #[serde(default)]
+    pub chassis_uuid: Option<String>,
     /// `boot_interface`: one of the hardware type's enabled implementations (its default
     /// when absent).
     #[serde(default)]

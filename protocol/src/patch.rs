@@ -80,6 +80,7 @@ pub const NODE_PATCHABLE: &[&str] = &[
     "raid_interface",
     "storage_interface",
     "vendor_interface",
+    "chassis_uuid",
 ];
 
 /// Apply `ops` to `doc`, allowing only top-level keys in `patchable`. On error `doc` may be

@@ -9,8 +9,11 @@ mod audit;
 mod auth;
 mod body;
 mod boot;
+mod chassis;
 mod conductors;
 mod drivers;
+mod events;
+mod history;
 mod listing;
 mod node_actions;
 mod nodes;
@@ -19,6 +22,7 @@ mod ports;
 pub mod ratelimit;
 mod render;
 mod rules;
+mod shards;
 mod version;
 
 pub use body::JsonBody;
@@ -130,10 +134,14 @@ pub fn router(state: AppState) -> Router {
         .merge(nodes::routes())
         .merge(node_actions::routes())
         .merge(ports::routes())
+        .merge(chassis::routes())
         .merge(rules::routes())
         .merge(conductors::routes())
         .merge(drivers::routes())
         .merge(audit::routes())
+        .merge(history::routes())
+        .merge(shards::routes())
+        .merge(events::routes())
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,

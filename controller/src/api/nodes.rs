@@ -59,6 +59,7 @@ const LIST_PARAMS: &[&str] = &[
     "associated",
     "instance_uuid",
     "fault",
+    "chassis_uuid",
 ];
 
 fn parse_bool(name: &str, v: &str) -> Result<bool, ApiError> {
@@ -112,6 +113,7 @@ fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<Node
     q.shard = params.get("shard").cloned();
     q.instance_uuid = params.get("instance_uuid").cloned();
     q.fault = params.get("fault").cloned();
+    q.chassis_uuid = params.get("chassis_uuid").cloned();
     if let Some(r) = params.get("retired") {
         q.retired = Some(parse_bool("retired", r)?);
     }
@@ -162,6 +164,19 @@ async fn resolve_parent(
         Ok(n) => Ok(Some(n.uuid)),
         Err(crate::store::StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
             "parent_node {p:?} is not a node"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `chassis_uuid` names an existing chassis; a missing one is a 400 on a node request (as
+/// Ironic).
+async fn resolve_chassis(state: &AppState, c: Option<String>) -> Result<Option<String>, ApiError> {
+    let Some(c) = c else { return Ok(None) };
+    match state.conductor.store.get_chassis(&c).await {
+        Ok(ch) => Ok(Some(ch.uuid)),
+        Err(crate::store::StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
+            "Chassis {c} could not be found."
         ))),
         Err(e) => Err(e.into()),
     }
@@ -222,7 +237,7 @@ fn opt_bool(doc: &mut Map<String, Value>, key: &str) -> Result<bool, ApiError> {
     }
 }
 
-async fn list_inner(
+pub(super) async fn list_inner(
     state: &AppState,
     headers: &HeaderMap,
     version: (u32, u32),
@@ -287,6 +302,7 @@ async fn list_inner(
                 "driver",
                 "resource_class",
                 "fields",
+                "chassis_uuid",
             ] {
                 if let Some(v) = params.get(k) {
                     next.push_str(&format!("&{k}={v}"));
@@ -299,9 +315,9 @@ async fn list_inner(
 }
 
 /// The request's microversion (set by `version::negotiate`; the minimum when absent).
-type Version = Option<axum::Extension<super::version::ApiVersion>>;
+pub(super) type Version = Option<axum::Extension<super::version::ApiVersion>>;
 
-fn ver(v: &Version) -> (u32, u32) {
+pub(super) fn ver(v: &Version) -> (u32, u32) {
     v.as_ref()
         .map_or(rivet_protocol::api::MIN_VERSION, |e| e.0 .0)
 }
@@ -429,6 +445,7 @@ async fn create(
     node.attrs.network_data = req.network_data.clone().unwrap_or_default();
     node.attrs.disable_power_off = req.disable_power_off.unwrap_or(false);
     node.attrs.parent_node = resolve_parent(&state, &node, req.parent_node.clone()).await?;
+    node.chassis_uuid = resolve_chassis(&state, req.chassis_uuid.clone()).await?;
     node.inspect_interface = check_inspect_interface(req.inspect_interface.clone())?;
     node.interfaces = interfaces_from_create(&req, &node.driver)?;
     node.provision_updated_at = Some(node.created_at);
@@ -592,6 +609,7 @@ async fn update(
         ("network_data", json!(a.network_data)),
         ("instance_name", json!(a.instance_name)),
         ("parent_node", json!(a.parent_node)),
+        ("chassis_uuid", json!(node.chassis_uuid)),
         ("disable_power_off", json!(a.disable_power_off)),
         ("retired", json!(a.retired)),
         ("retired_reason", json!(a.retired_reason)),
@@ -671,6 +689,18 @@ async fn update(
         parent
     } else {
         resolve_parent(&state, &node, parent).await?
+    };
+    let chassis = opt_string(&mut doc, "chassis_uuid")?;
+    if node.chassis_uuid.is_some() && chassis.is_none() && ver(&version) < (1, 25) {
+        return Err(ApiError::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "removing chassis_uuid needs API version 1.25 or later",
+        ));
+    }
+    new.chassis_uuid = if chassis == node.chassis_uuid {
+        chassis
+    } else {
+        resolve_chassis(&state, chassis).await?
     };
     new.attrs.disable_power_off = opt_bool(&mut doc, "disable_power_off")?;
     new.attrs.retired = opt_bool(&mut doc, "retired")?;

@@ -28,12 +28,12 @@ pub fn base_url(headers: &HeaderMap) -> String {
     format!("http://{host}")
 }
 
-fn time(t: &Option<DateTime<Utc>>) -> Value {
+pub(super) fn time(t: &Option<DateTime<Utc>>) -> Value {
     t.map(|t| Value::from(t.to_rfc3339_opts(SecondsFormat::Secs, false)))
         .unwrap_or(Value::Null)
 }
 
-fn links(base: &str, kind: &str, uuid: &str) -> Value {
+pub(super) fn links(base: &str, kind: &str, uuid: &str) -> Value {
     json!([
         {"href": format!("{base}/v1/{kind}/{uuid}"), "rel": "self"},
         {"href": format!("{base}/{kind}/{uuid}"), "rel": "bookmark"},
@@ -166,6 +166,7 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         ("parent_node", json!(a.parent_node)),
         ("network_data", json!(a.network_data)),
         ("disable_power_off", json!(a.disable_power_off)),
+        ("chassis_uuid", json!(n.chassis_uuid)),
     ] {
         m.insert(k.into(), v);
     }

@@ -129,6 +129,7 @@ pub async fn v1(headers: HeaderMap) -> impl IntoResponse {
         "links": [{"href": format!("http://{host}/v1/"), "rel": "self"}],
         "nodes": link("nodes"),
         "ports": link("ports"),
+        "chassis": link("chassis"),
         "drivers": link("drivers"),
     }))
 }

@@ -690,8 +690,8 @@ impl Conductor {
         Ok(node)
     }
 
-    /// Append the audit row of a provision transition just written: `from -> to (how;
-    /// cause: …)`, the cause being the verb and caller that started the operation, and the
+    /// Append the audit row of a provision transition just written: `from -> to (how[;
+    /// target: T]; cause: …)`, the cause being the verb and caller that started the operation, and the
     /// error when the node failed. A failed insert is a warning, never a failed transition.
     pub(super) async fn record_transition(&self, node: &Node, from: ProvisionState, how: &str) {
         let to = node.provision_state;
@@ -699,13 +699,23 @@ impl Conductor {
             .driver_internal_info
             .get(CAUSE_KEY)
             .and_then(Value::as_str);
-        let error = node.last_error.as_deref().filter(|_| to.is_failed());
+        // A failure event records its error even when the node falls back to a stable state
+        // (verifying -> enroll): node history shows it as an ERROR entry.
+        let error = node
+            .last_error
+            .as_deref()
+            .filter(|_| to.is_failed() || how == "event: fail");
         let cause = match (error, origin) {
             (Some(e), Some(o)) => format!("{e}; during {o}"),
             (Some(e), None) => e.to_string(),
             (None, Some(o)) => o.to_string(),
             (None, None) => "conductor".to_string(),
         };
+        // The target as the transition left it (node history's target_provision_state).
+        let target = node
+            .target_provision_state
+            .map(|t| format!("; target: {t}"))
+            .unwrap_or_default();
         let entry = AuditEntry {
             seq: 0,
             created_at: Utc::now(),
@@ -717,7 +727,7 @@ impl Conductor {
             action: "transition".into(),
             status: None,
             detail: Some(truncate_chars(
-                &format!("{from} -> {to} ({how}; cause: {cause})"),
+                &format!("{from} -> {to} ({how}{target}; cause: {cause})"),
                 1000,
             )),
         };

@@ -139,6 +139,8 @@ pub struct Node {
     /// What the node's agent last said of itself. Read with the node, written only by
     /// [`Store::record_liveness`]: never by a node update, and it never moves the version.
     pub liveness: Liveness,
+    /// The chassis the node is in (Ironic's `chassis_uuid`).
+    pub chassis_uuid: Option<String>,
 }
 
 /// Ironic's descriptive, ownership and lifecycle fields of a node, each in its own column.
@@ -227,6 +229,7 @@ impl Node {
             attrs: Attributes::default(),
             corrupt: None,
             liveness: Liveness::default(),
+            chassis_uuid: None,
         }
     }
 
@@ -326,6 +329,39 @@ pub struct Port {
     pub version: i64,
 }
 
+/// A chassis (Ironic's grouping of nodes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chassis {
+    /// UUID.
+    pub uuid: String,
+    /// Free text.
+    pub description: Option<String>,
+    /// Operator data.
+    pub extra: Map<String, Value>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last write.
+    pub updated_at: Option<DateTime<Utc>>,
+    /// Version.
+    pub version: i64,
+}
+
+/// Columns a chassis listing may sort by (besides `id`).
+pub const CHASSIS_SORT_KEYS: &[&str] = &["id", "uuid", "description", "created_at"];
+
+/// A chassis listing request.
+#[derive(Debug, Clone)]
+pub struct ChassisQuery {
+    /// Page size.
+    pub limit: usize,
+    /// UUID of the last chassis of the previous page.
+    pub marker: Option<String>,
+    /// One of [`CHASSIS_SORT_KEYS`].
+    pub sort_key: String,
+    /// Direction.
+    pub sort_dir: SortDir,
+}
+
 /// Sort order of a listing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SortDir {
@@ -384,6 +420,8 @@ pub struct NodeQuery {
     pub instance_uuid: Option<String>,
     /// Filter.
     pub fault: Option<String>,
+    /// Filter: nodes in this chassis.
+    pub chassis_uuid: Option<String>,
 }
 
 impl Default for NodeQuery {
@@ -405,6 +443,7 @@ impl Default for NodeQuery {
             associated: None,
             instance_uuid: None,
             fault: None,
+            chassis_uuid: None,
         }
     }
 }
@@ -585,6 +624,17 @@ pub trait Store: Send + Sync {
     async fn update_port(&self, port: &Port) -> Result<Port, StoreError>;
     /// Delete a port.
     async fn delete_port(&self, uuid: &str) -> Result<(), StoreError>;
+
+    /// Insert a chassis.
+    async fn create_chassis(&self, chassis: &Chassis) -> Result<Chassis, StoreError>;
+    /// A chassis by UUID.
+    async fn get_chassis(&self, uuid: &str) -> Result<Chassis, StoreError>;
+    /// A page of chassis.
+    async fn list_chassis(&self, query: &ChassisQuery) -> Result<Vec<Chassis>, StoreError>;
+    /// Write a chassis if its version is unchanged.
+    async fn update_chassis(&self, chassis: &Chassis) -> Result<Chassis, StoreError>;
+    /// Delete a chassis that holds no node: `Ok(false)` (nothing deleted) when nodes name it.
+    async fn delete_chassis(&self, uuid: &str) -> Result<bool, StoreError>;
     /// Node UUID owning any of these MACs (lookup).
     async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError>;
     /// Node UUID whose `properties.system_uuid` or `properties.system_serial` matches.
@@ -626,6 +676,10 @@ pub trait Store: Send + Sync {
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
     /// A page of the audit trail in `query.sort_dir` order of `seq`.
     async fn list_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError>;
+
+    /// Nodes per shard (`GET /v1/shards`): `(shard, count)`, the most populated first; the
+    /// nodes without a shard count under `None`.
+    async fn shard_counts(&self) -> Result<Vec<(Option<String>, i64)>, StoreError>;
 }
 
 /// A controller registered in the store.

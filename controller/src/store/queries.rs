@@ -6,8 +6,9 @@
 use super::decode::Decoder;
 use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
 use super::{
-    Attributes, AuditEntry, AuditQuery, ConductorRecord, Liveness, Node, NodeQuery, NodeSummary,
-    Notice, Port, PortQuery, SortDir, Store, StoreError, StoredCommand, NODE_SORT_KEYS,
+    Attributes, AuditEntry, AuditQuery, Chassis, ChassisQuery, ConductorRecord, Liveness, Node,
+    NodeQuery, NodeSummary, Notice, Port, PortQuery, SortDir, Store, StoreError, StoredCommand,
+    CHASSIS_SORT_KEYS, NODE_SORT_KEYS,
 };
 use crate::runs::Runs;
 use async_trait::async_trait;
@@ -70,7 +71,7 @@ impl<E: Engine> SqlStore<E> {
 }
 
 /// Node columns a node write sets, in one order for INSERT and UPDATE.
-const NODE_COLUMNS: [&str; 46] = [
+const NODE_COLUMNS: [&str; 47] = [
     "uuid",
     "name",
     "driver",
@@ -117,6 +118,7 @@ const NODE_COLUMNS: [&str; 46] = [
     "protected",
     "protected_reason",
     "disable_power_off",
+    "chassis_uuid",
 ];
 
 /// What a node read selects: [`NODE_COLUMNS`], then the liveness columns, which node writes
@@ -137,6 +139,22 @@ static NODE_INSERT: LazyLock<String> = LazyLock::new(|| {
 
 const PORT_SELECT: &str =
     "uuid, node_uuid, address, pxe_enabled, extra, created_at, updated_at, version";
+
+const CHASSIS_SELECT: &str = "uuid, description, extra, created_at, updated_at, version";
+
+fn chassis_from_row(mut r: impl SqlRow) -> Result<Chassis, StoreError> {
+    Ok(Chassis {
+        uuid: r.text(0)?,
+        description: r.opt_text(1)?,
+        extra: match serde_json::from_str(&r.json(2)?.unwrap_or_default()) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        },
+        created_at: r.time(3)?.unwrap_or_else(Utc::now),
+        updated_at: r.time(4)?,
+        version: r.int(5)?,
+    })
+}
 
 const AUDIT_SELECT: &str =
     "seq, created_at, actor, source, method, path, node_uuid, action, status, detail";
@@ -193,10 +211,11 @@ fn node_from_row(mut r: impl SqlRow) -> Result<Node, StoreError> {
             disable_power_off: r.flag(45)?,
         },
         corrupt: None,
+        chassis_uuid: r.opt_text(46)?,
         liveness: Liveness {
-            last_heartbeat: r.time(46)?,
-            agent_version: r.opt_text(47)?,
-            progress: d.opt_value("step_progress", r.json(48)?.as_deref()),
+            last_heartbeat: r.time(47)?,
+            agent_version: r.opt_text(48)?,
+            progress: d.opt_value("step_progress", r.json(49)?.as_deref()),
         },
     };
     node.runs = decode_runs(&mut d, r.json(32)?, &mut node.driver_internal_info);
@@ -283,6 +302,7 @@ fn node_values(n: &Node, driver_info: String) -> Vec<Arg> {
         n.attrs.protected.into(),
         free_text(&n.attrs.protected_reason),
         n.attrs.disable_power_off.into(),
+        n.chassis_uuid.clone().into(),
     ]
 }
 
@@ -471,6 +491,7 @@ impl<E: Engine> Store for SqlStore<E> {
             ("shard", &q.shard),
             ("instance_uuid", &q.instance_uuid),
             ("fault", &q.fault),
+            ("chassis_uuid", &q.chassis_uuid),
         ] {
             if let Some(v) = value {
                 filter(column, v.as_str().into());
@@ -841,6 +862,131 @@ impl<E: Engine> Store for SqlStore<E> {
         Ok(())
     }
 
+    async fn create_chassis(&self, chassis: &Chassis) -> Result<Chassis, StoreError> {
+        let mut c = chassis.clone();
+        c.version = 1;
+        c.updated_at = None;
+        let sql = format!(
+            "INSERT INTO chassis ({CHASSIS_SELECT}) VALUES ({})",
+            placeholders(1, 6)
+        );
+        let values = vec![
+            c.uuid.as_str().into(),
+            free_text(&c.description),
+            map_text(&c.extra),
+            c.created_at.into(),
+            c.updated_at.into(),
+            c.version.into(),
+        ];
+        match self.engine.execute(&sql, values).await {
+            Ok(_) => Ok(c),
+            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
+                "A chassis with UUID {} already exists.",
+                c.uuid
+            ))),
+            Err(ExecError::Store(e)) => Err(e),
+        }
+    }
+
+    async fn get_chassis(&self, uuid: &str) -> Result<Chassis, StoreError> {
+        let sql = format!("SELECT {CHASSIS_SELECT} FROM chassis WHERE uuid = $1");
+        self.one(Access::Read, &sql, vec![uuid.into()], chassis_from_row)
+            .await?
+            .ok_or_else(|| not_found("chassis", uuid))
+    }
+
+    async fn list_chassis(&self, q: &ChassisQuery) -> Result<Vec<Chassis>, StoreError> {
+        if !CHASSIS_SORT_KEYS.contains(&q.sort_key.as_str()) {
+            return Err(StoreError::Backend(format!(
+                "invalid sort key {}",
+                q.sort_key
+            )));
+        }
+        // Never NULL, so the row-value comparison of the marker holds.
+        let expr = if q.sort_key == "description" {
+            "COALESCE(description, '')"
+        } else {
+            q.sort_key.as_str()
+        };
+        let (op, dir) = if q.sort_dir == SortDir::Asc {
+            (">", "ASC")
+        } else {
+            ("<", "DESC")
+        };
+        let mut wheres: Vec<String> = Vec::new();
+        let mut args: Vec<Arg> = Vec::new();
+        if let Some(m) = &q.marker {
+            let id = self
+                .one(
+                    Access::Read,
+                    "SELECT id FROM chassis WHERE uuid = $1",
+                    vec![m.as_str().into()],
+                    |mut r| r.int(0),
+                )
+                .await?
+                .ok_or_else(|| not_found("chassis", m))?;
+            args.push(id.into());
+            wheres.push(if q.sort_key == "id" {
+                format!("id {op} $1")
+            } else {
+                format!("({expr}, id) {op} (SELECT {expr}, id FROM chassis WHERE id = $1)")
+            });
+        }
+        args.push(limit_arg(super::page_limit(q.limit)));
+        let sql = format!(
+            "SELECT {CHASSIS_SELECT} FROM chassis {} ORDER BY {expr} {dir}, id {dir} LIMIT ${}",
+            super::where_clause(&wheres),
+            args.len()
+        );
+        self.all(Access::Scan, &sql, args, chassis_from_row).await
+    }
+
+    async fn update_chassis(&self, chassis: &Chassis) -> Result<Chassis, StoreError> {
+        let mut c = chassis.clone();
+        let expected = c.version;
+        c.version += 1;
+        c.updated_at = Some(Utc::now());
+        let n = self
+            .write(
+                "UPDATE chassis SET description = $2, extra = $3, updated_at = $4, version = $5 \
+                 WHERE uuid = $1 AND version = $6",
+                vec![
+                    c.uuid.as_str().into(),
+                    free_text(&c.description),
+                    map_text(&c.extra),
+                    c.updated_at.into(),
+                    c.version.into(),
+                    expected.into(),
+                ],
+            )
+            .await?;
+        if n == 1 {
+            return Ok(c);
+        }
+        self.get_chassis(&c.uuid).await?;
+        Err(StoreError::Conflict {
+            kind: "chassis",
+            ident: c.uuid.clone(),
+            expected,
+        })
+    }
+
+    async fn delete_chassis(&self, uuid: &str) -> Result<bool, StoreError> {
+        // One statement, so a node cannot be counted out between the check and the delete.
+        let n = self
+            .write(
+                "DELETE FROM chassis WHERE uuid = $1 \
+                 AND NOT EXISTS (SELECT 1 FROM nodes WHERE chassis_uuid = $1)",
+                vec![uuid.into()],
+            )
+            .await?;
+        if n == 1 {
+            return Ok(true);
+        }
+        self.get_chassis(uuid).await?;
+        Ok(false)
+    }
+
     async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError> {
         if macs.is_empty() {
             return Ok(None);
@@ -1091,6 +1237,17 @@ impl<E: Engine> Store for SqlStore<E> {
         );
         self.all(Access::Scan, &sql, args, audit_from_row).await
     }
+
+    async fn shard_counts(&self) -> Result<Vec<(Option<String>, i64)>, StoreError> {
+        // As Ironic: one row per distinct shard, NULL included, by descending count.
+        self.all(
+            Access::Scan,
+            "SELECT shard, count(*) FROM nodes GROUP BY shard ORDER BY count(*) DESC, shard",
+            vec![],
+            |mut r| Ok((r.opt_text(0)?, r.int(1)?)),
+        )
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -1101,6 +1258,6 @@ mod tests {
     fn column_lists_agree() {
         let n = Node::new("u".into(), "d".into());
         assert_eq!(node_values(&n, String::new()).len(), NODE_COLUMNS.len());
-        assert!(NODE_INSERT.ends_with("$46)"), "{}", *NODE_INSERT);
+        assert!(NODE_INSERT.ends_with("$47)"), "{}", *NODE_INSERT);
     }
 }

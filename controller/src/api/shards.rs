@@ -1,0 +1,52 @@
+//! `GET /v1/shards` (1.82): how many nodes each shard holds, as Ironic counts them — every
+//! distinct `node.shard`, nodes without one under the name `"None"`, most populated first.
+
+use super::{ApiError, ApiResult, ApiVersion, AppState};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use serde_json::{json, Value};
+
+const SINCE: (u32, u32) = (1, 82);
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/shards", get(list))
+        .route("/v1/shards/{name}", get(show))
+}
+
+fn gate(version: (u32, u32)) -> ApiResult<()> {
+    if version < SINCE {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "The API version does not allow shards",
+        ));
+    }
+    Ok(())
+}
+
+async fn list(
+    State(state): State<AppState>,
+    Extension(ApiVersion(version)): Extension<ApiVersion>,
+) -> ApiResult<Json<Value>> {
+    gate(version)?;
+    let counts = state.conductor.store.shard_counts().await?;
+    let shards: Vec<Value> = counts
+        .into_iter()
+        .map(|(name, count)| {
+            // Ironic answers str(shard): a NULL shard is "None".
+            json!({"name": name.unwrap_or_else(|| "None".into()), "count": count})
+        })
+        .collect();
+    Ok(Json(json!({ "shards": shards })))
+}
+
+/// Ironic does not serve one shard: 404 at any version.
+async fn show(Extension(ApiVersion(version)): Extension<ApiVersion>) -> ApiResult<Json<Value>> {
+    gate(version)?;
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "a single shard cannot be shown; list them with GET /v1/shards",
+    ))
+}
