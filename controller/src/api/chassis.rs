@@ -5,8 +5,8 @@ use super::render::{base_url, links, parse_fields, select, time};
 use super::{listing, patch, ApiError, ApiResult, AppState, JsonBody};
 use crate::store::{Chassis, ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
@@ -140,15 +140,12 @@ async fn create(
     };
     let chassis = state.conductor.store.create_chassis(&chassis).await?;
     let base = base_url(&headers);
-    let mut resp = (
-        StatusCode::CREATED,
-        Json(Value::Object(chassis_full(&chassis, &base))),
-    )
-        .into_response();
-    if let Ok(loc) = HeaderValue::from_str(&format!("{base}/v1/chassis/{}", chassis.uuid)) {
-        resp.headers_mut().insert(header::LOCATION, loc);
-    }
-    Ok(resp)
+    Ok(super::render::created(
+        chassis_full(&chassis, &base),
+        &base,
+        "chassis",
+        &chassis.uuid,
+    ))
 }
 
 const LIST_PARAMS: &[&str] = &[

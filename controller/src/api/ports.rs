@@ -4,8 +4,8 @@ use super::render::{base_url, port_full, select};
 use super::{patch, ApiError, ApiResult, AppState, JsonBody};
 use crate::store::{normalize_mac, Port, PortQuery};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
@@ -58,15 +58,12 @@ async fn create(
     };
     let port = state.conductor.store.create_port(&port).await?;
     let base = base_url(&headers);
-    let mut resp = (
-        StatusCode::CREATED,
-        Json(Value::Object(port_full(&port, &base))),
-    )
-        .into_response();
-    if let Ok(loc) = HeaderValue::from_str(&format!("{base}/v1/ports/{}", port.uuid)) {
-        resp.headers_mut().insert(header::LOCATION, loc);
-    }
-    Ok(resp)
+    Ok(super::render::created(
+        port_full(&port, &base),
+        &base,
+        "ports",
+        &port.uuid,
+    ))
 }
 
 #[derive(serde::Deserialize)]

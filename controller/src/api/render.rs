@@ -20,6 +20,25 @@ pub const NODE_LIST_FIELDS: &[&str] = &[
 ];
 
 /// Base URL of this server as the client reached it.
+/// A 201 answer with the new resource's document and its `Location` (`{base}/v1/{kind}/{uuid}`).
+pub fn created(
+    doc: Map<String, Value>,
+    base: &str,
+    kind: &str,
+    uuid: &str,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut resp = (
+        axum::http::StatusCode::CREATED,
+        axum::Json(Value::Object(doc)),
+    )
+        .into_response();
+    if let Ok(loc) = axum::http::HeaderValue::from_str(&format!("{base}/v1/{kind}/{uuid}")) {
+        resp.headers_mut().insert(axum::http::header::LOCATION, loc);
+    }
+    resp
+}
+
 pub fn base_url(headers: &HeaderMap) -> String {
     let host = headers
         .get(axum::http::header::HOST)
