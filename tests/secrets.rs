@@ -201,7 +201,7 @@ fn bmc_passwords_never_in_the_database_file_or_logs() -> Result<()> {
     let mut sealed = false;
     for (path, bytes) in &files {
         assert_absent(bytes, &needles, &path.display().to_string());
-        sealed |= String::from_utf8_lossy(bytes).contains("rivet-sealed:v1:");
+        sealed |= String::from_utf8_lossy(bytes).contains("rivet-sealed:v2:");
     }
     assert!(sealed, "no sealed value found in the database files");
     let key_file = PathBuf::from(format!("{}.key", db.display()));

@@ -85,7 +85,8 @@ enum SecretsCommand {
     /// Re-seal every node's driver_info secrets with the key in NEW_KEY_FILE (the configured
     /// key, or previous_key_file, opens the old values; values still in clear are sealed
     /// too). Run it with rivetd stopped, then set key_file to the new file. Running it again
-    /// changes nothing.
+    /// changes nothing. With the configured key as NEW_KEY_FILE it rewrites values older
+    /// versions sealed (v1, AES-256-GCM) in the current format (v2, AES-256-GCM-SIV).
     Rotate {
         /// The new key.
         #[arg(long, value_name = "PATH")]

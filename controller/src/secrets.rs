@@ -5,18 +5,19 @@
 //! masks them as before.
 //!
 //! Which keys are secret is [`crate::drivers::is_secret_key`], the same list the API masks.
-//! A sealed value is the string `rivet-sealed:v1:<key id>:<base64url(nonce ‖ ciphertext ‖
-//! tag)>`: the key id (8 hex characters, a fingerprint of the key) says which key sealed it,
-//! so a rotation can tell old from new and a wrong key is named in the error. The node UUID
-//! and the field's path (`driver_info.ipmi_password`) are the associated data: a sealed
-//! value copied to another node or field does not open.
+//! A sealed value is the string `rivet-sealed:v2:<key id>:<base64url(ciphertext ‖ tag)>`:
+//! the key id (8 hex characters, a fingerprint of the key) says which key sealed it, so a
+//! rotation can tell old from new and a wrong key is named in the error. The node UUID and
+//! the field's path (`driver_info.ipmi_password`) are the associated data: a sealed value
+//! copied to another node or field does not open.
 //!
-//! The nonce is synthetic (an HMAC of the associated data and the plaintext under a key
-//! derived from the master key, as in SIV): rewriting an unchanged node writes the same
-//! bytes, and the nonce count grows with the number of distinct passwords, not with the
-//! number of node writes, so random-nonce collisions are no concern however long a key
-//! lives. The plaintext (the value's JSON text) is padded with spaces to a multiple of 32
-//! bytes so the ciphertext does not reveal a password's exact length.
+//! v2 seals with AES-256-GCM-SIV (RFC 8452, the `aes-gcm-siv` crate), whose security does
+//! not rest on unique nonces: the nonce is fixed per field (derived from the associated
+//! data), so rewriting an unchanged node writes the same bytes and a repeated nonce reveals
+//! at most that a field's value did not change. v1 values (a hand-built SIV: AES-256-GCM
+//! with an HMAC-derived nonce, written by older rivetd) still open, and `rivetd secrets
+//! rotate` rewrites them as v2. The plaintext (the value's JSON text) is padded with spaces
+//! to a multiple of 32 bytes so the ciphertext does not reveal a password's exact length.
 //!
 //! The key: 32 bytes written as 64 hex characters, in a file of mode 0600 (`[secrets]
 //! key_file`, made by `rivetd secrets init-key PATH`) or in `RIVET_SECRETS_KEY`. Without
@@ -28,15 +29,21 @@
 use crate::drivers::is_secret_key;
 use crate::store::{Node, NodeQuery, Store, StoreError};
 use base64::Engine;
-use ring::{aead, digest, hkdf, hmac, rand::SecureRandom};
+use ring::{aead, digest, hkdf, rand::SecureRandom};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// What every sealed value starts with.
-pub const SEALED_PREFIX: &str = "rivet-sealed:v1:";
+/// What every sealed value this build writes starts with.
+pub const SEALED_PREFIX: &str = "rivet-sealed:v2:";
+
+/// Values written by older rivetd (AES-256-GCM with a synthetic nonce): read, never written.
+const SEALED_PREFIX_V1: &str = "rivet-sealed:v1:";
+
+/// What every sealed value, of any version, starts with.
+const SEALED_ANY: &str = "rivet-sealed:";
 
 /// Environment variable holding the key itself (64 hex characters).
 pub const KEY_ENV: &str = "RIVET_SECRETS_KEY";
@@ -216,11 +223,23 @@ impl Key {
     }
 }
 
-/// One key, ready to seal and open.
+/// One key, ready to seal (v2) and open (v2, and v1 for values older rivetd wrote).
 struct Sealer {
     id: String,
+    siv: aes_gcm_siv::Aes256GcmSiv,
     aead: aead::LessSafeKey,
-    nonce_key: hmac::Key,
+    /// v1's nonce key: only tests still write v1 values.
+    #[cfg(test)]
+    nonce_key: ring::hmac::Key,
+}
+
+/// The format of a sealed value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// AES-256-GCM with an HMAC-derived nonce (older rivetd).
+    V1,
+    /// AES-256-GCM-SIV.
+    V2,
 }
 
 /// `hkdf::KeyType` for a 32-byte output.
@@ -244,21 +263,51 @@ impl Sealer {
                 .unwrap_or_else(|_| unreachable!("HKDF-SHA256 gives 32 bytes"));
             out
         };
-        let (enc, mac) = (derive(b"aead"), derive(b"nonce"));
+        let (enc, siv) = (derive(b"aead"), derive(b"aes-gcm-siv"));
+        #[cfg(test)]
+        let mac = derive(b"nonce");
         let unbound = aead::UnboundKey::new(&aead::AES_256_GCM, &enc)
             .unwrap_or_else(|_| unreachable!("AES-256 takes a 32-byte key"));
+        use aes_gcm_siv::KeyInit;
         Sealer {
             id: key.id.clone(),
+            siv: aes_gcm_siv::Aes256GcmSiv::new(&siv.into()),
             aead: aead::LessSafeKey::new(unbound),
-            nonce_key: hmac::Key::new(hmac::HMAC_SHA256, &mac),
+            #[cfg(test)]
+            nonce_key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &mac),
         }
     }
 
-    fn seal(&self, aad: &[u8], value: &Value) -> String {
+    /// The plaintext of `value`: its JSON text padded with spaces (JSON whitespace: the
+    /// padded text parses to the same value).
+    fn padded(value: &Value) -> Vec<u8> {
         let mut plain = value.to_string().into_bytes();
-        // Trailing spaces are JSON whitespace: the padded text parses to the same value.
         plain.resize(plain.len().div_ceil(PAD).max(1) * PAD, b' ');
-        let mut ctx = hmac::Context::with_key(&self.nonce_key);
+        plain
+    }
+
+    /// The v2 nonce of a field: fixed per (node, field), so sealing is deterministic.
+    fn siv_nonce(aad: &[u8]) -> aes_gcm_siv::Nonce {
+        let d = digest::digest(&digest::SHA256, aad);
+        *aes_gcm_siv::Nonce::from_slice(&d.as_ref()[..12])
+    }
+
+    fn seal(&self, aad: &[u8], value: &Value) -> String {
+        use aes_gcm_siv::aead::{Aead, Payload};
+        let plain = Self::padded(value);
+        let sealed = self
+            .siv
+            .encrypt(&Self::siv_nonce(aad), Payload { msg: &plain, aad })
+            // Only inputs beyond 64 GiB fail.
+            .unwrap_or_default();
+        format!("{SEALED_PREFIX}{}:{}", self.id, B64.encode(sealed))
+    }
+
+    /// The v1 form, as older rivetd wrote it (tests make v1 values with it).
+    #[cfg(test)]
+    fn seal_v1(&self, aad: &[u8], value: &Value) -> String {
+        let plain = Self::padded(value);
+        let mut ctx = ring::hmac::Context::with_key(&self.nonce_key);
         ctx.update(&(aad.len() as u64).to_be_bytes());
         ctx.update(aad);
         ctx.update(&plain);
@@ -274,13 +323,27 @@ impl Sealer {
             &mut body,
         );
         out.extend_from_slice(&body);
-        format!("{SEALED_PREFIX}{}:{}", self.id, B64.encode(out))
+        format!("{SEALED_PREFIX_V1}{}:{}", self.id, B64.encode(out))
     }
 
-    fn open(&self, aad: &[u8], b64: &str) -> Opened {
+    fn open(&self, format: Format, aad: &[u8], b64: &str) -> Opened {
         let Ok(raw) = B64.decode(b64) else {
             return Opened::Malformed;
         };
+        if format == Format::V2 {
+            use aes_gcm_siv::aead::{Aead, Payload};
+            return match self
+                .siv
+                .decrypt(&Self::siv_nonce(aad), Payload { msg: &raw, aad })
+            {
+                Ok(plain) => match serde_json::from_slice(&plain) {
+                    Ok(v) => Opened::Value(v),
+                    Err(_) => Opened::Malformed,
+                },
+                Err(_) if raw.len() < 16 => Opened::Malformed,
+                Err(_) => Opened::Unauthentic,
+            };
+        }
         if raw.len() < aead::NONCE_LEN + aead::AES_256_GCM.tag_len() {
             return Opened::Malformed;
         }
@@ -316,9 +379,14 @@ fn aad(node: &str, field: &str) -> Vec<u8> {
     format!("{}:{node}:{field}", node.len()).into_bytes()
 }
 
-/// `(key id, payload)` of a sealed value.
-fn split_sealed(s: &str) -> Option<(&str, &str)> {
-    s.strip_prefix(SEALED_PREFIX)?.split_once(':')
+/// `(format, key id, payload)` of a sealed value.
+fn split_sealed(s: &str) -> Option<(Format, &str, &str)> {
+    let (format, rest) = match s.strip_prefix(SEALED_PREFIX) {
+        Some(rest) => (Format::V2, rest),
+        None => (Format::V1, s.strip_prefix(SEALED_PREFIX_V1)?),
+    };
+    let (id, payload) = rest.split_once(':')?;
+    Some((format, id, payload))
 }
 
 /// Counts from [`rotate`].
@@ -471,14 +539,14 @@ impl Secrets {
             field: path.to_string(),
             node: uuid.to_string(),
         };
-        let (id, payload) = split_sealed(s).ok_or_else(malformed)?;
+        let (format, id, payload) = split_sealed(s).ok_or_else(malformed)?;
         let sealer = self.sealer_for(id).ok_or_else(|| SecretsError::WrongKey {
             field: path.to_string(),
             node: uuid.to_string(),
             sealed: id.to_string(),
             configured: self.key_id().unwrap_or("(none)").to_string(),
         })?;
-        match sealer.open(&aad(uuid, path), payload) {
+        match sealer.open(format, &aad(uuid, path), payload) {
             Opened::Value(v) => Ok(v),
             Opened::Malformed => Err(malformed()),
             Opened::Unauthentic => Err(SecretsError::Tampered {
@@ -498,7 +566,7 @@ impl Secrets {
         for (k, v) in map.iter_mut() {
             let field = format!("{path}.{k}");
             match v {
-                Value::String(s) if is_secret_key(k) && s.starts_with(SEALED_PREFIX) => {
+                Value::String(s) if is_secret_key(k) && s.starts_with(SEALED_ANY) => {
                     *v = self.open_value(uuid, &field, s)?;
                 }
                 Value::Object(m) if !is_secret_key(k) => self.open_map(uuid, &field, m)?,
@@ -545,11 +613,12 @@ fn reseal_map(
         let field = format!("{path}.{k}");
         if is_secret_key(k) && !v.is_null() {
             let plain = match &*v {
-                Value::String(s) if s.starts_with(SEALED_PREFIX) => {
+                Value::String(s) if s.starts_with(SEALED_ANY) => {
                     match split_sealed(s) {
-                        // Already under the new key: check it opens, leave it.
-                        Some((id, payload)) if id == new.id => {
-                            match new.open(&aad(uuid, &field), payload) {
+                        // Already under the new key, in this build's format: check it
+                        // opens, leave it. (A v1 value under the same key is rewritten.)
+                        Some((Format::V2, id, payload)) if id == new.id => {
+                            match new.open(Format::V2, &aad(uuid, &field), payload) {
                                 Opened::Value(_) => continue,
                                 Opened::Malformed => {
                                     return Err(SecretsError::Malformed {
@@ -588,7 +657,8 @@ fn reseal_map(
 /// Re-seal every node's driver_info secrets in the database at `url` with `new`, opening
 /// the old values with `old` (`rivetd secrets rotate`). One write per node with the usual
 /// version check, so a concurrent change is re-read, never overwritten. Values already
-/// under `new` are left alone: running it again changes nothing.
+/// under `new` in the current format (v2) are left alone: running it again changes nothing;
+/// v1 values are rewritten as v2 even when `new` is the key that sealed them.
 pub async fn rotate(url: &str, old: &Secrets, new: &Key) -> Result<RotateReport, StoreError> {
     // The backends' own sealing is off: this function reads and writes the sealed text.
     let store: Arc<dyn Store> = crate::store::open(url, Arc::new(Secrets::passthrough()))?;
@@ -769,6 +839,57 @@ mod tests {
         let len = |n: &Node| n.driver_info["ipmi_password"].as_str().map(str::len);
         assert_eq!(len(&a), len(&c), "short passwords look alike");
         assert_ne!(a.driver_info, c.driver_info);
+    }
+
+    /// Values older rivetd sealed (v1: AES-256-GCM with a synthetic nonce) still open, and
+    /// re-sealing under the same key rewrites them as v2 (AES-256-GCM-SIV), once.
+    #[test]
+    fn v1_values_open_and_are_resealed_as_v2() {
+        let key = Key::generate().expect("key");
+        let s = Secrets::new(&key, &[]);
+        let sealer = Sealer::new(&key);
+        let v1 = sealer.seal_v1(&aad("u1", "driver_info.ipmi_password"), &json!("old-pw"));
+        assert!(v1.starts_with("rivet-sealed:v1:"), "{v1}");
+        let mut raw = node(
+            "u1",
+            json!({"ipmi_password": v1.clone(), "ipmi_address": "h"}),
+        );
+        let opened = s.open_node(raw.clone()).expect("v1 opens");
+        assert_eq!(opened.driver_info["ipmi_password"], "old-pw");
+        // Tampering with a v1 value is still caught.
+        let mut bad = v1.clone();
+        bad.pop();
+        bad.push(if v1.ends_with('A') { 'B' } else { 'A' });
+        let mut tampered = raw.clone();
+        tampered
+            .driver_info
+            .insert("ipmi_password".into(), json!(bad));
+        assert!(s.open_node(tampered).is_err());
+
+        let (changed, clear) =
+            reseal_map(&s, &sealer, "u1", "driver_info", &mut raw.driver_info).expect("reseal");
+        assert_eq!((changed, clear), (1, 0));
+        let v2 = raw.driver_info["ipmi_password"]
+            .as_str()
+            .expect("str")
+            .to_string();
+        assert!(
+            v2.starts_with(&format!("rivet-sealed:v2:{}:", key.id())),
+            "{v2}"
+        );
+        assert_eq!(
+            s.open_node(raw.clone()).expect("v2 opens").driver_info["ipmi_password"],
+            "old-pw"
+        );
+        let again =
+            reseal_map(&s, &sealer, "u1", "driver_info", &mut raw.driver_info).expect("again");
+        assert_eq!(again, (0, 0), "a v2 value under the key is left alone");
+        // A v2 value moved to another field does not open.
+        let mut moved = raw.clone();
+        moved
+            .driver_info
+            .insert("redfish_password".into(), json!(v2));
+        assert!(s.open_node(moved).is_err());
     }
 
     #[test]

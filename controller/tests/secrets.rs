@@ -135,7 +135,7 @@ async fn api_passwords_are_sealed_in_the_database(db: TestDb) {
     assert_eq!(raw.len(), 2, "{raw:?}");
     for (uuid, text) in &raw {
         no_password_in(text, &format!("node {uuid}'s driver_info column"));
-        assert!(text.contains("rivet-sealed:v1:"), "{text}");
+        assert!(text.contains("rivet-sealed:v2:"), "{text}");
     }
     assert!(
         raw[0].1.contains("10.0.0.1"),
@@ -222,7 +222,7 @@ async fn rotate_reseals_everything_and_only_the_new_key_opens(db: TestDb) {
         no_password_in(text, &format!("node {uuid} after rotate"));
         if text.contains("password") || text.contains("token") {
             assert!(
-                text.contains(&format!("rivet-sealed:v1:{}:", new.id())),
+                text.contains(&format!("rivet-sealed:v2:{}:", new.id())),
                 "{text}"
             );
             assert!(!text.contains(old.key_id().expect("id")), "{text}");
@@ -260,5 +260,5 @@ async fn rotate_reseals_everything_and_only_the_new_key_opens(db: TestDb) {
     let raw = raw_driver_info(&db).await;
     let (_, text) = raw.iter().find(|(u, _)| *u == legacy).expect("row");
     no_password_in(text, "the legacy node after a write");
-    assert!(text.contains("rivet-sealed:v1:"), "{text}");
+    assert!(text.contains("rivet-sealed:v2:"), "{text}");
 }
