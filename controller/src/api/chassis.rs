@@ -286,17 +286,11 @@ async fn list_detail(
     list_inner(&state, &headers, params, true).await
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ShowParams {
-    fields: Option<String>,
-}
-
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(uuid): Path<String>,
-    Query(p): Query<ShowParams>,
+    Query(p): Query<super::listing::ShowParams>,
 ) -> ApiResult<Json<Value>> {
     let chassis = fetch(&state, &uuid).await?;
     let full = chassis_full(&chassis, &base_url(&headers));

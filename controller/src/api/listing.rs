@@ -23,3 +23,11 @@ pub fn sort_dir(value: &str) -> Option<SortDir> {
         _ => None,
     }
 }
+
+/// The query a single-resource GET takes (`?fields=a,b`), for nodes and chassis alike.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowParams {
+    /// Comma-separated fields to keep.
+    pub fields: Option<String>,
+}

@@ -465,18 +465,12 @@ async fn create(
     Ok(resp)
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ShowParams {
-    fields: Option<String>,
-}
-
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
     version: Version,
     Path(ident): Path<String>,
-    Query(p): Query<ShowParams>,
+    Query(p): Query<super::listing::ShowParams>,
 ) -> ApiResult<Response> {
     let mut node = state.conductor.store.get_node(&ident).await?;
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
