@@ -123,11 +123,7 @@ impl Conductor {
         if !manual && !self.automated_clean_enabled(&node) {
             tracing::info!(node = %uuid, retired = node.attrs.retired, "automated cleaning disabled; node becomes available (manageable when retired)");
             clear_run(&mut node);
-            let event = if node.attrs.retired {
-                Event::Manage
-            } else {
-                Event::Done
-            };
+            let event = end_of_cleaning(&node, false);
             let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
             return self.event(node, event, None).await.map(Some);
         }
@@ -523,19 +519,18 @@ impl Conductor {
         clear_run(&mut node);
         let _ = self.store.cancel_pending(&node.uuid).await;
         tracing::info!(node = %node.uuid, manual, "cleaning finished");
-        // A retired node is not offered for deployment again: after cleaning it rests in
-        // manageable, as in Ironic.
-        let to_manageable = manual || node.attrs.retired;
-        self.event(
-            node,
-            if to_manageable {
-                Event::Manage
-            } else {
-                Event::Done
-            },
-            None,
-        )
-        .await
+        let event = end_of_cleaning(&node, manual);
+        self.event(node, event, None).await
+    }
+}
+
+/// The event that ends a cleaning run: back to manageable for a manual clean and for a
+/// retired node (Ironic never offers a retired node for deployment again), else available.
+fn end_of_cleaning(node: &Node, manual: bool) -> Event {
+    if manual || node.attrs.retired {
+        Event::Manage
+    } else {
+        Event::Done
     }
 }
 
