@@ -43,6 +43,12 @@ if [ ! -x "$VENV/bin/baremetal" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "python-ironicclient==$IRONICCLIENT_VERSION"
 fi
+# prometheus_client's parsers check rivetd's /metrics exposition in tests/metrics.rs.
+PROMETHEUS_CLIENT_VERSION=0.26.0
+if ! "$VENV/bin/pip" show prometheus-client 2>/dev/null | grep -qx "Version: $PROMETHEUS_CLIENT_VERSION"; then
+  echo "setup: installing prometheus-client $PROMETHEUS_CLIENT_VERSION into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "prometheus-client==$PROMETHEUS_CLIENT_VERSION"
+fi
 bash scripts/setup-qemu.sh >/dev/null
 bash scripts/setup-peers.sh
 bash scripts/setup-lab.sh

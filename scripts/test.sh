@@ -10,6 +10,8 @@ export RIVET_REQUIRE_PEERS=1
 export RIVET_VENV="$PWD/.venv"
 export RIVET_TEST_POSTGRES=${RIVET_TEST_POSTGRES:-postgres://rivet:rivet@127.0.0.1:55432/rivet}  # scripts/setup-postgres.sh
 
+echo "== documentation links"
+bash scripts/check-links.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

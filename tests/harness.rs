@@ -3,6 +3,7 @@
 //! skips a test (developer machines) or fails it (CI sets `RIVET_REQUIRE_PEERS=1`).
 
 pub mod agentproc;
+pub mod clients;
 pub mod fileserver;
 pub mod peers;
 pub mod qemu;

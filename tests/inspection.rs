@@ -96,15 +96,15 @@ fn message(v: &Value) -> String {
 fn in_band_inspection_fills_properties_ports_and_applies_rules_in_order() -> Result<()> {
     let scene = Scene::new("", json!({}))?;
     scene.rule(json!({"description": "first", "priority": 10,
-        "conditions": [{"field": "inventory.cpu.count", "op": "gt", "value": 0}],
-        "actions": [{"action": "add-trait", "name": "CUSTOM_FIRST"}, {"action": "set-extra", "name": "order", "value": "first"},
-                    {"action": "set-capability", "name": "tested", "value": "yes"}]}))?;
+        "conditions": [{"op": "gt", "args": {"values": ["{inventory[cpu][count]}", 0]}}],
+        "actions": [{"op": "add-trait", "args": {"name": "CUSTOM_FIRST"}}, {"op": "set-attribute", "args": {"path": "extra/order", "value": "first"}},
+                    {"op": "set-capability", "args": {"name": "tested", "value": "yes"}}]}))?;
     scene.rule(json!({"description": "second", "priority": 5,
-        "conditions": [{"field": "node.driver", "op": "eq", "value": "fake-hardware"}],
-        "actions": [{"action": "add-trait", "name": "CUSTOM_SECOND"}, {"action": "set-extra", "name": "order", "value": "second"}]}))?;
+        "conditions": [{"op": "eq", "args": {"values": ["{node[driver]}", "fake-hardware"]}}],
+        "actions": [{"op": "add-trait", "args": {"name": "CUSTOM_SECOND"}}, {"op": "set-attribute", "args": {"path": "extra/order", "value": "second"}}]}))?;
     scene.rule(json!({"description": "never applies", "priority": 99,
-        "conditions": [{"field": "inventory.cpu.architecture", "op": "matches", "value": "^sparc"}],
-        "actions": [{"action": "fail", "message": "sparc is not welcome"}]}))?;
+        "conditions": [{"op": "matches", "args": {"value": "{inventory[cpu][architecture]}", "regex": "sparc.*"}}],
+        "actions": [{"op": "fail", "args": {"msg": "sparc is not welcome"}}]}))?;
 
     let disk = scene.disk(10)?;
     let (s, v) = scene.verb("inspect")?;
@@ -175,8 +175,8 @@ fn in_band_inspection_fills_properties_ports_and_applies_rules_in_order() -> Res
 fn failing_rule_fails_inspection_then_reinspection_succeeds() -> Result<()> {
     let scene = Scene::new("", json!({}))?;
     let rule = scene.rule(json!({"priority": 1,
-        "conditions": [{"field": "inventory.disks.0.size", "op": "lt", "value": 1_099_511_627_776u64}],
-        "actions": [{"action": "fail", "message": "root disk smaller than 1 TiB"}]}))?;
+        "conditions": [{"op": "lt", "args": {"values": ["{inventory[disks][0][size]}", 1_099_511_627_776u64]}}],
+        "actions": [{"op": "fail", "args": {"msg": "root disk smaller than 1 TiB"}}]}))?;
     let disk = scene.disk(5)?;
     scene.verb("inspect")?;
     scene.state("inspect wait", 10)?;
@@ -319,20 +319,20 @@ fn rule_validation_is_400_naming_the_field() -> Result<()> {
     let scene = Scene::new("", json!({}))?;
     let cases = [
         (
-            json!({"conditions": [{"field": "inventory.cpu.count", "op": "gte", "value": 1}], "actions": [{"action": "add-trait", "name": "X"}]}),
+            json!({"conditions": [{"op": "gte", "args": {"values": ["{inventory[cpu][count]}", 1]}}], "actions": [{"op": "add-trait", "args": {"name": "X"}}]}),
             "conditions[0].op",
         ),
         (
-            json!({"conditions": [{"field": "cpu", "op": "eq", "value": 1}], "actions": [{"action": "add-trait", "name": "X"}]}),
-            "conditions[0].field",
+            json!({"conditions": [{"op": "eq", "args": {"value": 1}}], "actions": [{"op": "add-trait", "args": {"name": "X"}}]}),
+            "missing required argument(s): values",
         ),
         (
-            json!({"actions": [{"action": "launch", "name": "X"}]}),
-            "actions",
+            json!({"actions": [{"op": "launch", "args": {"name": "X"}}]}),
+            "actions[0].op",
         ),
         (json!({"actions": []}), "actions"),
         (
-            json!({"priority": "high", "actions": [{"action": "add-trait", "name": "X"}]}),
+            json!({"priority": "high", "actions": [{"op": "add-trait", "args": {"name": "X"}}]}),
             "priority",
         ),
     ];

@@ -723,6 +723,8 @@ pub struct MockState {
     pub sessions_only: bool,
     /// `On` / `Off`.
     pub power: String,
+    /// The system's `Status.Health` (`OK`, `Warning`, `Critical`); `None`: no `Status`.
+    pub health: Option<String>,
     /// ComputerSystem.Reset types received.
     pub resets: Vec<String>,
     /// Current BIOS attributes.
@@ -743,6 +745,35 @@ pub struct MockState {
     pub fail_next: usize,
     /// Every request, as "METHOD PATH".
     pub requests: Vec<String>,
+    /// `RegistryEntries.Attributes` of the BIOS attribute registry the BMC serves under
+    /// `/redfish/v1/Registries`; `None`: no `Registries` at all.
+    pub bios_registry: Option<Vec<Value>>,
+    /// The Chassis' `NetworkAdapters` (documents with `Id`, `Manufacturer`, `Model`,
+    /// `SerialNumber`, `Controllers[].FirmwarePackageVersion`).
+    pub network_adapters: Vec<Value>,
+}
+
+/// The registry the mock's Bios resource names. Unlike its registry file's `Id` and
+/// `Registry`, only the registry document's `Id` matches it (as in sushy-tools).
+pub const MOCK_BIOS_REGISTRY: &str = "BiosAttributeRegistryP89.v1_0_0";
+const MOCK_REGISTRY_FILE: &str = "/redfish/v1/Registries/BiosAttributeRegistry.v1_0_0";
+const MOCK_MANAGER: &str = "/redfish/v1/Managers/bmc";
+const MOCK_CHASSIS: &str = "/redfish/v1/Chassis/1U";
+
+/// The mock's default BIOS attribute registry entries.
+pub fn mock_bios_registry() -> Vec<Value> {
+    vec![
+        json!({"AttributeName": "ProcTurboMode", "Type": "Enumeration", "ReadOnly": false,
+               "ResetRequired": true, "DisplayName": "Turbo Boost",
+               "Value": [{"ValueName": "Enabled", "ValueDisplayName": "On"},
+                         {"ValueName": "Disabled", "ValueDisplayName": "Off"}]}),
+        json!({"AttributeName": "BootMode", "Type": "Enumeration", "ReadOnly": false,
+               "Value": [{"ValueDisplayName": "Bios"}, {"ValueName": "Uefi"}]}),
+        json!({"AttributeName": "CoreCount", "Type": "Integer", "LowerBound": 1,
+               "UpperBound": 64, "ReadOnly": false, "ResetRequired": true}),
+        json!({"AttributeName": "AssetTag", "Type": "String", "MinLength": 0, "MaxLength": 16,
+               "IsSystemUniqueProperty": true, "ReadOnly": true}),
+    ]
 }
 
 impl Default for MockState {
@@ -762,6 +793,7 @@ impl Default for MockState {
             logins: 0,
             sessions_only: false,
             power: "Off".into(),
+            health: None,
             resets: Vec::new(),
             bios_defaults: bios.clone(),
             bios,
@@ -772,6 +804,18 @@ impl Default for MockState {
             task_polls_needed: 3,
             fail_next: 0,
             requests: Vec::new(),
+            bios_registry: Some(mock_bios_registry()),
+            network_adapters: vec![
+                json!({"Id": "NIC.Slot.1", "Manufacturer": "Acme Networks", "Model": "AN-25G",
+                       "SerialNumber": "ACME0001",
+                       "Controllers": [{"FirmwarePackageVersion": "22.31.6"}]}),
+                // No serial number: the component is named by its Id.
+                json!({"Id": "NIC.Embedded.1", "Manufacturer": "Other Corp",
+                       "Controllers": [{"FirmwarePackageVersion": "1.0.9"}]}),
+                // No firmware version: not a component.
+                json!({"Id": "NIC.Slot.2", "Manufacturer": "Acme Networks",
+                       "Controllers": [{}]}),
+            ],
         }
     }
 }
@@ -945,10 +989,11 @@ async fn mock_handler(
 }
 
 fn system_doc(s: &MockState) -> Value {
-    json!({
+    let mut doc = json!({
         "@odata.id": MOCK_SYSTEM,
         "@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
         "Id": "sys1",
+        "BiosVersion": "1.2.3",
         "PowerState": s.power,
         "Boot": {"BootSourceOverrideEnabled": "Disabled", "BootSourceOverrideTarget": "None"},
         "ProcessorSummary": {"Count": 2, "LogicalProcessorCount": 16},
@@ -956,11 +1001,19 @@ fn system_doc(s: &MockState) -> Value {
         "Bios": {"@odata.id": format!("{MOCK_SYSTEM}/Bios")},
         "Processors": {"@odata.id": format!("{MOCK_SYSTEM}/Processors")},
         "EthernetInterfaces": {"@odata.id": format!("{MOCK_SYSTEM}/EthernetInterfaces")},
+        "Links": {
+            "ManagedBy": [{"@odata.id": MOCK_MANAGER}],
+            "Chassis": [{"@odata.id": MOCK_CHASSIS}]
+        },
         "Actions": {"#ComputerSystem.Reset": {
             "target": format!("{MOCK_SYSTEM}/Actions/ComputerSystem.Reset"),
-            "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart"]
+            "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "Nmi"]
         }}
-    })
+    });
+    if let Some(h) = &s.health {
+        doc["Status"] = json!({"State": "Enabled", "Health": h});
+    }
+    doc
 }
 
 fn task_doc(state: &str, status: &str, pct: u64, msg: &str) -> Value {
@@ -986,17 +1039,18 @@ fn route(
     // Unauthenticated: the service root and session creation.
     match (method, path) {
         ("GET", "/redfish/v1") => {
-            return reply(
-                200,
-                json!({
-                    "@odata.id": "/redfish/v1/",
-                    "RedfishVersion": "1.15.0",
-                    "Systems": {"@odata.id": "/redfish/v1/Systems"},
-                    "UpdateService": {"@odata.id": "/redfish/v1/UpdateService"},
-                    "SessionService": {"@odata.id": "/redfish/v1/SessionService"},
-                    "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}}
-                }),
-            )
+            let mut root = json!({
+                "@odata.id": "/redfish/v1/",
+                "RedfishVersion": "1.15.0",
+                "Systems": {"@odata.id": "/redfish/v1/Systems"},
+                "UpdateService": {"@odata.id": "/redfish/v1/UpdateService"},
+                "SessionService": {"@odata.id": "/redfish/v1/SessionService"},
+                "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}}
+            });
+            if s.bios_registry.is_some() {
+                root["Registries"] = json!({"@odata.id": "/redfish/v1/Registries"});
+            }
+            return reply(200, root);
         }
         ("POST", "/redfish/v1/SessionService/Sessions") => {
             if body["UserName"] != s.user.as_str() || body["Password"] != s.password.as_str() {
@@ -1050,6 +1104,11 @@ fn route(
             s.power = match t.as_str() {
                 "On" | "ForceRestart" | "GracefulRestart" => "On",
                 "ForceOff" | "GracefulShutdown" => "Off",
+                // An NMI leaves the power as it is.
+                "Nmi" => {
+                    s.resets.push(t);
+                    return reply(204, Value::Null);
+                }
                 _ => {
                     return redfish_error(
                         400,
@@ -1071,6 +1130,7 @@ fn route(
             200,
             json!({
                 "@odata.id": bios,
+                "AttributeRegistry": MOCK_BIOS_REGISTRY,
                 "Attributes": s.bios,
                 "@Redfish.Settings": {
                     "SettingsObject": {"@odata.id": settings},
@@ -1138,6 +1198,38 @@ fn route(
                 json!({"@odata.id": p, "MACAddress": MOCK_MACS[(i - 1).min(1)]}),
             )
         }
+        ("GET", p) if p.starts_with("/redfish/v1/Registries") => registry_route(s, p),
+        ("GET", MOCK_MANAGER) => reply(
+            200,
+            json!({"@odata.id": MOCK_MANAGER, "Id": "bmc", "FirmwareVersion": "4.5.6",
+                   "Model": "MockBMC 9000", "Manufacturer": "Rivet Mocks"}),
+        ),
+        ("GET", MOCK_CHASSIS) => reply(
+            200,
+            json!({"@odata.id": MOCK_CHASSIS, "Id": "1U",
+                   "NetworkAdapters": {"@odata.id": format!("{MOCK_CHASSIS}/NetworkAdapters")}}),
+        ),
+        ("GET", p) if p == format!("{MOCK_CHASSIS}/NetworkAdapters") => reply(
+            200,
+            json!({"Members": s.network_adapters.iter()
+                .map(|a| json!({"@odata.id": format!("{MOCK_CHASSIS}/NetworkAdapters/{}", a["Id"].as_str().unwrap_or(""))}))
+                .collect::<Vec<_>>()}),
+        ),
+        ("GET", p) if p.starts_with(&format!("{MOCK_CHASSIS}/NetworkAdapters/")) => {
+            let id = p.rsplit('/').next().unwrap_or("");
+            match s.network_adapters.iter().find(|a| a["Id"] == id) {
+                Some(a) => {
+                    let mut a = a.clone();
+                    a["@odata.id"] = json!(p);
+                    reply(200, a)
+                }
+                None => redfish_error(
+                    404,
+                    "Base.1.8.ResourceMissingAtURI",
+                    &format!("The resource at the URI {p} was not found."),
+                ),
+            }
+        }
         ("GET", "/redfish/v1/UpdateService") => reply(
             200,
             json!({"@odata.id": "/redfish/v1/UpdateService", "Actions": {"#UpdateService.SimpleUpdate": {
@@ -1189,5 +1281,55 @@ fn route(
             "Base.1.8.ResourceMissingAtURI",
             &format!("The resource at the URI {path} was not found."),
         ),
+    }
+}
+
+/// `/redfish/v1/Registries`: a message registry file and the BIOS attribute registry file,
+/// each with a document in English (absent when the state has no registry).
+fn registry_route(s: &MockState, path: &str) -> MockResponse {
+    let missing = || {
+        redfish_error(
+            404,
+            "Base.1.8.ResourceMissingAtURI",
+            &format!("The resource at the URI {path} was not found."),
+        )
+    };
+    let Some(entries) = &s.bios_registry else {
+        return missing();
+    };
+    let messages = "/redfish/v1/Registries/Messages";
+    let file = |id: &str, registry: &str, at: &str| {
+        json!({"@odata.id": at, "@odata.type": "#MessageRegistryFile.v1_1_0.MessageRegistryFile",
+               "Id": id, "Name": id, "Registry": registry, "Languages": ["en"],
+               "Location": [{"Language": "en", "Uri": format!("{at}/en")}]})
+    };
+    match path {
+        "/redfish/v1/Registries" => reply(
+            200,
+            json!({"Members": [{"@odata.id": messages}, {"@odata.id": MOCK_REGISTRY_FILE}],
+                   "Members@odata.count": 2}),
+        ),
+        p if p == messages => reply(200, file("Messages", "Base.1.8", messages)),
+        p if p == format!("{messages}/en") => reply(
+            200,
+            json!({"@odata.type": "#MessageRegistry.v1_4_0.MessageRegistry", "Id": "Base.1.8.0",
+                   "Language": "en", "RegistryPrefix": "Base", "RegistryVersion": "1.8.0",
+                   "Messages": {}}),
+        ),
+        MOCK_REGISTRY_FILE => reply(
+            200,
+            file(
+                "BiosAttributeRegistry.v1_0_0",
+                "BiosAttributeRegistry1.0",
+                MOCK_REGISTRY_FILE,
+            ),
+        ),
+        p if p == format!("{MOCK_REGISTRY_FILE}/en") => reply(
+            200,
+            json!({"@odata.id": p, "@odata.type": "#AttributeRegistry.v1_1_1.AttributeRegistry",
+                   "Id": MOCK_BIOS_REGISTRY, "Language": "en", "OwningEntity": "Rivet Mocks",
+                   "RegistryVersion": "1.0.0", "RegistryEntries": {"Attributes": entries}}),
+        ),
+        _ => missing(),
     }
 }

@@ -296,3 +296,29 @@ fn manual_cleaning_runs_bios_and_firmware_steps_out_of_band() -> anyhow::Result<
     }
     Ok(())
 }
+
+#[test]
+fn power_and_health_come_from_one_system_read() -> anyhow::Result<()> {
+    use rivet_controller::drivers::Health;
+    let mock = RedfishMock::start(MockState {
+        health: Some("Warning".into()),
+        ..MockState::default()
+    })?;
+    let info = mock.driver_info("mock-password");
+    let b = bmc();
+    let rt = rt();
+    let before = mock.snapshot().requests.len();
+    let read = rt.block_on(b.get_power_and_health(NODE, &info))?;
+    assert_eq!(read, (PowerState::Off, Some(Health::Warning)));
+    let system_gets = mock.snapshot().requests[before..]
+        .iter()
+        .filter(|r| *r == &format!("GET {}", rivet_tests::peers::MOCK_SYSTEM))
+        .count();
+    assert_eq!(system_gets, 1, "{:?}", mock.snapshot().requests);
+    // Unknown vendor text and no Status at all are no health.
+    mock.with(|s| s.health = Some("Degraded".into()));
+    assert_eq!(rt.block_on(b.get_power_and_health(NODE, &info))?.1, None);
+    mock.with(|s| s.health = None);
+    assert_eq!(rt.block_on(b.get_power_and_health(NODE, &info))?.1, None);
+    Ok(())
+}

@@ -71,6 +71,11 @@ struct RunArgs {
     /// Time limit of the other commands, in seconds.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     command_timeout: u64,
+    /// Directory whose etc/passwd and etc/shadow get the rescue login (finalize_rescue).
+    /// The ramdisk's init uses `/`; a local agent without this refuses to rescue, so it
+    /// never changes the host's own accounts.
+    #[arg(long, value_name = "DIR")]
+    rescue_root: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Default)]
@@ -85,6 +90,10 @@ struct LocalArgs {
     /// Log filter, e.g. `debug` (else RIVET_LOG, else rivet.log=).
     #[arg(long, value_name = "LEVEL")]
     log: Option<String>,
+    /// Log JSON lines on stderr (else RIVET_LOG_JSON=1, else rivet.log_json=1); the log tail
+    /// sent with a failed step stays human-readable.
+    #[arg(long)]
+    log_json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -152,6 +161,7 @@ fn overrides(local: &LocalArgs) -> Overrides {
     Overrides {
         devices: local.devices.clone(),
         log: local.log.clone(),
+        log_json: local.log_json,
         ..Default::default()
     }
 }
@@ -202,7 +212,11 @@ where
     if args.log.is_none() && env_var("RIVET_LOG").is_none() {
         settings.log = default_log.to_string();
     }
-    logring::init(&settings.log, &LogRing::new(RING_LINES, true));
+    logring::init(
+        &settings.log,
+        &LogRing::new(RING_LINES, true),
+        settings.log_json,
+    );
     let dispatcher = Dispatcher::new(with_deploy(
         managers(&manager_config(&settings, args)),
         &settings,
@@ -298,7 +312,7 @@ where
         Err(e) => return fatal(&e.to_string()),
     };
     let ring = LogRing::new(RING_LINES, true);
-    logring::init(&settings.log, &ring);
+    logring::init(&settings.log, &ring, settings.log_json);
 
     let dispatcher = Arc::new(Dispatcher::new(with_deploy(
         managers(&manager_config(&settings, &args.local)),
@@ -327,6 +341,10 @@ where
             step_timeout: Duration::from_secs(args.step_timeout),
             command_timeout: Duration::from_secs(args.command_timeout),
             power,
+            rescue_root: crate::rescue::RescueRoot::choose(
+                pid1::owns_machine(),
+                args.rescue_root.clone(),
+            ),
             inventory: inventory.clone(),
             ..Default::default()
         },

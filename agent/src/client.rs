@@ -112,6 +112,23 @@ pub trait Transport: Send + Sync + 'static {
         req: &HeartbeatRequest,
         timeout: Duration,
     ) -> impl Future<Output = Result<HeartbeatResponse, TransportError>> + Send;
+
+    /// `POST {base}/agent/v1/discover` (see [`crate::discovery`]); a transport without it
+    /// answers as a controller with discovery disabled.
+    fn discover(
+        &self,
+        base: &str,
+        req: &rivet_protocol::discovery::DiscoverRequest,
+    ) -> impl Future<Output = Result<rivet_protocol::discovery::DiscoverResponse, TransportError>> + Send
+    {
+        let _ = (base, req);
+        async {
+            Err(TransportError::Status {
+                status: 403,
+                body: "discovery is not supported by this transport".into(),
+            })
+        }
+    }
 }
 
 /// reqwest over rustls.
@@ -223,6 +240,15 @@ impl Transport for HttpTransport {
             timeout,
         )
         .await
+    }
+
+    async fn discover(
+        &self,
+        base: &str,
+        req: &rivet_protocol::discovery::DiscoverRequest,
+    ) -> Result<rivet_protocol::discovery::DiscoverResponse, TransportError> {
+        let url = format!("{base}{}", rivet_protocol::discovery::DISCOVER_PATH);
+        self.post(url, None, req, LOOKUP_TIMEOUT).await
     }
 }
 

@@ -32,6 +32,8 @@ pub struct BootParams {
     pub node: Option<String>,
     /// `rivet.log=`.
     pub log: Option<String>,
+    /// `rivet.log_json=1` (or `true`/`yes`/`on`; `0`… turns it off).
+    pub log_json: Option<bool>,
     /// MAC from `BOOTIF=01-aa-bb-cc-dd-ee-ff`, as `aa:bb:cc:dd:ee:ff`.
     pub pxe_mac: Option<String>,
 }
@@ -49,6 +51,7 @@ pub fn parse_cmdline(cmdline: &str) -> BootParams {
             "rivet.ca" if !value.is_empty() => p.ca = Some(PathBuf::from(value)),
             "rivet.node" if !value.is_empty() => p.node = Some(value.to_string()),
             "rivet.log" if !value.is_empty() => p.log = Some(value.to_string()),
+            "rivet.log_json" => p.log_json = flag(value),
             "BOOTIF" => p.pxe_mac = parse_bootif(value),
             _ => {}
         }
@@ -97,6 +100,8 @@ pub struct Overrides {
     pub ca: Option<PathBuf>,
     /// `--log`.
     pub log: Option<String>,
+    /// `--log-json` (only ever turns JSON on).
+    pub log_json: bool,
 }
 
 /// The resolved configuration of a running agent.
@@ -112,6 +117,8 @@ pub struct Settings {
     pub ca: Option<PathBuf>,
     /// Log filter (`info`, `rivet_agent=debug`, …).
     pub log: String,
+    /// Log JSON lines on stderr (`--log-json`, `RIVET_LOG_JSON=1`, `rivet.log_json=1`).
+    pub log_json: bool,
     /// MAC of the PXE interface.
     pub pxe_mac: Option<String>,
 }
@@ -175,8 +182,22 @@ pub fn resolve(
             .or(env_one("RIVET_LOG"))
             .or(boot.log)
             .unwrap_or_else(|| "info".to_string()),
+        log_json: flags.log_json
+            || env_one("RIVET_LOG_JSON")
+                .and_then(|v| flag(&v))
+                .or(boot.log_json)
+                .unwrap_or(false),
         pxe_mac: boot.pxe_mac,
     })
+}
+
+/// A boolean setting's value; `None` when it is not one.
+fn flag(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 fn first_non_empty<const N: usize>(lists: [Vec<String>; N]) -> Vec<String> {
@@ -263,6 +284,7 @@ mod tests {
             node: Some("flag-node".into()),
             ca: None,
             log: Some("trace".into()),
+            log_json: false,
         };
         let s = resolve(cmdline, &env, &flags, true).unwrap();
         assert_eq!(s.controllers, vec!["https://flag"]);
@@ -270,6 +292,31 @@ mod tests {
         assert_eq!(s.node.as_deref(), Some("flag-node"));
         assert_eq!(s.ca, Some(PathBuf::from("/env/ca")));
         assert_eq!(s.log, "trace");
+    }
+
+    #[test]
+    fn log_json_from_cmdline_env_or_flag() {
+        let none = Overrides::default();
+        let s = resolve("rivet.log_json=1", &env_of(&[]), &none, false).unwrap();
+        assert!(s.log_json);
+        let s = resolve(
+            "rivet.log_json=1",
+            &env_of(&[("RIVET_LOG_JSON", "0")]),
+            &none,
+            false,
+        )
+        .unwrap();
+        assert!(!s.log_json, "the environment beats the command line");
+        let s = resolve("", &env_of(&[("RIVET_LOG_JSON", "yes")]), &none, false).unwrap();
+        assert!(s.log_json);
+        let s = resolve("rivet.log_json=bogus", &env_of(&[]), &none, false).unwrap();
+        assert!(!s.log_json);
+        let flags = Overrides {
+            log_json: true,
+            ..Overrides::default()
+        };
+        let s = resolve("rivet.log_json=0", &env_of(&[]), &flags, false).unwrap();
+        assert!(s.log_json);
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub struct ExecutorOptions {
     pub inventory: InventoryOptions,
     /// Lines of log attached to a failed result.
     pub log_tail_lines: usize,
+    /// Where `finalize_rescue` writes the rescue login (see [`crate::rescue`]).
+    pub rescue_root: crate::rescue::RescueRoot,
 }
 
 impl Default for ExecutorOptions {
@@ -64,6 +66,7 @@ impl Default for ExecutorOptions {
             power_delay: Duration::from_secs(3),
             inventory: InventoryOptions::default(),
             log_tail_lines: crate::logring::DEFAULT_LINES,
+            rescue_root: crate::rescue::RescueRoot::Refuse,
         }
     }
 }
@@ -107,6 +110,9 @@ pub enum CommandError {
     /// `abort` for a command that is not abortable or unknown.
     #[error("{0}")]
     Abort(String),
+    /// `finalize_rescue` could not set the rescue login.
+    #[error("finalize_rescue failed: {0}")]
+    Rescue(String),
     /// The blocking thread panicked.
     #[error("command crashed: {0}")]
     Crashed(String),
@@ -244,8 +250,18 @@ impl Executor {
         }
     }
 
-    /// Run one command to its end and record the result.
+    /// Run one command to its end and record the result; its log lines (and the step's own,
+    /// on the blocking thread) carry the command id and the step name.
     async fn run(self, id: String, kind: CommandKind, ctx: StepContext) {
+        let step = match &kind {
+            CommandKind::ExecuteStep { step, .. } => Some(step.clone()),
+            _ => None,
+        };
+        let span = tracing::info_span!("command", command = %id, step = step.as_deref());
+        tracing::Instrument::instrument(self.run_in(id, kind, ctx, span.clone()), span).await
+    }
+
+    async fn run_in(self, id: String, kind: CommandKind, ctx: StepContext, span: tracing::Span) {
         let name = kind.name();
         let limit = match kind {
             CommandKind::ExecuteStep { .. } => self.opts.step_timeout,
@@ -258,7 +274,9 @@ impl Executor {
         };
         let work = {
             let (dispatcher, opts, ctx) = (self.dispatcher.clone(), self.opts.clone(), ctx.clone());
-            tokio::task::spawn_blocking(move || execute(&dispatcher, &opts, kind, &ctx))
+            tokio::task::spawn_blocking(move || {
+                span.in_scope(|| execute(&dispatcher, &opts, kind, &ctx))
+            })
         };
         tokio::pin!(work);
         let mut timed_out = false;
@@ -437,6 +455,27 @@ fn execute(
             } else {
                 Ok(json!({"done": true, "message": format!("{what} in progress")}))
             }
+        }
+        CommandKind::FinalizeRescue {
+            rescue_password_hash,
+        } => {
+            let written = crate::rescue::finalize(&opts.rescue_root, &rescue_password_hash)
+                .map_err(|e| CommandError::Rescue(e.to_string()))?;
+            tracing::info!(files = ?written, "rescue login set for user {}", crate::rescue::RESCUE_USER);
+            // Only the ramdisk's own init offers console logins; a local agent never does.
+            let logins = match (&opts.rescue_root, opts.power) {
+                (crate::rescue::RescueRoot::Dir(d), PowerMode::Real)
+                    if d == std::path::Path::new("/") =>
+                {
+                    crate::rescue::start_logins(d)
+                }
+                _ => Vec::new(),
+            };
+            Ok(json!({
+                "user": crate::rescue::RESCUE_USER,
+                "files": written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+                "console_logins": logins,
+            }))
         }
         // Handled in submit(); never spawned.
         CommandKind::Abort { .. } => Ok(Value::Null),

@@ -12,7 +12,7 @@
 //! is ever dropped (which could lose a command the controller just handed out).
 
 use crate::backoff::{Backoff, BackoffConfig};
-use crate::client::{lookup_until_found, Transport};
+use crate::client::Transport;
 use crate::executor::Executor;
 use crate::inventory::{self, InventoryOptions, Root};
 use rivet_hardware_managers::Dispatcher;
@@ -121,11 +121,19 @@ impl<T: Transport> Agent<T> {
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut backoff = Backoff::new(self.opts.backoff);
+        let mut discovery = crate::discovery::Discovery {
+            state: crate::discovery::DiscoveryState::Pending,
+            inventory: self.opts.inventory.clone(),
+            dispatcher: self.dispatcher.clone(),
+            boot_id: self.boot_id.clone(),
+            owns_machine: crate::pid1::owns_machine(),
+        };
         loop {
             let req = self.lookup_request().await;
             let found = tokio::select! {
-                found = lookup_until_found(
+                found = crate::discovery::lookup_or_discover(
                     &self.transport, &self.opts.controllers, self.current, &req, &mut backoff,
+                    &mut discovery,
                 ) => found,
                 _ = &mut shutdown => return,
             };

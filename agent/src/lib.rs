@@ -43,12 +43,14 @@ pub mod backoff;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod discovery;
 pub mod executor;
 pub mod fetch;
 pub mod heartbeat;
 pub mod inventory;
 pub mod logring;
 pub mod pid1;
+pub mod rescue;
 
 pub use backoff::BackoffConfig;
 pub use cli::{run, run_with};

@@ -100,16 +100,41 @@ impl<'a> MakeWriter<'a> for LogRing {
     }
 }
 
-/// Install the global subscriber: human format, `filter` as an `EnvFilter` directive, output
-/// to stderr and `ring`. Safe to call twice (the second call is a no-op).
-pub fn init(filter: &str, ring: &LogRing) {
+/// Install the global subscriber: `filter` as an `EnvFilter` directive; human lines into
+/// `ring` (and stderr when it tees), or with `json` JSON lines on stderr and human lines in the
+/// ring. The ring stays human-readable either way: its tail is read by people (the node's
+/// agent logs, `rivet node logs`), while stderr is what a log collector parses. Safe to call
+/// twice (the second call is a no-op).
+pub fn init(filter: &str, ring: &LogRing, json: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(false)
-        .with_writer(ring.clone())
-        .try_init();
+    if json {
+        let quiet = LogRing {
+            inner: ring.inner.clone(),
+            to_stderr: false,
+        };
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(quiet),
+            )
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .try_init();
+    } else {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(ring.clone())
+            .try_init();
+    }
 }
 
 #[cfg(test)]

@@ -327,7 +327,10 @@ impl SimAgent {
                     json!({"deploy_steps": [], "hardware_manager_versions": {"sim": "1.0"}}),
                 );
             }
-            CommandKind::ExecuteStep { .. } | CommandKind::Reboot | CommandKind::PowerOff => {
+            CommandKind::ExecuteStep { .. }
+            | CommandKind::Reboot
+            | CommandKind::PowerOff
+            | CommandKind::FinalizeRescue { .. } => {
                 self.finish(&cmd, CommandStatus::Succeeded, json!({}));
             }
         }

@@ -195,6 +195,36 @@ impl Client {
         })
     }
 
+    /// GET a text document (`/metrics`), with the token.
+    pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.get(&url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| {
+            if e.is_connect() {
+                ClientError::Unreachable {
+                    url: self.base.clone(),
+                    cause: root_cause(&e),
+                }
+            } else {
+                ClientError::Transport(format!("request to {url} failed: {}", root_cause(&e)))
+            }
+        })?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| {
+            ClientError::Transport(format!("reading the answer from {url}: {}", root_cause(&e)))
+        })?;
+        if !status.is_success() {
+            return Err(ClientError::Http {
+                status,
+                message: error_message(status, &text),
+            });
+        }
+        Ok(text)
+    }
+
     /// GET a JSON document.
     pub async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value, ClientError> {
         Ok(self

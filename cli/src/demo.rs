@@ -487,6 +487,8 @@ impl Demo {
             deploy_steps: None,
             rescue_password: None,
             disable_ramdisk: None,
+            service_steps: None,
+            runbook: None,
         };
         let path = format!("/v1/nodes/{}/states/provision", seg(self.uuid()?));
         self.client
@@ -579,6 +581,8 @@ impl Demo {
             deploy_steps: None,
             rescue_password: None,
             disable_ramdisk: None,
+            service_steps: None,
+            runbook: None,
         };
         let path = format!("/v1/nodes/{}/states/provision", seg(self.uuid()?));
         self.client

@@ -19,6 +19,9 @@ use serde_json::{json, Map, Value};
 pub enum NodeCmd {
     /// Enrol a node (it starts in "enroll").
     Create(CreateArgs),
+    /// BIOS, firmware, children, indicators, NMI, boot mode, RAID, console.
+    #[command(flatten)]
+    Resources(crate::node_resources::NodeResourceCmd),
     /// List nodes (all pages unless --limit is given).
     List(ListArgs),
     /// Show one node as a Field/Value table.
@@ -39,6 +42,9 @@ pub enum NodeCmd {
         /// PATH to remove.
         #[arg(long = "unset", value_name = "PATH")]
         unset: Vec<String>,
+        /// With a new driver: reset every interface not set here to its default (API 1.45).
+        #[arg(long)]
+        reset_interfaces: bool,
     },
     /// Delete a node.
     Delete {
@@ -55,6 +61,8 @@ pub enum NodeCmd {
     Abort(NodeArg),
     /// Leave a hold state.
     Unhold(NodeArg),
+    #[command(flatten)]
+    Lifecycle(crate::lifecycle::LifecycleCmd),
     /// Deploy an image (target "active"): sets instance_info from the flags, then deploys.
     Deploy(DeployArgs),
     /// Deploy again onto an active or failed node (target "rebuild").
@@ -89,6 +97,8 @@ pub enum NodeCmd {
     Inventory(NodeArg),
     /// The node's history (API 1.78): its provision transitions and failures, oldest first.
     History(NodeArg),
+    /// The agent logs kept when a step failed on the ramdisk, newest first (Rivet extension).
+    Logs(crate::node_logs::LogsArgs),
     /// Wait until the node reaches a provision state, showing progress on stderr.
     Wait(wait::WaitArgs),
     /// The node's traits (API 1.37): list, add, remove.
@@ -112,6 +122,9 @@ pub enum NodeCmd {
         #[command(subcommand)]
         action: VmediaAction,
     },
+    /// VIFs attached to the node's ports and port groups (API 1.28).
+    #[command(subcommand)]
+    Vif(crate::port::VifCmd),
 }
 
 /// `rivet node trait list|add|remove NODE [TRAIT…]`.
@@ -259,6 +272,37 @@ pub struct CreateArgs {
     /// How the image reaches the disk: direct (the agent writes it) or fake.
     #[arg(long)]
     deploy_interface: Option<String>,
+    /// Owning project (API 1.50).
+    #[arg(long)]
+    owner: Option<String>,
+    /// Project the node is leased to (API 1.65).
+    #[arg(long)]
+    lessee: Option<String>,
+    /// Free text (API 1.51).
+    #[arg(long)]
+    description: Option<String>,
+    /// Conductor group (API 1.46).
+    #[arg(long)]
+    conductor_group: Option<String>,
+    /// Shard (API 1.82).
+    #[arg(long)]
+    shard: Option<String>,
+    /// Name of the instance (API 1.104).
+    #[arg(long)]
+    instance_name: Option<String>,
+    /// The chassis the node is in.
+    #[arg(long)]
+    chassis_uuid: Option<String>,
+    /// Parent node UUID or name (API 1.83).
+    #[arg(long)]
+    parent_node: Option<String>,
+    /// Instance network configuration (JSON, or @FILE), used for a configdrive without
+    /// one (API 1.66).
+    #[arg(long, value_name = "JSON|@FILE")]
+    network_data: Option<String>,
+    /// Never power the node off (API 1.95): the conductor reboots it instead.
+    #[arg(long)]
+    disable_power_off: bool,
 }
 
 /// `rivet node list`.
@@ -288,6 +332,45 @@ pub struct ListArgs {
     /// Also show Driver, Resource Class, Target State and Last Error.
     #[arg(long)]
     long: bool,
+    /// Only nodes with this owner.
+    #[arg(long)]
+    owner: Option<String>,
+    /// Only nodes with this lessee.
+    #[arg(long)]
+    lessee: Option<String>,
+    /// Only nodes owned by or leased to this project.
+    #[arg(long)]
+    project: Option<String>,
+    /// Only nodes in this conductor group.
+    #[arg(long)]
+    conductor_group: Option<String>,
+    /// Only nodes this conductor manages now.
+    #[arg(long)]
+    conductor: Option<String>,
+    /// Only nodes in these shards (repeatable).
+    #[arg(long = "shard")]
+    shards: Vec<String>,
+    /// Only nodes with (true) or without (false) a shard.
+    #[arg(long, value_name = "true|false")]
+    sharded: Option<bool>,
+    /// Only nodes with (true) or without (false) an instance.
+    #[arg(long, value_name = "true|false")]
+    associated: Option<bool>,
+    /// Only retired (true) or not retired (false) nodes.
+    #[arg(long, value_name = "true|false")]
+    retired: Option<bool>,
+    /// Only nodes with this instance name.
+    #[arg(long)]
+    instance_name: Option<String>,
+    /// Only nodes with this fault (power failure, clean failure, ...).
+    #[arg(long)]
+    fault: Option<String>,
+    /// Only nodes in this chassis.
+    #[arg(long)]
+    chassis_uuid: Option<String>,
+    /// Only nodes whose description contains this text.
+    #[arg(long)]
+    description_contains: Option<String>,
 }
 
 /// Sort direction.
@@ -419,6 +502,7 @@ fn node_path(node: &str) -> String {
 pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
     match cmd {
         NodeCmd::Create(a) => create(a, client, out).await,
+        NodeCmd::Resources(c) => crate::node_resources::run(c, client, out).await,
         NodeCmd::List(a) => list(a, client, out).await,
         NodeCmd::Show { node, fields } => {
             let mut query = Vec::new();
@@ -429,9 +513,18 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
             out.document(&doc);
             Ok(())
         }
-        NodeCmd::Update { node, set, unset } => {
+        NodeCmd::Update {
+            node,
+            set,
+            unset,
+            reset_interfaces,
+        } => {
             let ops = patch_ops(&set, &unset)?;
-            let doc = client.patch(&node_path(&node), &ops).await?;
+            let mut path = node_path(&node);
+            if reset_interfaces {
+                path.push_str("?reset_interfaces=true");
+            }
+            let doc = client.patch(&path, &ops).await?;
             out.document(&doc);
             Ok(())
         }
@@ -445,6 +538,7 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
         NodeCmd::Inspect(n) => provision(client, out, &n.node, Verb::Inspect, None).await,
         NodeCmd::Abort(n) => provision(client, out, &n.node, Verb::Abort, None).await,
         NodeCmd::Unhold(n) => provision(client, out, &n.node, Verb::Unhold, None).await,
+        NodeCmd::Lifecycle(c) => crate::lifecycle::run(c, client, out).await,
         NodeCmd::Deploy(a) => deploy(client, out, a, Verb::Active).await,
         NodeCmd::Rebuild(a) => deploy(client, out, a, Verb::Rebuild).await,
         NodeCmd::Undeploy(w) => {
@@ -499,6 +593,7 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
         NodeCmd::CleanSteps(n) => sub_document(client, &n.node, "clean_steps", "clean steps").await,
         NodeCmd::Inventory(n) => sub_document(client, &n.node, "inventory", "inventory").await,
         NodeCmd::History(n) => history(client, out, &n.node).await,
+        NodeCmd::Logs(a) => crate::node_logs::run(client, out, a).await,
         NodeCmd::Wait(a) => wait::run(a, client, out).await,
         NodeCmd::Trait { action } => traits(client, out, action).await,
         NodeCmd::Validate(n) => validate(client, out, &n.node).await,
@@ -506,6 +601,7 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
             boot_device(client, out, &node, action.unwrap_or(BootDeviceAction::Show)).await
         }
         NodeCmd::Vmedia { node, action } => vmedia(client, out, &node, action).await,
+        NodeCmd::Vif(cmd) => crate::port::run_vif(cmd, client, out).await,
     }
 }
 
@@ -535,6 +631,20 @@ async fn history(client: &Client, out: Output, node: &str) -> Result<()> {
     Ok(())
 }
 
+/// `--network-data`: a JSON object, inline or from @FILE.
+fn network_data(v: &str) -> Result<Map<String, Value>> {
+    let text = match v.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| anyhow!("--network-data: cannot read {path}: {e}"))?,
+        None => v.to_string(),
+    };
+    match serde_json::from_str(&text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(anyhow!("--network-data must be a JSON object, not {other}")),
+        Err(e) => Err(anyhow!("--network-data is not JSON: {e}")),
+    }
+}
+
 async fn create(a: CreateArgs, client: &Client, out: Output) -> Result<()> {
     let body = NodeCreate {
         name: a.name,
@@ -546,6 +656,19 @@ async fn create(a: CreateArgs, client: &Client, out: Output) -> Result<()> {
         automated_clean: a.automated_clean,
         boot_interface: a.boot_interface,
         deploy_interface: a.deploy_interface,
+        owner: a.owner,
+        lessee: a.lessee,
+        description: a.description,
+        conductor_group: a.conductor_group,
+        shard: a.shard,
+        instance_name: a.instance_name,
+        chassis_uuid: a.chassis_uuid,
+        parent_node: a.parent_node,
+        network_data: match a.network_data {
+            Some(v) => Some(network_data(&v)?),
+            None => None,
+        },
+        disable_power_off: a.disable_power_off.then_some(true),
         ..Default::default()
     };
     let doc = client.post("/v1/nodes", &body).await?;
@@ -587,6 +710,27 @@ async fn list(a: ListArgs, client: &Client, out: Output) -> Result<()> {
     }
     if let Some(l) = a.limit {
         query.push(("limit", l.to_string()));
+    }
+    for (key, value) in [
+        ("owner", a.owner),
+        ("lessee", a.lessee),
+        ("project", a.project),
+        ("conductor_group", a.conductor_group),
+        ("conductor", a.conductor),
+        ("sharded", a.sharded.map(|b| b.to_string())),
+        ("associated", a.associated.map(|b| b.to_string())),
+        ("retired", a.retired.map(|b| b.to_string())),
+        ("instance_name", a.instance_name),
+        ("fault", a.fault),
+        ("chassis_uuid", a.chassis_uuid),
+        ("description_contains", a.description_contains),
+    ] {
+        if let Some(v) = value {
+            query.push((key, v));
+        }
+    }
+    if !a.shards.is_empty() {
+        query.push(("shard", a.shards.join(",")));
     }
     if let Some(k) = a.sort_key {
         query.push(("sort_key", k));
@@ -661,6 +805,8 @@ async fn provision(
         deploy_steps: None,
         rescue_password: None,
         disable_ramdisk: None,
+        service_steps: None,
+        runbook: None,
     };
     client
         .put(
@@ -759,6 +905,8 @@ async fn deploy(client: &Client, out: Output, a: DeployArgs, verb: Verb) -> Resu
         deploy_steps: None,
         rescue_password: None,
         disable_ramdisk: None,
+        service_steps: None,
+        runbook: None,
     };
     client
         .put(

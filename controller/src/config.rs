@@ -48,6 +48,11 @@ pub struct Config {
     pub secrets: crate::secrets::SecretsConfig,
     /// Store connections.
     pub store: StoreConfig,
+    /// Enrolling unknown machines that boot the ramdisk (off by default).
+    pub discovery: crate::conductor::discovery::DiscoveryConfig,
+    /// Prometheus metrics: an extra listener without credentials (`/metrics` on the API
+    /// address is always there, behind auth).
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// Store connections.
@@ -205,6 +210,8 @@ pub enum Role {
     Operator,
     /// Read only; driver_info is not shown.
     Reader,
+    /// `GET /metrics` only (a Prometheus scraper's token).
+    Metrics,
 }
 
 impl Role {
@@ -214,6 +221,7 @@ impl Role {
             Role::Admin => "admin",
             Role::Operator => "operator",
             Role::Reader => "reader",
+            Role::Metrics => "metrics",
         }
     }
 }
@@ -318,6 +326,8 @@ impl Default for Config {
             store: StoreConfig::default(),
             power_sync: PowerSyncConfig::default(),
             drivers: crate::drivers::DriversConfig::default(),
+            discovery: Default::default(),
+            metrics: Default::default(),
         }
     }
 }

@@ -67,6 +67,30 @@ pub enum ConfigDriveError {
     Build(String),
 }
 
+/// The object form with the node's own `network_data` (API 1.66) filled in where the request
+/// gives none (absent, null or `{}`); the string forms are the user's finished image and stay
+/// as they are.
+pub fn with_node_network_data(value: &Value, node_network_data: &Map<String, Value>) -> Value {
+    match value {
+        Value::Object(m) if !node_network_data.is_empty() => {
+            let given = match m.get("network_data") {
+                None | Some(Value::Null) => false,
+                Some(Value::Object(o)) => !o.is_empty(),
+                Some(_) => true,
+            };
+            let mut m = m.clone();
+            if !given {
+                m.insert(
+                    "network_data".into(),
+                    Value::Object(node_network_data.clone()),
+                );
+            }
+            Value::Object(m)
+        }
+        v => v.clone(),
+    }
+}
+
 /// Validate and normalise the `configdrive` of a provision request.
 pub fn prepare(
     value: &Value,
@@ -226,6 +250,22 @@ mod tests {
             .arg("-version")
             .output()
             .is_ok()
+    }
+
+    #[test]
+    fn node_network_data_fills_a_missing_one() {
+        let node_nd = json!({"links": [{"id": "eth0"}]});
+        let node_nd = node_nd.as_object().unwrap();
+        let filled = with_node_network_data(&json!({"meta_data": {}}), node_nd);
+        assert_eq!(filled["network_data"], json!({"links": [{"id": "eth0"}]}));
+        let empty = with_node_network_data(&json!({"network_data": {}}), node_nd);
+        assert_eq!(empty["network_data"], json!({"links": [{"id": "eth0"}]}));
+        let own = with_node_network_data(&json!({"network_data": {"links": []}}), node_nd);
+        assert_eq!(own["network_data"], json!({"links": []}));
+        let url = with_node_network_data(&json!("https://h/cd.iso"), node_nd);
+        assert_eq!(url, json!("https://h/cd.iso"));
+        let none = with_node_network_data(&json!({"meta_data": {}}), &Map::new());
+        assert!(none.get("network_data").is_none());
     }
 
     #[test]

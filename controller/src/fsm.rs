@@ -37,6 +37,8 @@ pub enum Event {
     Unrescue,
     /// Leave a hold.
     Unhold,
+    /// Run service steps on an active node.
+    Service,
     /// Conductor: the work of this state finished.
     Done,
     /// Conductor: the work of this state failed.
@@ -64,6 +66,7 @@ impl Event {
         Event::Rescue,
         Event::Unrescue,
         Event::Unhold,
+        Event::Service,
         Event::Done,
         Event::Fail,
         Event::Wait,
@@ -86,6 +89,7 @@ impl Event {
             Verb::Rescue => Event::Rescue,
             Verb::Unrescue => Event::Unrescue,
             Verb::Unhold => Event::Unhold,
+            Verb::Service => Event::Service,
         }
     }
 
@@ -104,6 +108,7 @@ impl Event {
             Event::Rescue => "rescue",
             Event::Unrescue => "unrescue",
             Event::Unhold => "unhold",
+            Event::Service => "service",
             Event::Done => "done",
             Event::Fail => "fail",
             Event::Wait => "wait",
@@ -147,7 +152,7 @@ const fn t(from: ProvisionState, event: Event, to: ProvisionState, by: By) -> Tr
 use By::{Admin as A, Conductor as C};
 use Event as E;
 
-/// The whole table (Ironic's, rescue and adopt included; servicing left out).
+/// The whole table (Ironic's, rescue, adopt and servicing included).
 pub const TABLE: &[Transition] = &[
     t(S::Enroll, E::Manage, S::Verifying, A),
     t(S::Verifying, E::Done, S::Manageable, C),
@@ -222,6 +227,23 @@ pub const TABLE: &[Transition] = &[
     t(S::UnrescueFailed, E::Rescue, S::Rescuing, A),
     t(S::UnrescueFailed, E::Unrescue, S::Unrescuing, A),
     t(S::UnrescueFailed, E::Delete, S::Deleting, A),
+    t(S::Active, E::Service, S::Servicing, A),
+    t(S::Servicing, E::Done, S::Active, C),
+    t(S::Servicing, E::Fail, S::ServiceFailed, C),
+    t(S::Servicing, E::Wait, S::ServiceWait, C),
+    t(S::Servicing, E::Hold, S::ServiceHold, C),
+    t(S::ServiceWait, E::Hold, S::ServiceHold, C),
+    t(S::ServiceWait, E::Resume, S::Servicing, C),
+    t(S::ServiceWait, E::Fail, S::ServiceFailed, C),
+    t(S::ServiceWait, E::Abort, S::ServiceFailed, A),
+    t(S::ServiceWait, E::Delete, S::Deleting, A),
+    t(S::ServiceHold, E::Unhold, S::ServiceWait, A),
+    t(S::ServiceHold, E::Fail, S::ServiceFailed, C),
+    t(S::ServiceHold, E::Abort, S::ServiceFailed, A),
+    t(S::ServiceFailed, E::Service, S::Servicing, A),
+    t(S::ServiceFailed, E::Rescue, S::Rescuing, A),
+    t(S::ServiceFailed, E::Delete, S::Deleting, A),
+    t(S::ServiceFailed, E::Abort, S::Active, A),
 ];
 
 /// The conductor's move: where `event` takes a node in `from`, if anywhere.
@@ -273,6 +295,7 @@ pub fn target_of(from: ProvisionState, event: Event, to: ProvisionState) -> Opti
         Adopting => Active,
         Rescuing | RescueWait => Rescue,
         Unrescuing => Active,
+        Servicing | ServiceWait | ServiceHold => Active,
         _ => return None,
     })
 }
@@ -340,7 +363,7 @@ mod tests {
                 &[Active, Deploy, Rebuild, Deleted, Undeploy],
             ),
             (S::DeployHold, &[Unhold, Abort]),
-            (S::Active, &[Rebuild, Deleted, Undeploy, Rescue]),
+            (S::Active, &[Rebuild, Deleted, Undeploy, Rescue, Service]),
             (S::Deleting, &[]),
             (S::Error, &[Rebuild, Deleted, Undeploy]),
             (S::Adopting, &[]),
@@ -351,6 +374,13 @@ mod tests {
             (S::RescueFailed, &[Rescue, Unrescue, Deleted, Undeploy]),
             (S::Unrescuing, &[]),
             (S::UnrescueFailed, &[Rescue, Unrescue, Deleted, Undeploy]),
+            (S::Servicing, &[]),
+            (S::ServiceWait, &[Abort, Deleted, Undeploy]),
+            (S::ServiceHold, &[Unhold, Abort]),
+            (
+                S::ServiceFailed,
+                &[Service, Rescue, Deleted, Undeploy, Abort],
+            ),
         ];
         rows.iter()
             .map(|(s, v)| (*s, v.iter().copied().collect()))
@@ -396,6 +426,11 @@ mod tests {
             (S::Available, Active, S::Deploying),
             (S::Active, Deleted, S::Deleting),
             (S::Active, Undeploy, S::Deleting),
+            (S::Active, Service, S::Servicing),
+            (S::ServiceHold, Unhold, S::ServiceWait),
+            (S::ServiceFailed, Abort, S::Active),
+            (S::DeployHold, Unhold, S::WaitCallBack),
+            (S::RescueWait, Abort, S::RescueFailed),
         ];
         for (from, verb, to) in cases {
             assert_eq!(next_for_verb(from, verb), Some(to), "{from} --{verb}-->");

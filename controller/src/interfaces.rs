@@ -105,7 +105,7 @@ const FAKE: HardwareType = HardwareType {
         (Iface::Deploy, &["fake", "direct"]),
         (Iface::Power, &["fake"]),
         (Iface::Management, &["fake"]),
-        (Iface::Rescue, &["fake", "no-rescue"]),
+        (Iface::Rescue, &["fake", "no-rescue", "agent"]),
         (Iface::Bios, &["fake", "no-bios"]),
         (Iface::Console, &["fake", "no-console"]),
         (Iface::Firmware, &["fake", "no-firmware"]),
@@ -116,8 +116,6 @@ const FAKE: HardwareType = HardwareType {
     ],
 };
 
-// The agent rescue interface is not served yet, so it is not enabled: a node cannot pick
-// what would do nothing.
 const REDFISH: HardwareType = HardwareType {
     name: "redfish",
     enabled: &[
@@ -125,7 +123,7 @@ const REDFISH: HardwareType = HardwareType {
         (Iface::Deploy, &["direct"]),
         (Iface::Power, &["redfish"]),
         (Iface::Management, &["redfish"]),
-        (Iface::Rescue, &["no-rescue"]),
+        (Iface::Rescue, &["no-rescue", "agent"]),
         (Iface::Bios, &["redfish", "no-bios"]),
         (Iface::Console, &["no-console"]),
         (Iface::Firmware, &["redfish", "no-firmware"]),
@@ -143,7 +141,7 @@ const IPMI: HardwareType = HardwareType {
         (Iface::Deploy, &["direct"]),
         (Iface::Power, &["ipmitool"]),
         (Iface::Management, &["ipmitool"]),
-        (Iface::Rescue, &["no-rescue"]),
+        (Iface::Rescue, &["no-rescue", "agent"]),
         (Iface::Bios, &["no-bios"]),
         (Iface::Console, &["no-console"]),
         (Iface::Firmware, &["no-firmware"]),
@@ -357,11 +355,8 @@ impl Interfaces {
                 }
             }
             Verb::Rescue | Verb::Unrescue => match self.get(driver, Iface::Rescue).as_str() {
-                "fake" => Ok(()),
-                _ => Err(cannot(
-                    Iface::Rescue,
-                    "; this hardware type has no rescue interface that Rivet serves yet",
-                )),
+                "fake" | "agent" => Ok(()),
+                _ => Err(cannot(Iface::Rescue, "; set rescue_interface to agent")),
             },
             _ => Ok(()),
         }

@@ -16,6 +16,7 @@ pub mod drivers;
 pub mod fsm;
 pub mod inspection;
 pub mod interfaces;
+pub mod metrics;
 pub mod runs;
 pub mod secrets;
 pub mod server;

@@ -72,6 +72,17 @@ enum Command {
         #[command(subcommand)]
         command: SecretsCommand,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (rivetd.1 and one per subcommand) into DIR (packaging).
+    #[command(hide = true)]
+    Man {
+        /// Output directory.
+        dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -223,6 +234,17 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Secrets { command }) => return secrets(&cli, command),
+        Some(Command::Completion { shell }) => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "rivetd", &mut std::io::stdout());
+            return Ok(());
+        }
+        Some(Command::Man { dir }) => {
+            std::fs::create_dir_all(dir)?;
+            clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), dir)
+                .with_context(|| format!("writing man pages to {}", dir.display()))?;
+            return Ok(());
+        }
         None => {}
     }
     let config = load(&cli)?;

@@ -110,6 +110,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tokio::pin!(background);
     let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, tls = tls.is_some(), conductor = conductor.id(), "rivetd listening");
+    // Under systemd (`Type=notify`) the unit counts as started only now: the store is open,
+    // recovery has run and the socket accepts. Without NOTIFY_SOCKET this does nothing.
+    notify_systemd(sd_notify::NotifyState::Ready);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     // Open connections, so that shutdown can let their requests finish.
@@ -127,6 +130,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 }
             },
             _ = &mut shutdown => {
+                notify_systemd(sd_notify::NotifyState::Stopping);
                 drop(listener);
                 conductor.shutdown.cancel();
                 connections.close();
@@ -173,6 +177,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 }
             }
         });
+    }
+}
+
+/// Tell the service manager about a state change; a failure only costs the message, so it
+/// is logged, never fatal.
+fn notify_systemd(state: sd_notify::NotifyState<'_>) {
+    if let Err(e) = sd_notify::notify(&[state]) {
+        tracing::warn!(error = %e, "cannot notify the service manager (NOTIFY_SOCKET)");
     }
 }
 

@@ -140,15 +140,23 @@ async fn defaults_and_validation(db: TestDb) {
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["boot_interface"], "pxe");
-    // Changing the driver resets every interface the patch does not set.
+    // As Ironic: a new driver keeps the node's interfaces, which must suit it (400 naming
+    // the one that does not); with reset_interfaces (1.45) every interface the patch does
+    // not set goes back to the new driver's default.
+    let change = json!([
+        {"op": "replace", "path": "/driver", "value": "fake-hardware"},
+        {"op": "replace", "path": "/deploy_interface", "value": "direct"}
+    ]);
+    let (s, v) = app
+        .call(Method::PATCH, "/v1/nodes/r1", Some(change.clone()))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("reset_interfaces"), "{v}");
     let (s, v) = app
         .call(
             Method::PATCH,
-            "/v1/nodes/r1",
-            Some(json!([
-                {"op": "replace", "path": "/driver", "value": "fake-hardware"},
-                {"op": "replace", "path": "/deploy_interface", "value": "direct"}
-            ])),
+            "/v1/nodes/r1?reset_interfaces=true",
+            Some(change),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");

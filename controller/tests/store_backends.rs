@@ -66,6 +66,7 @@ fn port(uuid: &str, node: &str, mac: &str) -> Port {
         created_at: Utc::now(),
         updated_at: None,
         version: 0,
+        attrs: Default::default(),
     }
 }
 
@@ -659,13 +660,13 @@ async fn ports_unique_mac_and_cascade(db: TestDb) {
         .expect_err("dup mac");
     assert_eq!(
         err.to_string(),
-        "a port with MAC address 52:54:00:00:00:01 already exists"
+        "A port with MAC address 52:54:00:00:00:01 already exists."
     );
     let err = s
         .create_port(&port("p1", "n2", "52:54:00:00:00:09"))
         .await
         .expect_err("dup uuid");
-    assert_eq!(err.to_string(), "a port with UUID p1 already exists");
+    assert_eq!(err.to_string(), "A port with UUID p1 already exists.");
     let err = s
         .create_port(&port("p5", "no-node", "52:54:00:00:00:05"))
         .await
@@ -679,6 +680,7 @@ async fn ports_unique_mac_and_cascade(db: TestDb) {
         address: address.map(str::to_string),
         limit,
         marker: marker.map(str::to_string),
+        ..Default::default()
     };
     assert_eq!(
         uuids(s.list_ports(&q(None, None, 0, None)).await.expect("all")),
@@ -708,11 +710,11 @@ async fn ports_unique_mac_and_cascade(db: TestDb) {
         ),
         ["p2"]
     );
-    assert!(s
-        .list_ports(&q(None, None, 0, Some("nope")))
-        .await
-        .expect("unknown marker")
-        .is_empty());
+    // An unknown marker is NotFound (Ironic answers 404).
+    assert!(matches!(
+        s.list_ports(&q(None, None, 0, Some("nope"))).await,
+        Err(StoreError::NotFound { kind: "port", .. })
+    ));
 
     // Updates: optimistic, MAC still unique.
     let mut moved = got.clone();
@@ -730,7 +732,7 @@ async fn ports_unique_mac_and_cascade(db: TestDb) {
     let err = s.update_port(&clash).await.expect_err("clash");
     assert_eq!(
         err.to_string(),
-        "a port with MAC address 52:54:00:00:00:02 already exists"
+        "A port with MAC address 52:54:00:00:00:02 already exists."
     );
     let reread = s.get_port("p1").await.expect("reread");
     assert_eq!(reread.node_uuid, "n2");

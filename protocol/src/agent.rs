@@ -203,6 +203,11 @@ pub enum CommandKind {
     Reboot,
     /// Power the machine off.
     PowerOff,
+    /// Rescue: set the `rescue` user's password in the ramdisk and stop taking commands.
+    FinalizeRescue {
+        /// SHA-512 crypt (`$6$…`) of the rescue password; the plaintext never leaves rivetd.
+        rescue_password_hash: String,
+    },
 }
 
 impl CommandKind {
@@ -216,6 +221,7 @@ impl CommandKind {
             CommandKind::Abort { .. } => "abort",
             CommandKind::Reboot => "reboot",
             CommandKind::PowerOff => "power_off",
+            CommandKind::FinalizeRescue { .. } => "finalize_rescue",
         }
     }
 }

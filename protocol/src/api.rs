@@ -46,7 +46,7 @@ pub struct NodeCreate {
     #[serde(default)]
     pub resource_class: Option<String>,
     /// Per-node automated cleaning switch (null = global default).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_bool")]
     pub automated_clean: Option<bool>,
     /// Owning project (1.50).
     #[serde(default)]
@@ -73,7 +73,7 @@ pub struct NodeCreate {
     #[serde(default)]
     pub parent_node: Option<String>,
     /// Never power the node off (1.95).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_bool")]
     pub disable_power_off: Option<bool>,
     /// The chassis the node is in.
     #[serde(default)]
@@ -130,6 +130,42 @@ pub struct NodeCreate {
     /// out-of-band inspection.
     #[serde(default)]
     pub inspect_interface: Option<String>,
+    /// Retired from the start (1.61; Ironic's create schema takes it).
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub retired: Option<bool>,
+    /// Why it is retired (only with `retired`).
+    #[serde(default)]
+    pub retired_reason: Option<String>,
+    /// The instance the node is associated with.
+    #[serde(default)]
+    pub instance_uuid: Option<String>,
+    /// Created in maintenance.
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub maintenance: Option<bool>,
+}
+
+/// Ironic's boolean node fields take a string too (`"True"`, `"0"`: oslo's strict
+/// `bool_from_string`), which python-ironicclient sends.
+pub fn parse_bool_str(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "y" | "on" | "t" => Some(true),
+        "false" | "0" | "no" | "n" | "off" | "f" => Some(false),
+        _ => None,
+    }
+}
+
+fn lenient_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    use serde::de::Error;
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(b)),
+        Some(Value::String(s)) => parse_bool_str(&s)
+            .map(Some)
+            .ok_or_else(|| D::Error::custom(format!("{s:?} is not a boolean"))),
+        Some(other) => Err(D::Error::custom(format!(
+            "expected true or false, not {other}"
+        ))),
+    }
 }
 
 /// `PUT /v1/nodes/{id}/states/provision`.
@@ -155,6 +191,13 @@ pub struct ProvisionRequest {
     /// Skip booting the ramdisk (only when every step is out-of-band).
     #[serde(default)]
     pub disable_ramdisk: Option<bool>,
+    /// Steps for servicing (`service` only, 1.87).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_steps: Option<Vec<crate::steps::RequestedStep>>,
+    /// A runbook (UUID or name, 1.92) whose steps are the `clean` or `service` steps;
+    /// resolved by the API before the verb runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runbook: Option<String>,
 }
 
 /// `PUT /v1/nodes/{id}/states/power`.
@@ -208,9 +251,19 @@ pub struct PatchOp {
     pub op: String,
     /// JSON pointer, e.g. `/driver_info/ipmi_address`.
     pub path: String,
-    /// Value for add/replace/test.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Value for add/replace/test: `Some(Value::Null)` when the body says `"value": null`
+    /// (Ironic clears a nullable field that way), `None` only when `value` is absent.
+    #[serde(
+        default,
+        deserialize_with = "present_value",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub value: Option<Value>,
+}
+
+/// A `value` key that is present, `null` included.
+fn present_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// Ironic's error body: `error_message` holds a JSON string with `faultstring`.
@@ -296,5 +349,14 @@ mod tests {
     fn unknown_field_named() {
         let e = serde_json::from_str::<NodeCreate>(r#"{"driver":"x","colour":1}"#).unwrap_err();
         assert!(e.to_string().contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn patch_value_null_is_not_absent() {
+        let null: PatchOp =
+            serde_json::from_str(r#"{"op":"replace","path":"/x","value":null}"#).unwrap();
+        assert_eq!(null.value, Some(Value::Null));
+        let absent: PatchOp = serde_json::from_str(r#"{"op":"remove","path":"/x"}"#).unwrap();
+        assert_eq!(absent.value, None);
     }
 }

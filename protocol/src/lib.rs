@@ -12,6 +12,7 @@ pub mod agent;
 pub mod api;
 pub mod bootparams;
 pub mod deploy;
+pub mod discovery;
 pub mod hints;
 pub mod inventory;
 pub mod limits;

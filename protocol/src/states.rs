@@ -107,6 +107,14 @@ string_enum! {
         Unrescuing => "unrescuing",
         /// Leaving rescue failed.
         UnrescueFailed => "unrescue failed",
+        /// Service steps running on an active node (1.87).
+        Servicing => "servicing",
+        /// Waiting for the ramdisk during servicing.
+        ServiceWait => "service wait",
+        /// Servicing failed; `service` again, `rescue`, or `abort` back to active.
+        ServiceFailed => "service failed",
+        /// Servicing paused by a `hold` step; `unhold` or `abort`.
+        ServiceHold => "service hold",
     }
 }
 
@@ -134,13 +142,17 @@ impl ProvisionState {
                 | Adopting
                 | Rescuing
                 | Unrescuing
+                | Servicing
         )
     }
 
     /// States that wait for the ramdisk and time out from `provision_updated_at`.
     pub fn is_wait(self) -> bool {
         use ProvisionState::*;
-        matches!(self, InspectWait | CleanWait | WaitCallBack | RescueWait)
+        matches!(
+            self,
+            InspectWait | CleanWait | WaitCallBack | RescueWait | ServiceWait
+        )
     }
 
     /// Failure states.
@@ -154,6 +166,7 @@ impl ProvisionState {
                 | AdoptFailed
                 | RescueFailed
                 | UnrescueFailed
+                | ServiceFailed
                 | Error
         )
     }
@@ -190,6 +203,8 @@ string_enum! {
         Unrescue => "unrescue",
         /// Leave a hold state.
         Unhold => "unhold",
+        /// Run service steps on an active node (1.87).
+        Service => "service",
     }
 }
 

@@ -1,6 +1,6 @@
 //! Admin authentication and roles: a bearer token (`Authorization: Bearer` or Keystone's
 //! `X-Auth-Token`) or HTTP basic credentials, checked against hashes in the config. Each
-//! credential carries a role (admin, operator, reader); a request the role does not cover is
+//! credential carries a role (admin, operator, reader, metrics); a request the role does not cover is
 //! a 403 naming the role and what it lacks. For non-admin roles `driver_info` is removed from
 //! every node document on the way out — one filter here rather than a rule in each handler.
 
@@ -99,6 +99,9 @@ pub fn denied(role: Role, method: &Method, path: &str) -> Option<&'static str> {
     let read = method == Method::GET || method == Method::HEAD;
     match role {
         Role::Admin => None,
+        Role::Metrics if read && path == "/metrics" => None,
+        Role::Metrics => Some("anything but GET /metrics (it may only read metrics)"),
+        _ if path == "/metrics" => Some("reading metrics (needs the metrics or admin role)"),
         _ if path == "/v1/audit" || path.starts_with("/v1/audit/") => {
             Some("reading the audit log (needs admin)")
         }
@@ -296,5 +299,10 @@ mod tests {
         assert_eq!(denied(Admin, &Method::GET, "/v1/audit"), None);
         assert!(denied(Operator, &Method::GET, "/v1/audit").is_some());
         assert!(denied(Reader, &Method::GET, "/v1/audit").is_some());
+        assert_eq!(denied(Metrics, &Method::GET, "/metrics"), None);
+        assert_eq!(denied(Admin, &Method::GET, "/metrics"), None);
+        assert!(denied(Metrics, &Method::GET, "/v1/nodes").is_some());
+        assert!(denied(Metrics, &Method::POST, "/metrics").is_some());
+        assert!(denied(Reader, &Method::GET, "/metrics").is_some());
     }
 }

@@ -45,6 +45,17 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
     v
 }
 
+/// Ironic's `/v1/conductors` (1.49): not found for older clients.
+fn gate(version: &super::nodes::Version) -> ApiResult<()> {
+    if super::nodes::ver(version) < (1, 49) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "the conductors endpoint needs API version 1.49 or later",
+        ));
+    }
+    Ok(())
+}
+
 async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
     Ok(state
         .conductor
@@ -56,8 +67,10 @@ async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: super::nodes::Version,
     Query(p): Query<ListParams>,
 ) -> ApiResult<Json<Value>> {
+    gate(&version)?;
     let detail = p.detail.unwrap_or(false);
     let base = base_url(&headers);
     let all = conductors(&state).await?;
@@ -66,7 +79,12 @@ async fn list(
     })))
 }
 
-async fn list_detail(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn list_detail(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    version: super::nodes::Version,
+) -> ApiResult<Json<Value>> {
+    gate(&version)?;
     let base = base_url(&headers);
     let all = conductors(&state).await?;
     Ok(Json(json!({
@@ -77,8 +95,10 @@ async fn list_detail(State(state): State<AppState>, headers: HeaderMap) -> ApiRe
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: super::nodes::Version,
     Path(hostname): Path<String>,
 ) -> ApiResult<Json<Value>> {
+    gate(&version)?;
     let base = base_url(&headers);
     let all = conductors(&state).await?;
     let c = all.iter().find(|c| c.id == hostname).ok_or_else(|| {

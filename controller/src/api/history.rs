@@ -87,6 +87,9 @@ fn user_of(actor: &str) -> String {
 /// A transition row (`from -> to (how[; target: T]; cause: CAUSE)`) as an entry; None for
 /// a row that is not one.
 fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Option<Entry> {
+    if row.action == crate::conductor::health::HEALTH_ACTION {
+        return health_entry_of(node, row, previous);
+    }
     if row.action != "transition" {
         return None;
     }
@@ -131,6 +134,24 @@ fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Op
     })
 }
 
+/// A health change row (`EVENT; state: STATE`, written by power sync) as Ironic's
+/// `monitoring` entry; its duration is the time in the provision state so far.
+fn health_entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Option<Entry> {
+    let (event, state) = row.detail.as_deref()?.rsplit_once("; state: ")?;
+    Some(Entry {
+        uuid: entry_uuid(node, row.seq),
+        created_at: row.created_at,
+        severity: "INFO",
+        event_type: "monitoring",
+        event: event.to_string(),
+        conductor: row.actor.strip_prefix("conductor:").map(str::to_string),
+        user: None,
+        state: state.to_string(),
+        target: None,
+        duration_seconds: previous.map(|p| (row.created_at - p).num_seconds().max(0)),
+    })
+}
+
 /// Every history entry of node `uuid`, oldest first.
 async fn entries(state: &AppState, uuid: &str) -> ApiResult<Vec<Entry>> {
     let mut out: Vec<Entry> = Vec::new();
@@ -144,7 +165,13 @@ async fn entries(state: &AppState, uuid: &str) -> ApiResult<Vec<Entry>> {
         let Some(last) = rows.last() else { break };
         q.marker = Some(last.seq);
         for row in &rows {
-            let previous = out.last().map(|e| e.created_at);
+            // Durations run from the last provision transition: a health entry between
+            // two does not cut the time spent in the state.
+            let previous = out
+                .iter()
+                .rev()
+                .find(|e| e.event_type != "monitoring")
+                .map(|e| e.created_at);
             out.extend(entry_of(uuid, row, previous));
         }
     }
@@ -381,5 +408,24 @@ mod tests {
         let mut other = row(6, "x");
         other.action = "node:create".into();
         assert_eq!(entry_of("n", &other, None), None);
+    }
+
+    #[test]
+    fn health_changes_become_monitoring_entries() {
+        let mut r = row(
+            7,
+            "Node health status changed: health='Warning' (previously 'OK'); state: available",
+        );
+        r.action = crate::conductor::health::HEALTH_ACTION.into();
+        let e = entry_of("n", &r, None).expect("entry");
+        assert_eq!((e.severity, e.event_type), ("INFO", "monitoring"));
+        assert_eq!(
+            e.event,
+            "Node health status changed: health='Warning' (previously 'OK')"
+        );
+        assert_eq!(e.state, "available");
+        assert_eq!(e.conductor.as_deref(), Some("c1"));
+        r.detail = Some("no state".into());
+        assert_eq!(entry_of("n", &r, None), None);
     }
 }

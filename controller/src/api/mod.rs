@@ -5,25 +5,34 @@
 //! state and what to do. Request bodies are size-limited and strictly typed.
 
 mod agent;
+mod allocations;
 mod audit;
 mod auth;
 mod body;
 mod boot;
 mod chassis;
 mod conductors;
+mod deploy_templates;
+mod discovery;
 mod drivers;
 mod events;
 mod history;
+mod ipa;
 mod listing;
+mod network_data;
 mod node_actions;
+mod node_logs;
 mod nodes;
 mod patch;
+mod portgroups;
 mod ports;
 pub mod ratelimit;
 mod render;
 mod rules;
+mod runbooks;
 mod shards;
 mod version;
+mod volume;
 
 pub use body::JsonBody;
 pub use version::ApiVersion;
@@ -134,14 +143,21 @@ pub fn router(state: AppState) -> Router {
         .merge(nodes::routes())
         .merge(node_actions::routes())
         .merge(ports::routes())
+        .merge(portgroups::routes())
         .merge(chassis::routes())
         .merge(rules::routes())
         .merge(conductors::routes())
         .merge(drivers::routes())
         .merge(audit::routes())
         .merge(history::routes())
+        .merge(node_logs::routes())
         .merge(shards::routes())
         .merge(events::routes())
+        .merge(allocations::routes())
+        .merge(deploy_templates::routes())
+        .merge(runbooks::routes())
+        .merge(volume::routes())
+        .route("/metrics", get(crate::metrics::scrape))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,
@@ -152,11 +168,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/", get(version::v1))
         .merge(admin)
         .merge(agent::routes(&state.conductor.config.agent))
+        .merge(ipa::routes())
+        .merge(discovery::routes(&state.conductor.config.discovery))
         .merge(boot::routes())
         .fallback(not_found)
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), audit::record))
+        .layer(middleware::from_fn(crate::metrics::http))
         .with_state(state)
 }
 

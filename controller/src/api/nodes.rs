@@ -1,10 +1,10 @@
 //! `/v1/nodes`: create, list, show, patch, delete, states, maintenance.
 
-use super::render::{self, base_url, node_full, parse_fields, select, NODE_LIST_FIELDS};
+use super::render::{base_url, node_full, parse_fields, select, NODE_LIST_FIELDS};
 use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
 use crate::drivers::DRIVERS;
 use crate::interfaces::{Iface, Interfaces};
-use crate::store::{Node, NodeQuery, PortQuery, NODE_SORT_KEYS};
+use crate::store::{Node, NodeQuery, NODE_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -35,7 +35,10 @@ pub fn routes() -> Router<AppState> {
             "/v1/nodes/{ident}/maintenance",
             put(maintenance_on).delete(maintenance_off),
         )
-        .route("/v1/nodes/{ident}/ports", get(node_ports))
+        .route(
+            "/v1/nodes/{ident}/ports",
+            get(super::ports::node_ports).post(super::ports::no_sub_write),
+        )
         .route("/v1/nodes/{ident}/inventory", get(inventory))
         .route("/v1/nodes/{ident}/clean_steps", get(clean_steps))
 }
@@ -60,6 +63,37 @@ const LIST_PARAMS: &[&str] = &[
     "instance_uuid",
     "fault",
     "chassis_uuid",
+    "instance_name",
+    "sharded",
+    "project",
+    "description_contains",
+    "conductor",
+    "include_children",
+    "parent_node",
+];
+
+/// Node list filters Ironic refuses (406) below the microversion that added them.
+const FILTER_VERSIONS: &[(&str, (u32, u32))] = &[
+    ("driver", (1, 16)),
+    ("resource_class", (1, 21)),
+    ("fault", (1, 42)),
+    ("conductor_group", (1, 46)),
+    ("conductor", (1, 49)),
+    ("owner", (1, 50)),
+    ("lessee", (1, 65)),
+    ("shard", (1, 82)),
+    ("sharded", (1, 82)),
+    ("instance_name", (1, 104)),
+    ("include_children", (1, 83)),
+    ("parent_node", (1, 83)),
+];
+
+/// Ironic's node faults (`ironic.common.faults`): a `fault` filter must name one.
+const FAULTS: &[&str] = &[
+    "power failure",
+    "clean failure",
+    "rescue abort failure",
+    "service failure",
 ];
 
 fn parse_bool(name: &str, v: &str) -> Result<bool, ApiError> {
@@ -72,12 +106,27 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, ApiError> {
     }
 }
 
-fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<NodeQuery, ApiError> {
+fn node_query(
+    params: &HashMap<String, String>,
+    max_limit: usize,
+    version: (u32, u32),
+) -> Result<NodeQuery, ApiError> {
     if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
         return Err(ApiError::bad_request(format!(
             "unknown query parameter {bad:?}; supported: {}",
             LIST_PARAMS.join(", ")
         )));
+    }
+    for (name, since) in FILTER_VERSIONS {
+        if params.contains_key(*name) && version < *since {
+            return Err(ApiError::new(
+                StatusCode::NOT_ACCEPTABLE,
+                format!(
+                    "filtering nodes by {name} needs API version {}.{} or later",
+                    since.0, since.1
+                ),
+            ));
+        }
     }
     let mut q = NodeQuery {
         limit: listing::page_limit(params, max_limit)?,
@@ -110,15 +159,46 @@ fn node_query(params: &HashMap<String, String>, max_limit: usize) -> Result<Node
     q.owner = params.get("owner").cloned();
     q.lessee = params.get("lessee").cloned();
     q.conductor_group = params.get("conductor_group").map(|g| g.to_lowercase());
-    q.shard = params.get("shard").cloned();
+    if let Some(s) = params.get("shard") {
+        q.shards = s
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+    }
+    if let Some(s) = params.get("sharded") {
+        q.sharded = Some(parse_bool("sharded", s)?);
+    }
+    q.instance_name = params.get("instance_name").cloned();
+    q.project = params.get("project").cloned();
+    q.description_contains = params.get("description_contains").cloned();
     q.instance_uuid = params.get("instance_uuid").cloned();
     q.fault = params.get("fault").cloned();
+    if let Some(f) = &q.fault {
+        if !FAULTS.contains(&f.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "Unrecognized fault {f:?} is specified, allowed faults are {}",
+                FAULTS.join(", ")
+            )));
+        }
+    }
     q.chassis_uuid = params.get("chassis_uuid").cloned();
     if let Some(r) = params.get("retired") {
         q.retired = Some(parse_bool("retired", r)?);
     }
     if let Some(a) = params.get("associated") {
         q.associated = Some(parse_bool("associated", a)?);
+    }
+    // Ironic lists child nodes only when asked: `include_children` (then `parent_node` is
+    // not read) or `parent_node`.
+    let include_children = match params.get("include_children") {
+        Some(v) => parse_bool("include_children", v)?,
+        None => false,
+    };
+    q.hide_children = !include_children;
+    if !include_children {
+        q.parent_node = params.get("parent_node").cloned();
     }
     Ok(q)
 }
@@ -136,6 +216,16 @@ fn check_conductor_group(g: &str) -> Result<String, ApiError> {
         )));
     }
     Ok(g.to_lowercase())
+}
+
+/// An optional UUID field (`instance_uuid`): canonical form, or a 400 naming the field.
+fn check_uuid(field: &str, v: Option<String>) -> Result<Option<String>, ApiError> {
+    v.map(|u| {
+        uuid::Uuid::parse_str(&u)
+            .map(|u| u.to_string())
+            .map_err(|_| ApiError::bad_request(format!("{field} {u:?} is not a valid UUID")))
+    })
+    .transpose()
 }
 
 /// A free-text field of at most `max` characters.
@@ -227,12 +317,20 @@ fn check_lifecycle_flags(old: &Node, new: &mut Node) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A boolean node field; a string form (`"True"`) is taken as Ironic takes it.
 fn opt_bool(doc: &mut Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+    Ok(nullable_bool(doc, key)?.unwrap_or(false))
+}
+
+fn nullable_bool(doc: &mut Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
     match doc.remove(key) {
-        Some(Value::Bool(b)) => Ok(b),
-        Some(Value::Null) | None => Ok(false),
+        Some(Value::Bool(b)) => Ok(Some(b)),
+        Some(Value::String(s)) if rivet_protocol::api::parse_bool_str(&s).is_some() => {
+            Ok(rivet_protocol::api::parse_bool_str(&s))
+        }
+        Some(Value::Null) | None => Ok(None),
         Some(other) => Err(ApiError::bad_request(format!(
-            "field {key} must be true or false, not {other}"
+            "field {key} must be true, false or null, not {other}"
         ))),
     }
 }
@@ -245,25 +343,36 @@ pub(super) async fn list_inner(
     mut detail: bool,
 ) -> ApiResult<Json<Value>> {
     let max = state.conductor.config.api.max_limit;
-    let q = node_query(&params, max)?;
+    let mut q = node_query(&params, max, version)?;
     if let Some(d) = params.get("detail") {
         detail |= parse_bool("detail", d)?;
     }
     let base = base_url(headers);
-    let mut nodes = state
-        .conductor
-        .store
-        .list_nodes(&q)
-        .await
-        .map_err(|e| match e {
-            crate::store::StoreError::NotFound { ident, .. } => {
-                ApiError::bad_request(format!("marker {ident} is not a node UUID"))
-            }
-            e => e.into(),
-        })?;
     let ring = state.conductor.ring();
+    let me = state.conductor.id();
+    let mut nodes = match params.get("conductor") {
+        None => list_page(state, &q).await?,
+        // The owner is the hash ring's answer now, not a column: filter page by page.
+        Some(c) => {
+            let mut kept = Vec::new();
+            loop {
+                let page = list_page(state, &q).await?;
+                let full = page.len() == q.limit;
+                q.marker = page.last().map(|n| n.uuid.clone());
+                kept.extend(
+                    page.into_iter()
+                        .filter(|n| ring.owner(&n.uuid).unwrap_or(me) == c.as_str()),
+                );
+                if kept.len() >= q.limit || !full {
+                    break;
+                }
+            }
+            kept.truncate(q.limit);
+            kept
+        }
+    };
     for n in &mut nodes {
-        show_owner(&ring, state.conductor.id(), n);
+        show_owner(&ring, me, n);
     }
     let template = nodes.first().map(|n| node_doc(n, &base, version));
     let fields = match (&template, params.get("fields")) {
@@ -274,10 +383,15 @@ pub(super) async fn list_inner(
         )?,
         (None, None) => None,
     };
+    let uuids: Vec<String> = nodes.iter().map(|n| n.uuid.clone()).collect();
+    let kept = state.conductor.store.node_managements(&uuids).await?;
     let docs: Vec<Value> = nodes
         .iter()
         .map(|n| {
-            let full = node_doc(n, &base, version);
+            let mut full = node_doc(n, &base, version);
+            if let Some(m) = kept.get(&n.uuid) {
+                super::node_actions::node_fields::apply(&mut full, m);
+            }
             match (&fields, detail) {
                 (Some(f), _) => select(full, f),
                 (None, true) => Value::Object(full),
@@ -294,24 +408,46 @@ pub(super) async fn list_inner(
                 "/v1/nodes"
             };
             let mut next = format!("{base}{path}?limit={}&marker={}", q.limit, last.uuid);
-            for k in [
-                "sort_key",
-                "sort_dir",
-                "provision_state",
-                "maintenance",
-                "driver",
-                "resource_class",
-                "fields",
-                "chassis_uuid",
-            ] {
-                if let Some(v) = params.get(k) {
-                    next.push_str(&format!("&{k}={v}"));
+            for k in LIST_PARAMS
+                .iter()
+                .filter(|k| !["limit", "marker"].contains(k))
+            {
+                if let Some(v) = params.get(*k) {
+                    next.push_str(&format!("&{k}={}", query_escape(v)));
                 }
             }
             body["next"] = Value::from(next);
         }
     }
     Ok(Json(body))
+}
+
+/// One page of nodes; a marker that is not a node is the client's error.
+async fn list_page(state: &AppState, q: &NodeQuery) -> ApiResult<Vec<Node>> {
+    state
+        .conductor
+        .store
+        .list_nodes(q)
+        .await
+        .map_err(|e| match e {
+            crate::store::StoreError::NotFound { ident, .. } => {
+                ApiError::bad_request(format!("marker {ident} is not a node UUID"))
+            }
+            e => e.into(),
+        })
+}
+
+/// A query value for a `next` link: everything but RFC 3986 unreserved characters escaped.
+fn query_escape(v: &str) -> String {
+    v.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~,".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// The request's microversion (set by `version::negotiate`; the minimum when absent).
@@ -393,9 +529,12 @@ fn node_response(
     node: &Node,
     headers: &HeaderMap,
     version: (u32, u32),
+    kept: &crate::store::NodeManagement,
 ) -> Response {
     let base = base_url(headers);
-    let mut resp = (status, Json(Value::Object(node_doc(node, &base, version)))).into_response();
+    let mut doc = node_doc(node, &base, version);
+    super::node_actions::node_fields::apply(&mut doc, kept);
+    let mut resp = (status, Json(Value::Object(doc))).into_response();
     etag(&mut resp, node.version);
     resp
 }
@@ -443,7 +582,17 @@ async fn create(
     node.attrs.conductor_group =
         check_conductor_group(req.conductor_group.as_deref().unwrap_or(""))?;
     node.attrs.network_data = req.network_data.clone().unwrap_or_default();
+    super::network_data::check(&node.attrs.network_data)?;
     node.attrs.disable_power_off = req.disable_power_off.unwrap_or(false);
+    node.attrs.retired = req.retired.unwrap_or(false);
+    node.attrs.retired_reason = req.retired_reason.clone();
+    if node.attrs.retired_reason.is_some() && !node.attrs.retired {
+        return Err(ApiError::bad_request(
+            "The retired_reason field can only be set when retired is True",
+        ));
+    }
+    node.instance_uuid = check_uuid("instance_uuid", req.instance_uuid.clone())?;
+    node.maintenance = req.maintenance.unwrap_or(false);
     node.attrs.parent_node = resolve_parent(&state, &node, req.parent_node.clone()).await?;
     node.chassis_uuid = resolve_chassis(&state, req.chassis_uuid.clone()).await?;
     node.inspect_interface = check_inspect_interface(req.inspect_interface.clone())?;
@@ -454,9 +603,16 @@ async fn create(
     if ver(&version) < (1, 11) {
         node.provision_state = rivet_protocol::states::ProvisionState::Available;
     }
-    let node = state.conductor.store.create_node(&node).await?;
+    let mut node = state.conductor.store.create_node(&node).await?;
     tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
-    let mut resp = node_response(StatusCode::CREATED, &node, &headers, ver(&version));
+    show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
+    let mut resp = node_response(
+        StatusCode::CREATED,
+        &node,
+        &headers,
+        ver(&version),
+        &Default::default(),
+    );
     if let Ok(loc) =
         HeaderValue::from_str(&format!("{}/v1/nodes/{}", base_url(&headers), node.uuid))
     {
@@ -474,7 +630,9 @@ async fn show(
 ) -> ApiResult<Response> {
     let mut node = state.conductor.store.get_node(&ident).await?;
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
-    let full = node_doc(&node, &base_url(&headers), ver(&version));
+    let mut full = node_doc(&node, &base_url(&headers), ver(&version));
+    let kept = state.conductor.store.node_management(&node.uuid).await?;
+    super::node_actions::node_fields::apply(&mut full, &kept);
     let mut resp = match parse_fields(p.fields.as_deref(), &full)? {
         Some(f) => Json(select(full, &f)).into_response(),
         None => Json(Value::Object(full)).into_response(),
@@ -542,6 +700,29 @@ fn check_if_match(headers: &HeaderMap, node: &Node) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Ironic changes a node's interfaces only in enroll, inspecting, inspect wait, manageable
+/// or available, or in maintenance (409 otherwise).
+fn check_interface_change_allowed(node: &Node, field: &str) -> Result<(), ApiError> {
+    use rivet_protocol::states::ProvisionState::{
+        Available, Enroll, InspectWait, Inspecting, Manageable,
+    };
+    if node.maintenance
+        || matches!(
+            node.provision_state,
+            Enroll | Inspecting | InspectWait | Manageable | Available
+        )
+    {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        format!(
+            "Node {} can not have {field} updated unless it is in one of allowed (enroll, inspecting, inspect wait, manageable, available) states or in maintenance mode. Current state is '{}'.",
+            node.uuid, node.provision_state
+        ),
+    ))
+}
+
 fn map_field(doc: &mut Map<String, Value>, key: &str) -> Result<Map<String, Value>, ApiError> {
     match doc.remove(key) {
         Some(Value::Object(m)) => Ok(m),
@@ -562,13 +743,48 @@ fn opt_string(doc: &mut Map<String, Value>, key: &str) -> Result<Option<String>,
     }
 }
 
+/// The query `PATCH /v1/nodes/{node}` takes.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchParams {
+    /// 1.45: reset the interfaces the patch does not set to the new driver's defaults.
+    reset_interfaces: Option<String>,
+}
+
+/// The top-level field a patch path names, JSON pointer escapes (`~1`, `~0`) decoded.
+fn patched_field(path: &str) -> String {
+    let top = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    top.replace("~1", "/").replace("~0", "~")
+}
+
 async fn update(
     State(state): State<AppState>,
     headers: HeaderMap,
     version: Version,
     Path(ident): Path<String>,
+    Query(params): Query<PatchParams>,
     JsonBody(ops): JsonBody<Vec<PatchOp>>,
 ) -> ApiResult<Response> {
+    let reset_interfaces = match &params.reset_interfaces {
+        Some(_) if ver(&version) < (1, 45) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_ACCEPTABLE,
+                "reset_interfaces needs API version 1.45 or later",
+            ))
+        }
+        Some(r) => parse_bool("reset_interfaces", r)?,
+        None => false,
+    };
+    if reset_interfaces && !ops.iter().any(|op| patched_field(&op.path) == "driver") {
+        return Err(ApiError::bad_request(
+            "The reset_interfaces parameter can only be used when changing the node's driver.",
+        ));
+    }
+    if ops.iter().any(|op| patched_field(&op.path) == "traits") {
+        return Err(ApiError::bad_request(
+            "Cannot update node traits via node patch. Node traits should be updated via the node traits API.",
+        ));
+    }
     let node = state.conductor.store.get_node(&ident).await?;
     check_if_match(&headers, &node)?;
     if let Some(by) = &node.reservation {
@@ -627,40 +843,44 @@ async fn update(
     new.driver = opt_string(&mut doc, "driver")?
         .ok_or_else(|| ApiError::bad_request("field driver cannot be removed"))?;
     check_driver(&new.driver)?;
-    // A changed driver resets every interface the same patch does not set to the new
-    // hardware type's default (Ironic's reset_interfaces); a removed one goes back to it.
+    // As Ironic: with `reset_interfaces` a changed driver resets every interface the same
+    // patch does not set to the new hardware type's default; without it the node keeps its
+    // interfaces, which must then suit the new driver. A removed one goes back to the default.
     let driver_changed = new.driver != node.driver;
     let mut interfaces = Interfaces::default();
+    let mut changed_iface = None;
     for iface in Iface::ALL {
         let field = iface.field();
-        let patched = ops
-            .iter()
-            .any(|op| op.path.trim_start_matches('/').split('/').next() == Some(field.as_str()));
+        let patched = ops.iter().any(|op| patched_field(&op.path) == field);
         let value = opt_string(&mut doc, &field)?;
-        if patched || !driver_changed {
+        let before = Some(node.interfaces.get(&node.driver, *iface));
+        if patched && value != before {
+            changed_iface = Some(field);
+        }
+        if patched || !(driver_changed && reset_interfaces) {
             interfaces.set(*iface, value);
         }
     }
-    interfaces
-        .validate(new.ident(), &new.driver)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if let Some(field) = changed_iface {
+        check_interface_change_allowed(&node, &field)?;
+    }
+    interfaces.validate(new.ident(), &new.driver).map_err(|e| {
+        let hint = if driver_changed && !reset_interfaces {
+            " (pass reset_interfaces=true to reset the interfaces to the new driver's defaults)"
+        } else {
+            ""
+        };
+        ApiError::bad_request(format!("{e}{hint}"))
+    })?;
     new.interfaces = interfaces.with_defaults(&new.driver);
     new.inspect_interface = check_inspect_interface(opt_string(&mut doc, "inspect_interface")?)?;
     new.driver_info = map_field(&mut doc, "driver_info")?;
     new.properties = map_field(&mut doc, "properties")?;
     new.instance_info = map_field(&mut doc, "instance_info")?;
     new.extra = map_field(&mut doc, "extra")?;
-    new.instance_uuid = opt_string(&mut doc, "instance_uuid")?;
+    new.instance_uuid = check_uuid("instance_uuid", opt_string(&mut doc, "instance_uuid")?)?;
     new.resource_class = opt_string(&mut doc, "resource_class")?;
-    new.automated_clean = match doc.remove("automated_clean") {
-        Some(Value::Bool(b)) => Some(b),
-        Some(Value::Null) | None => None,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "field automated_clean must be true, false or null, not {other}"
-            )))
-        }
-    };
+    new.automated_clean = nullable_bool(&mut doc, "automated_clean")?;
     new.attrs.owner = opt_string(&mut doc, "owner")?;
     new.attrs.lessee = opt_string(&mut doc, "lessee")?;
     new.attrs.description = opt_string(&mut doc, "description")?;
@@ -678,6 +898,10 @@ async fn update(
     new.attrs.conductor_group =
         check_conductor_group(&opt_string(&mut doc, "conductor_group")?.unwrap_or_default())?;
     new.attrs.network_data = map_field(&mut doc, "network_data")?;
+    // Only a changed document: one stored before the check came must not block other edits.
+    if new.attrs.network_data != node.attrs.network_data {
+        super::network_data::check(&new.attrs.network_data)?;
+    }
     let parent = opt_string(&mut doc, "parent_node")?;
     new.attrs.parent_node = if parent == node.attrs.parent_node {
         parent
@@ -702,12 +926,16 @@ async fn update(
     new.attrs.protected = opt_bool(&mut doc, "protected")?;
     new.attrs.protected_reason = opt_string(&mut doc, "protected_reason")?;
     check_lifecycle_flags(&node, &mut new)?;
-    let saved = state.conductor.store.update_node(&new).await?;
+    super::allocations::follow_instance_removal(&state, &node, &mut new).await?;
+    let mut saved = state.conductor.store.update_node(&new).await?;
+    show_owner(&state.conductor.ring(), state.conductor.id(), &mut saved);
+    let kept = state.conductor.store.node_management(&saved.uuid).await?;
     Ok(node_response(
         StatusCode::OK,
         &saved,
         &headers,
         ver(&version),
+        &kept,
     ))
 }
 
@@ -720,7 +948,16 @@ async fn remove(
     // A damaged record stays as it is until repaired: deleting it would lose what is left.
     node.writable()?;
     check_if_match(&headers, &node)?;
-    state.conductor.check_deletable(&node)?;
+    // Ironic answers a node in a state it may not be deleted in with InvalidState: 409.
+    state
+        .conductor
+        .check_deletable(&node)
+        .map_err(|e| match e {
+            crate::conductor::ConductorError::BadRequest(m) => {
+                ApiError::new(StatusCode::CONFLICT, m)
+            }
+            e => e.into(),
+        })?;
     state
         .conductor
         .store
@@ -732,10 +969,12 @@ async fn remove(
 
 async fn states(
     State(state): State<AppState>,
+    version: Version,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let n = state.conductor.store.get_node(&ident).await?;
-    Ok(Json(json!({
+    let kept = state.conductor.store.node_management(&n.uuid).await?;
+    let mut doc = json!({
         "console_enabled": false,
         "last_error": n.last_error,
         "power_state": n.power_state,
@@ -743,11 +982,11 @@ async fn states(
         "target_power_state": n.target_power_state,
         "target_provision_state": n.target_provision_state,
         "provision_updated_at": n.provision_updated_at.map(|t| t.to_rfc3339()),
-        "raid_config": {},
-        "target_raid_config": {},
-        "boot_mode": Value::Null,
-        "secure_boot": Value::Null,
-    })))
+    });
+    if let Value::Object(m) = &mut doc {
+        super::node_actions::node_fields::states(m, &kept, ver(&version));
+    }
+    Ok(Json(doc))
 }
 
 fn accepted(headers: &HeaderMap, node: &Node) -> Response {
@@ -768,9 +1007,10 @@ async fn provision(
     Extension(ApiVersion(version)): Extension<ApiVersion>,
     Extension(caller): Extension<super::auth::Caller>,
     Path(ident): Path<String>,
-    JsonBody(req): JsonBody<ProvisionRequest>,
+    JsonBody(mut req): JsonBody<ProvisionRequest>,
 ) -> ApiResult<Response> {
     tracing::info!(node = %ident, caller = %caller.name, role = caller.role.as_str(), target = %req.target, "provision request");
+    super::runbooks::resolve(&state, &ident, &mut req, version).await?;
     let by = super::audit::actor_of(&state, &caller);
     let node = state
         .conductor
@@ -804,10 +1044,27 @@ async fn abort_provision(
 async fn power(
     State(state): State<AppState>,
     headers: HeaderMap,
+    version: Version,
     Path(ident): Path<String>,
     JsonBody(req): JsonBody<PowerRequest>,
 ) -> ApiResult<Response> {
-    let node = state.conductor.set_power(&ident, req.target).await?;
+    use rivet_protocol::states::PowerState;
+    // Soft power actions and `timeout` came with 1.27 (`MINOR_27_SOFT_POWER_OFF`).
+    let soft = matches!(req.target, PowerState::SoftOff | PowerState::SoftRebooting);
+    if (soft || req.timeout.is_some()) && ver(&version) < (1, 27) {
+        return Err(ApiError::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "soft power actions and a power timeout need API version 1.27 or later",
+        ));
+    }
+    if req.timeout == Some(0) {
+        return Err(ApiError::bad_request("timeout has to be positive integer"));
+    }
+    let timeout = req.timeout.map(std::time::Duration::from_secs);
+    let node = state
+        .conductor
+        .set_power_within(&ident, req.target, timeout)
+        .await?;
     Ok(accepted(&headers, &node))
 }
 
@@ -835,26 +1092,6 @@ async fn maintenance_off(
 ) -> ApiResult<StatusCode> {
     state.conductor.set_maintenance(&ident, false, None).await?;
     Ok(StatusCode::ACCEPTED)
-}
-
-async fn node_ports(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(ident): Path<String>,
-) -> ApiResult<Json<Value>> {
-    let node = state.conductor.store.get_node(&ident).await?;
-    let ports = state
-        .conductor
-        .store
-        .list_ports(&PortQuery {
-            node_uuid: Some(node.uuid),
-            ..Default::default()
-        })
-        .await?;
-    let base = base_url(&headers);
-    Ok(Json(json!({
-        "ports": ports.iter().map(|p| Value::Object(render::port_full(p, &base))).collect::<Vec<_>>()
-    })))
 }
 
 async fn inventory(

@@ -3,7 +3,7 @@
 
 use super::ApiError;
 use crate::drivers::mask_secrets;
-use crate::store::{Node, Port};
+use crate::store::Node;
 use axum::http::HeaderMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Map, Value};
@@ -90,6 +90,7 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
     ("protected", (1, 48)),
     ("protected_reason", (1, 48)),
     ("conductor", (1, 49)),
+    ("allocation_uuid", (1, 52)),
     ("owner", (1, 50)),
     ("description", (1, 51)),
     ("retired", (1, 61)),
@@ -99,8 +100,14 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
     ("shard", (1, 82)),
     ("parent_node", (1, 83)),
     ("firmware_interface", (1, 86)),
+    ("service_step", (1, 87)),
     ("disable_power_off", (1, 95)),
+    ("target_raid_config", (1, 12)),
+    ("raid_config", (1, 12)),
+    ("boot_mode", (1, 75)),
+    ("secure_boot", (1, 75)),
     ("instance_name", (1, 104)),
+    ("health", (1, 109)),
 ];
 
 /// Drop the fields a client at `version` does not know.
@@ -150,6 +157,7 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         },
         "clean_step": clean_step,
         "deploy_step": deploy_step,
+        "service_step": crate::conductor::servicing::service_step(n),
         "reservation": n.reservation,
         "conductor": n.conductor,
         "automated_clean": n.automated_clean,
@@ -186,6 +194,13 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         ("network_data", json!(a.network_data)),
         ("disable_power_off", json!(a.disable_power_off)),
         ("chassis_uuid", json!(n.chassis_uuid)),
+        ("allocation_uuid", json!(n.allocation_uuid)),
+        ("health", json!(n.health)),
+        // Stored beside the node; `node_actions::node_fields` puts in the values.
+        ("target_raid_config", json!({})),
+        ("raid_config", json!({})),
+        ("boot_mode", Value::Null),
+        ("secure_boot", Value::Null),
     ] {
         m.insert(k.into(), v);
     }
@@ -286,23 +301,4 @@ pub fn select(mut doc: Map<String, Value>, keep: &[impl AsRef<str>]) -> Value {
         }
     }
     Value::Object(out)
-}
-
-/// The port document.
-pub fn port_full(p: &Port, base: &str) -> Map<String, Value> {
-    let v = json!({
-        "uuid": p.uuid,
-        "address": p.address,
-        "node_uuid": p.node_uuid,
-        "pxe_enabled": p.pxe_enabled,
-        "extra": p.extra,
-        "local_link_connection": {},
-        "created_at": time(&Some(p.created_at)),
-        "updated_at": time(&p.updated_at),
-        "links": links(base, "ports", &p.uuid),
-    });
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
 }

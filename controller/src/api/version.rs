@@ -69,24 +69,56 @@ fn add_range_headers(headers: &mut HeaderMap) {
     );
 }
 
-/// Middleware: negotiate, 406 outside the range, echo the version used.
+/// The request id headers (1.107): Ironic's `Openstack-Request-Id` and the standard
+/// `X-OpenStack-Request-Id` mirroring it, on every response.
+pub const REQUEST_ID_HEADERS: [&str; 2] = ["Openstack-Request-Id", "X-OpenStack-Request-Id"];
+
+/// A fresh request id, `req-<uuid>` as oslo.middleware makes them (one per request: a
+/// client's own id is not taken over, so ids in rivetd's log are unique).
+fn request_id() -> String {
+    format!("req-{}", uuid::Uuid::new_v4())
+}
+
+/// Middleware: negotiate, 406 outside the range, echo the version used, and name the
+/// request (its id is in the response headers and in the log lines of the request).
 pub async fn negotiate(mut req: Request, next: Next) -> Response {
-    match requested(req.headers()) {
+    let id = request_id();
+    // Node routes name their node (as given: a name or a UUID) on every line of the request.
+    let path = req.uri().path().to_string();
+    let node = path
+        .strip_prefix("/v1/nodes/")
+        .and_then(|rest| rest.split('/').next())
+        .filter(|n| !n.is_empty() && *n != "detail" && *n != "validate")
+        .map(str::to_string);
+    let span = tracing::info_span!("request", request_id = %id, node = node.as_deref());
+    let method = req.method().clone();
+    let mut resp = match requested(req.headers()) {
         Ok(v) => {
             req.extensions_mut().insert(ApiVersion(v));
-            let mut resp = next.run(req).await;
-            add_range_headers(resp.headers_mut());
+            let mut resp = tracing::Instrument::instrument(next.run(req), span.clone()).await;
             if let Ok(h) = HeaderValue::from_str(&fmt(v)) {
                 resp.headers_mut().insert(VERSION_HEADER, h);
             }
             resp
         }
         Err(msg) => {
-            let mut resp = ApiError::new(StatusCode::NOT_ACCEPTABLE, msg).into_response();
-            add_range_headers(resp.headers_mut());
-            resp
+            let _entered = span.enter();
+            ApiError::new(StatusCode::NOT_ACCEPTABLE, msg).into_response()
+        }
+    };
+    if path.starts_with("/v1") {
+        // One line per API request, as Ironic's WSGI server logs them.
+        span.in_scope(|| {
+            tracing::info!(method = %method, path = %path, status = resp.status().as_u16(), "request handled")
+        });
+    }
+    add_range_headers(resp.headers_mut());
+    if let Ok(h) = HeaderValue::from_str(&id) {
+        for name in REQUEST_ID_HEADERS {
+            resp.headers_mut().insert(name, h.clone());
         }
     }
+    resp
 }
 
 fn version_doc(host: &str) -> serde_json::Value {

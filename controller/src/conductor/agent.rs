@@ -30,6 +30,9 @@ pub const LOOKUP_ALLOWED: &[ProvisionState] = &[
     ProvisionState::WaitCallBack,
     ProvisionState::Rescuing,
     ProvisionState::RescueWait,
+    ProvisionState::Servicing,
+    ProvisionState::ServiceWait,
+    ProvisionState::ServiceHold,
 ];
 
 /// Why an agent request was refused.
@@ -319,6 +322,7 @@ impl Conductor {
         };
         Self::check_token(&node, token)?;
         Self::check_boot(&node, req.boot_id.as_deref())?;
+        crate::metrics::agent_heartbeat();
         let uuid = node.uuid.clone();
         let acks = self.intake(&uuid, &req.results).await?;
         if !acks.is_empty() {
@@ -379,6 +383,7 @@ impl Conductor {
         }
         let long_poll = Duration::from_secs(self.config.agent.long_poll_s);
         // Shutdown answers held polls at once; the agent comes back to whoever serves next.
+        let _held = crate::metrics::long_poll_held();
         tokio::select! {
             _ = tokio::time::timeout(long_poll, notified) => {}
             _ = self.shutdown.cancelled() => {}

@@ -267,6 +267,7 @@ impl Conductor {
                 node.clean_step = Some(step_doc(&step));
                 let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
                 tracing::info!(node = %uuid, step = %step.step.step, "running out-of-band clean step");
+                crate::metrics::step_started("clean", &step);
                 match bmc
                     .execute_step(&uuid, &node.driver_info, &step.step, &step.args)
                     .await
@@ -276,6 +277,7 @@ impl Conductor {
                         self.step_done(node, &step, index).await.map(Some)
                     }
                     Err(e) => {
+                        crate::metrics::step_failed("clean", &step, None);
                         let node = self.store.get_node(&uuid).await?;
                         let msg = format!(
                             "clean step {} failed on node {}: {e}",
@@ -350,6 +352,7 @@ impl Conductor {
             node.clean_step = Some(step_doc(step));
             let node = self.ensure_state(node, ProvisionState::CleanWait).await?;
             self.queue(&uuid, Command { id, kind }).await?;
+            crate::metrics::step_started("clean", step);
             tracing::info!(node = %uuid, step = %step.step.step, index, "clean step sent to the agent");
             return Ok(Some(node));
         };
@@ -365,16 +368,25 @@ impl Conductor {
         match result.status {
             CommandStatus::Succeeded => self.step_done(node, step, index).await.map(Some),
             CommandStatus::Failed | CommandStatus::Aborted => {
+                let started = node.runs.clean.as_ref().and_then(|r| r.step_started_at);
+                crate::metrics::step_failed("clean", step, started);
+                tracing::warn!(node = %node.uuid, step = %step.step.step, command = %result.id, "clean step failed on the agent");
                 let mut msg = format!(
                     "clean step {} failed on node {}: {}",
                     step.step.step,
                     node.ident(),
                     result.error.unwrap_or_else(|| "no error message".into())
                 );
-                if let Some(tail) = result.log_tail.filter(|t| !t.trim().is_empty()) {
-                    msg.push_str("\nagent log (tail):\n");
-                    msg.push_str(tail.trim_end());
-                }
+                super::agent_logs::attach(
+                    self.store.as_ref(),
+                    &mut msg,
+                    &node,
+                    "clean",
+                    &step.step.step,
+                    &result.id,
+                    result.log_tail,
+                )
+                .await;
                 node.fault = Some("clean failure".into());
                 let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
                 self.fail(node, &msg).await.map(Some)
@@ -395,6 +407,8 @@ impl Conductor {
             .and_then(|s| s.get("abort_after"))
             .and_then(Value::as_bool)
             .unwrap_or(false);
+        let started = node.runs.clean.as_ref().and_then(|r| r.step_started_at);
+        crate::metrics::step_finished("clean", step, started);
         tracing::info!(node = %node.uuid, step = %step.step.step, index, "clean step succeeded");
         let run = run_mut(&mut node);
         run.step_index = index + 1;
@@ -475,6 +489,14 @@ impl Conductor {
                     _ => PowerState::Rebooting,
                 };
                 let mut node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+                // As Ironic's node_power_action: never off with disable_power_off (1.95).
+                if target == PowerState::Off && super::power_policy::kept_on(&node) {
+                    let msg = format!(
+                        "clean step power_off refused on node {}: it has disable_power_off set; unset it or drop the step",
+                        node.ident()
+                    );
+                    return self.fail(node, &msg).await;
+                }
                 if let Err(e) = bmc.set_power(&uuid, &node.driver_info, target).await {
                     let msg = format!("clean step {other} failed on node {}: {e}", node.ident());
                     return self.fail(node, &msg).await;
@@ -504,21 +526,33 @@ impl Conductor {
         manual: bool,
     ) -> Result<Node, ConductorError> {
         let mut node = self.ensure_state(node, ProvisionState::Cleaning).await?;
-        if let Err(e) = bmc
-            .set_power(&node.uuid, &node.driver_info, PowerState::Off)
-            .await
-        {
+        // disable_power_off (1.95): power_policy skips the power off and reboots instead.
+        if let Err(e) = self.power_off_unless_kept_on(&node, bmc).await {
             let msg = format!(
                 "failed to power off node {} after cleaning: {e}",
                 node.ident()
             );
             return self.fail(node, &msg).await;
         }
-        node.power_state = Some(PowerState::Off);
+        node.power_state = Some(super::power_policy::state_after_off(&node));
         self.clean_up_ramdisk_logged(&node, bmc).await;
+        if let Err(e) = self.reboot_if_kept_on(&node, bmc).await {
+            let msg = format!(
+                "failed to reboot node {} after cleaning (it has disable_power_off): {e}",
+                node.ident()
+            );
+            return self.fail(node, &msg).await;
+        }
         clear_run(&mut node);
         let _ = self.store.cancel_pending(&node.uuid).await;
         tracing::info!(node = %node.uuid, manual, "cleaning finished");
+        crate::drivers::management::refresh_caches_logged(
+            self.store.as_ref(),
+            bmc,
+            &node.uuid,
+            &node.driver_info,
+        )
+        .await;
         let event = end_of_cleaning(&node, manual);
         self.event(node, event, None).await
     }

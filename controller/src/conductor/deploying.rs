@@ -131,6 +131,14 @@ impl Conductor {
             Some(r) => r,
             None => {
                 let requested = node.runs.deploy_request.take().unwrap_or_default();
+                // The deploy templates the instance asks for (instance_info.traits).
+                let requested = match self.with_template_steps(&node, requested).await? {
+                    Ok(r) => r,
+                    Err(msg) => {
+                        let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                        return self.fail(node, &msg).await.map(Some);
+                    }
+                };
                 let run = DeployRun {
                     plan: apply_requested(conductor_deploy_steps(), &requested),
                     requested,
@@ -249,6 +257,14 @@ impl Conductor {
                 source: Source::Agent,
             })
             .collect();
+        // A requested `hold` pauses the deploy in `deploy hold` at its priority.
+        if run
+            .requested
+            .iter()
+            .any(|r| r.interface == "deploy" && r.step == "hold" && r.priority > 0)
+        {
+            extra.push(conductor_step("hold", 0));
+        }
         // Every requested step must exist somewhere.
         for r in &run.requested {
             let known = run
@@ -334,6 +350,7 @@ impl Conductor {
                 .await?;
             self.queue(&uuid, rivet_protocol::agent::Command { id, kind })
                 .await?;
+            crate::metrics::step_started("deploy", step);
             tracing::info!(node = %uuid, step = %step.step.step, "deploy step sent to the agent");
             return Ok(Some(node));
         };
@@ -355,6 +372,7 @@ impl Conductor {
         match result.status {
             CommandStatus::Succeeded => {
                 tracing::info!(node = %uuid, step = %step.step.step, "deploy step succeeded");
+                crate::metrics::step_finished("deploy", step, run.step_started_at);
                 if step.step.step == WRITE_IMAGE {
                     node.driver_internal_info
                         .insert(IMAGE_KEY.into(), result.result.clone());
@@ -379,16 +397,24 @@ impl Conductor {
                     .map(Some)
             }
             CommandStatus::Failed | CommandStatus::Aborted => {
+                crate::metrics::step_failed("deploy", step, run.step_started_at);
+                tracing::warn!(node = %node.uuid, step = %step.step.step, command = %result.id, "deploy step failed on the agent");
                 let mut msg = format!(
                     "deploy step {} failed on node {}: {}",
                     step.step.step,
                     node.ident(),
                     result.error.unwrap_or_else(|| "no error message".into())
                 );
-                if let Some(tail) = result.log_tail.filter(|t| !t.trim().is_empty()) {
-                    msg.push_str("\nagent log (tail):\n");
-                    msg.push_str(tail.trim_end());
-                }
+                super::agent_logs::attach(
+                    self.store.as_ref(),
+                    &mut msg,
+                    &node,
+                    "deploy",
+                    &step.step.step,
+                    &result.id,
+                    result.log_tail,
+                )
+                .await;
                 let node = self.ensure_state(node, ProvisionState::Deploying).await?;
                 self.fail(node, &msg).await.map(Some)
             }
@@ -432,7 +458,9 @@ impl Conductor {
                 }
             }
             "tear_down_agent" => {
-                if super::cleaning::has_agent(&node) {
+                // disable_power_off (1.95): the agent is left running; boot_instance reboots.
+                let kept_on = super::power_policy::kept_on(&node);
+                if super::cleaning::has_agent(&node) && !kept_on {
                     match (&run.teardown_command, run.teardown_since) {
                         (None, _) => {
                             // Ask the ramdisk to power the machine off itself (it syncs
@@ -470,20 +498,25 @@ impl Conductor {
                         }
                     }
                 }
-                let off = bmc
-                    .set_power(&uuid, &node.driver_info, PowerState::Off)
-                    .await;
+                let off = self.power_off_unless_kept_on(&node, bmc).await;
                 if off.is_ok() {
-                    node.power_state = Some(PowerState::Off);
+                    node.power_state = Some(super::power_policy::state_after_off(&node));
                     super::agent::forget_agent_token(&mut node);
                     let _ = self.store.cancel_pending(&uuid).await;
                 }
                 off
             }
+            "hold" => {
+                // Past the hold: `unhold` goes on with the next step, `abort` fails the deploy.
+                run.index += 1;
+                Self::put_run(&mut node, &run);
+                node.deploy_step = None;
+                tracing::info!(node = %uuid, "deploy on hold; `unhold` continues, `abort` stops");
+                return self.event(node, Event::Hold, None).await.map(Some);
+            }
             "boot_instance" => {
-                let on = bmc
-                    .set_power(&uuid, &node.driver_info, PowerState::On)
-                    .await;
+                let action = super::power_policy::boot_action(&node);
+                let on = bmc.set_power(&uuid, &node.driver_info, action).await;
                 if on.is_ok() {
                     node.power_state = Some(PowerState::On);
                 }
@@ -535,16 +568,16 @@ impl Conductor {
                 .send_command(&uuid, CommandKind::Abort { command_id: id })
                 .await;
         }
-        let _ = self.send_command(&uuid, CommandKind::PowerOff).await;
+        // disable_power_off (1.95): the node is left running (power_policy).
+        if !super::power_policy::kept_on(node) {
+            let _ = self.send_command(&uuid, CommandKind::PowerOff).await;
+        }
         let Ok(bmc) = self.bmc(node) else { return };
-        match bmc
-            .set_power(&uuid, &node.driver_info, PowerState::Off)
-            .await
-        {
+        match self.power_off_unless_kept_on(node, bmc.as_ref()).await {
             Ok(()) => {
                 self.clean_up_ramdisk_logged(node, bmc.as_ref()).await;
                 if let Ok(mut n) = self.store.get_node(&uuid).await {
-                    n.power_state = Some(PowerState::Off);
+                    n.power_state = Some(super::power_policy::state_after_off(&n));
                     if let Err(e) = self.store.update_node(&n).await {
                         tracing::warn!(node = %uuid, error = %e, "could not record power off after abort");
                     }

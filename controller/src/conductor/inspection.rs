@@ -7,12 +7,12 @@
 use super::{Conductor, ConductorError};
 use crate::drivers::{Bmc, OobInventory};
 use crate::fsm::Event;
-use crate::inspection::{derive, rules};
+use crate::inspection::derive;
 use crate::store::{Node, Port, PortQuery, StoreError};
 use chrono::Utc;
 use rivet_protocol::agent::{Command, CommandKind, CommandStatus};
 use rivet_protocol::inventory::Inventory;
-use rivet_protocol::states::{PowerState, ProvisionState};
+use rivet_protocol::states::ProvisionState;
 use serde_json::{json, Map, Value};
 
 /// Forget the bookkeeping of an inspection run.
@@ -194,57 +194,42 @@ impl Conductor {
             node.resource_class = Some(derive::resource_class(template, &derived));
         }
 
-        // Rules see the inventory and the node as it stands now.
-        let rules: Vec<rules::Rule> = self
-            .store
-            .list_rules()
-            .await?
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect();
-        let doc = json!({
-            "inventory": serde_json::to_value(&inv).unwrap_or(Value::Null),
-            "node": {
-                "uuid": node.uuid, "name": node.name, "driver": node.driver,
-                "properties": node.properties, "extra": node.extra,
-                "resource_class": node.resource_class,
-            },
-        });
-        match rules::evaluate(&rules, &doc) {
-            Ok(actions) => {
-                let mut rc = node.resource_class.clone();
-                rules::apply(
-                    &actions,
-                    &mut node.properties,
-                    &mut node.extra,
-                    &mut node.traits,
-                    &mut rc,
-                );
-                node.resource_class = rc;
-            }
-            Err(message) => {
-                let msg = format!("inspection rule failed node {}: {message}", node.ident());
-                return self.fail(node, &msg).await;
-            }
-        }
+        // Ports first, so rules can change them; rules see the inventory and the node as it
+        // stands now.
         self.sync_ports(&node, &derived.ports).await?;
+        let inv_doc = serde_json::to_value(&inv).unwrap_or(Value::Null);
+        if let Err(msg) = self.apply_inspection_rules(&mut node, &inv_doc).await? {
+            return self.fail(node, &msg).await;
+        }
         if in_band {
-            if let Err(e) = bmc
-                .set_power(&node.uuid, &node.driver_info, PowerState::Off)
-                .await
-            {
+            // disable_power_off (1.95): power_policy keeps the node on (rebooted below).
+            if let Err(e) = self.power_off_unless_kept_on(&node, bmc).await {
                 let msg = format!(
                     "failed to power off node {} after inspection: {e}",
                     node.ident()
                 );
                 return self.fail(node, &msg).await;
             }
-            node.power_state = Some(PowerState::Off);
+            node.power_state = Some(super::power_policy::state_after_off(&node));
             self.clean_up_ramdisk_logged(&node, bmc).await;
+            if let Err(e) = self.reboot_if_kept_on(&node, bmc).await {
+                let msg = format!(
+                    "failed to reboot node {} after inspection (it has disable_power_off): {e}",
+                    node.ident()
+                );
+                return self.fail(node, &msg).await;
+            }
         }
         node.inspection_finished_at = Some(Utc::now());
         clear_run(&mut node);
         tracing::info!(node = %node.uuid, cpus = derived.cpus, memory_mb = derived.memory_mb, local_gb = derived.local_gb, "inspection finished");
+        crate::drivers::management::refresh_caches_logged(
+            self.store.as_ref(),
+            bmc,
+            &node.uuid,
+            &node.driver_info,
+        )
+        .await;
         self.event(node, Event::Done, None).await
     }
 
@@ -277,6 +262,7 @@ impl Conductor {
                 created_at: Utc::now(),
                 updated_at: None,
                 version: 0,
+                attrs: Default::default(),
             };
             match self.store.create_port(&port).await {
                 Ok(_) => {

@@ -7,16 +7,25 @@
 //! the node carries this conductor's id in `reservation`.
 
 pub mod agent;
+mod agent_logs;
+mod allocations;
 pub mod boot;
 mod cleaning;
 mod deploying;
+pub mod discovery;
 mod errors;
+pub mod health;
 mod inspection;
+pub mod inspection_rules;
 mod membership;
 mod periodic;
+mod power_policy;
 mod power_sync;
+mod rescue;
+pub mod servicing;
 pub mod steps;
 pub mod supervisor;
+mod templates;
 mod verbs;
 
 pub use errors::ConductorError;
@@ -28,7 +37,7 @@ use crate::drivers::{self, fake::FakeBmc, Bmc, BootDevice};
 use crate::fsm::{self, Event};
 use crate::store::{Node, Store, StoreError};
 use chrono::Utc;
-use rivet_protocol::states::{PowerState, ProvisionState};
+use rivet_protocol::states::ProvisionState;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -95,12 +104,12 @@ impl Conductor {
 
     /// The BMC driver of a node.
     pub fn bmc(&self, node: &Node) -> Result<Arc<dyn Bmc>, ConductorError> {
-        drivers::for_node(&node.driver, &self.fake, &self.config.drivers).map_err(|e| {
-            ConductorError::Driver {
+        let bmc = drivers::for_node(&node.driver, &self.fake, &self.config.drivers);
+        bmc.map(|b| crate::metrics::bmc::wrap(&node.driver, b))
+            .map_err(|e| ConductorError::Driver {
                 node: node.ident().to_string(),
                 message: e.to_string(),
-            }
-        })
+            })
     }
 
     /// Whether a task for `uuid` runs in this process.
@@ -191,6 +200,8 @@ impl Conductor {
                 ProvisionState::CleanWait
                     | ProvisionState::InspectWait
                     | ProvisionState::WaitCallBack
+                    | ProvisionState::RescueWait
+                    | ProvisionState::ServiceWait
             );
             if !node.provision_state.is_conductor_busy() && !agent_wait {
                 return Ok(());
@@ -236,7 +247,14 @@ impl Conductor {
             let holds = node.provision_state.is_conductor_busy()
                 || matches!(
                     node.provision_state,
-                    CleanWait | CleanHold | InspectWait | WaitCallBack
+                    CleanWait
+                        | CleanHold
+                        | InspectWait
+                        | WaitCallBack
+                        | DeployHold
+                        | RescueWait
+                        | ServiceWait
+                        | ServiceHold
                 );
             if !holds {
                 self.store.release_lease(&node.uuid, self.id()).await?;
@@ -256,6 +274,13 @@ impl Conductor {
                 match checked {
                     Ok(power) => {
                         node.power_state = Some(power);
+                        crate::drivers::management::refresh_caches_logged(
+                            self.store.as_ref(),
+                            bmc.as_ref(),
+                            &node.uuid,
+                            &node.driver_info,
+                        )
+                        .await;
                         self.event(node, Event::Done, None).await.map(Some)
                     }
                     Err(e) => {
@@ -272,8 +297,8 @@ impl Conductor {
                 // Tear down: power off, boot from the network again (the next boot is the
                 // cleaning ramdisk's), forget the instance, then automated cleaning.
                 let torn = async {
-                    bmc.set_power(&node.uuid, &node.driver_info, PowerState::Off)
-                        .await?;
+                    // disable_power_off (1.95): no power off; the reboot below instead.
+                    self.power_off_unless_kept_on(&node, bmc.as_ref()).await?;
                     // The next boot is the cleaning ramdisk's: from the network for PXE
                     // (virtual media sets its own one-time override when it inserts).
                     if !node.interfaces.fake_boot(&node.driver)
@@ -286,6 +311,7 @@ impl Conductor {
                         )
                         .await?;
                     }
+                    self.reboot_if_kept_on(&node, bmc.as_ref()).await?;
                     Ok::<_, crate::drivers::DriverError>(())
                 }
                 .await;
@@ -296,11 +322,19 @@ impl Conductor {
                     );
                     return self.fail(node, &msg).await.map(Some);
                 }
-                node.power_state = Some(PowerState::Off);
+                node.power_state = Some(power_policy::state_after_off(&node));
                 node.instance_uuid = None;
+                // Ironic deletes the node's allocation with its instance.
+                if let Some(a) = node.allocation_uuid.take() {
+                    if let Err(e) = self.store.delete_allocation(&a).await {
+                        tracing::warn!(node = %node.uuid, allocation = %a, error = %e, "cannot delete the allocation of the undeployed node");
+                    }
+                }
                 node.instance_info.clear();
                 node.runs.deploy = None;
                 node.driver_internal_info.remove(deploying::IMAGE_KEY);
+                node.driver_internal_info.remove(servicing::RUN_KEY);
+                rescue::clear_run(&mut node);
                 agent::forget_agent_token(&mut node);
                 let _ = self.store.cancel_pending(&node.uuid).await;
                 self.event(node, Event::Clean, None).await.map(Some)
@@ -308,8 +342,21 @@ impl Conductor {
             Inspecting | InspectWait => self.advance_inspection(node, bmc.as_ref()).await,
             Deploying | WaitCallBack => self.advance_deploy(node, bmc.as_ref()).await,
             Adopting => self.adopt(node, bmc.as_ref()).await.map(Some),
-            // Only the fake rescue interface (fake-hardware) is served; the API refuses
-            // rescue for any other, so reaching here means there is no work to do.
+            Servicing | ServiceWait => self.advance_service(node, bmc.as_ref()).await,
+            // The agent rescue interface boots the ramdisk; `fake` (fake-hardware) has no
+            // work to do, as in Ironic.
+            Rescuing | RescueWait | Unrescuing
+                if node
+                    .interfaces
+                    .get(&node.driver, crate::interfaces::Iface::Rescue)
+                    == "agent" =>
+            {
+                if node.provision_state == Unrescuing {
+                    self.advance_unrescue(node, bmc.as_ref()).await.map(Some)
+                } else {
+                    self.advance_rescue(node, bmc.as_ref()).await
+                }
+            }
             Rescuing | Unrescuing => {
                 if node
                     .interfaces
@@ -402,7 +449,12 @@ impl Conductor {
         // included.
         let keeps = matches!(
             to,
-            ProvisionState::CleanWait | ProvisionState::CleanHold | ProvisionState::WaitCallBack
+            ProvisionState::CleanWait
+                | ProvisionState::CleanHold
+                | ProvisionState::WaitCallBack
+                | ProvisionState::DeployHold
+                | ProvisionState::ServiceWait
+                | ProvisionState::ServiceHold
         );
         if !to.is_conductor_busy() && !keeps {
             node.reservation = None;

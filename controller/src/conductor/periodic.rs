@@ -18,6 +18,7 @@ const BUSY: &[ProvisionState] = &[
     ProvisionState::Adopting,
     ProvisionState::Rescuing,
     ProvisionState::Unrescuing,
+    ProvisionState::Servicing,
 ];
 
 const WAITS: &[ProvisionState] = &[
@@ -25,6 +26,7 @@ const WAITS: &[ProvisionState] = &[
     ProvisionState::InspectWait,
     ProvisionState::WaitCallBack,
     ProvisionState::RescueWait,
+    ProvisionState::ServiceWait,
 ];
 
 impl Conductor {
@@ -67,6 +69,7 @@ impl Conductor {
             ProvisionState::CleanWait => c.clean_wait_timeout_s,
             ProvisionState::InspectWait => c.inspect_wait_timeout_s,
             ProvisionState::WaitCallBack => c.deploy_callback_timeout_s,
+            ProvisionState::ServiceWait => c.clean_wait_timeout_s,
             _ => c.rescue_wait_timeout_s,
         }
     }

@@ -170,13 +170,20 @@ impl Conductor {
                 return Outcome::Failed;
             }
         };
-        let actual = match bmc.get_power(&node.uuid, &node.driver_info).await {
-            Ok(p) => p,
+        let (actual, health) = match bmc
+            .get_power_and_health(&node.uuid, &node.driver_info)
+            .await
+        {
+            Ok(read) => read,
             Err(e) => {
                 tracing::warn!(node = %uuid, error = %e, "power sync: cannot read the power state");
                 return Outcome::Failed;
             }
         };
+        // As Ironic: the health is kept on every sync, whatever the power state does.
+        if node.health.as_deref() != health.map(crate::drivers::Health::as_str) {
+            self.cache_health(&uuid, health).await;
+        }
         let recorded = node.power_state;
         if recorded == Some(actual) {
             return Outcome::Unchanged;
@@ -273,7 +280,7 @@ impl Conductor {
 
     /// Apply `change` to a fresh copy and write it, again on conflicts; `None` when `change`
     /// declines.
-    async fn update_fresh(
+    pub(super) async fn update_fresh(
         &self,
         uuid: &str,
         change: impl Fn(&mut Node) -> bool,

@@ -87,6 +87,11 @@ impl Conductor {
                 Box::pin(self.clone().run_membership()),
             ),
             ("controller notices", Box::pin(self.clone().run_notices())),
+            ("allocations", Box::pin(self.clone().run_allocations())),
+            (
+                "metrics listener",
+                Box::pin(crate::metrics::serve_listener(self.clone())),
+            ),
         ])
         .await
     }

@@ -100,7 +100,9 @@ pub(crate) fn check_image_info(node: &Node) -> Result<(), String> {
 
 /// The configdrive of a deploy request as the agent takes it: a URL, or gzip+base64 ISO.
 fn prepare_configdrive(cd: &Value, node: &Node) -> Result<String, String> {
-    crate::configdrive::prepare(cd, &node.uuid, node.name.as_deref())
+    // The node's network_data (1.66) goes in when the request's configdrive has none.
+    let cd = crate::configdrive::with_node_network_data(cd, &node.attrs.network_data);
+    crate::configdrive::prepare(&cd, &node.uuid, node.name.as_deref())
         .map(crate::configdrive::Prepared::into_string)
         .map_err(|e| e.to_string())
 }
@@ -115,6 +117,7 @@ fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
         Verb::Unhold => (1, 85),
         Verb::Adopt => (1, 17),
         Verb::Rescue | Verb::Unrescue => (1, 38),
+        Verb::Service => (1, 87),
         _ => (1, 1),
     }
 }
@@ -191,6 +194,34 @@ impl Conductor {
                 "clean_steps is only valid with target \"clean\", not \"{verb}\""
             )));
         }
+        if req.service_steps.is_some() && verb != Verb::Service {
+            return Err(ConductorError::BadRequest(format!(
+                "service_steps is only valid with target \"service\", not \"{verb}\""
+            )));
+        }
+        if verb == Verb::Service && req.service_steps.is_none() {
+            return Err(ConductorError::BadRequest(
+                "target \"service\" needs service_steps (a list of steps)".into(),
+            ));
+        }
+        if req.disable_ramdisk.is_some() {
+            // Ironic: manual cleaning from 1.70, servicing from 1.108.
+            let need = match verb {
+                Verb::Clean => (1, 70),
+                Verb::Service => (1, 108),
+                _ => {
+                    return Err(ConductorError::BadRequest(format!(
+                        "disable_ramdisk is only valid with target \"clean\" or \"service\", not \"{verb}\""
+                    )))
+                }
+            };
+            if version < need {
+                return Err(ConductorError::BadRequest(format!(
+                    "disable_ramdisk with target \"{verb}\" needs API version {}.{} or later",
+                    need.0, need.1
+                )));
+            }
+        }
         if verb == Verb::Clean && req.clean_steps.is_none() {
             return Err(ConductorError::BadRequest(
                 "target \"clean\" needs clean_steps (a list, possibly empty)".into(),
@@ -245,8 +276,10 @@ impl Conductor {
             // Cleaning and deploy hold the node for the whole run; abort and unhold are how an
             // operator steers that run, and a deploy waiting on its ramdisk may be torn down.
             let steering = matches!(verb, Verb::Abort | Verb::Unhold)
-                || (state == ProvisionState::WaitCallBack
-                    && matches!(verb, Verb::Deleted | Verb::Undeploy));
+                || (matches!(
+                    state,
+                    ProvisionState::WaitCallBack | ProvisionState::ServiceWait
+                ) && matches!(verb, Verb::Deleted | Verb::Undeploy));
             if !steering {
                 return Err(ConductorError::Locked {
                     node: node.ident().to_string(),
@@ -280,6 +313,21 @@ impl Conductor {
             .check_verb(node.ident(), &node.driver, verb)
             .map_err(|e| ConductorError::BadRequest(e.to_string()))?;
         let direct = node.interfaces.uses_agent(&node.driver);
+        if verb == Verb::Adopt && !direct {
+            // The fake deploy interface checks nothing else, but an adopted node must still
+            // say what runs on it.
+            let has_source = node
+                .instance_info
+                .get("image_source")
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.trim().is_empty());
+            if !has_source {
+                return Err(ConductorError::BadRequest(format!(
+                    "node {} has no instance_info.image_source; adoption needs the image the running instance came from",
+                    node.ident()
+                )));
+            }
+        }
         if (deploys || verb == Verb::Adopt) && direct {
             check_image_info(&node).map_err(ConductorError::BadRequest)?;
             if let Some(fmt) = node
@@ -312,6 +360,26 @@ impl Conductor {
         if verb == Verb::Clean {
             self.check_manual_steps(&node, req.clean_steps.as_deref().unwrap_or_default())
                 .await?;
+            if req.disable_ramdisk == Some(true) {
+                self.check_out_of_band_only(&node, req.clean_steps.as_deref().unwrap_or_default())
+                    .await?;
+            }
+        }
+        if verb == Verb::Service {
+            let bmc = self.bmc(&node)?;
+            let oob = bmc.steps(&node.uuid, &node.driver_info).await;
+            super::servicing::check_request(
+                req.service_steps.as_deref().unwrap_or_default(),
+                &oob,
+                req.disable_ramdisk == Some(true),
+            )
+            .map_err(|e| ConductorError::BadRequest(format!("node {}: {e}", node.ident())))?;
+            super::servicing::start_run(
+                &mut node,
+                req.service_steps.clone().unwrap_or_default(),
+                req.disable_ramdisk == Some(true),
+            );
+            node.reservation = Some(self.owner_of(&node.uuid));
         }
         // Every transition of the operation this verb starts names it as its cause.
         node.driver_internal_info.insert(
@@ -323,11 +391,37 @@ impl Conductor {
         {
             return self.abort_cleaning(node).await;
         }
-        if verb == Verb::Abort && state == ProvisionState::WaitCallBack {
+        if verb == Verb::Abort
+            && matches!(
+                state,
+                ProvisionState::WaitCallBack | ProvisionState::DeployHold
+            )
+        {
             return self.abort_deploy(node).await;
         }
+        if verb == Verb::Rescue {
+            // Only the hash is kept; the plaintext ends with this request.
+            let password = req.rescue_password.as_deref().unwrap_or_default();
+            super::rescue::clear_run(&mut node);
+            // From `service failed`: rescue boots its own ramdisk and unrescue the instance.
+            node.driver_internal_info.remove(super::servicing::RUN_KEY);
+            node.instance_info.insert(
+                super::rescue::HASH_KEY.into(),
+                Value::from(super::rescue::hash_password(password)),
+            );
+        }
+        let rescue_aborted = verb == Verb::Abort && state == ProvisionState::RescueWait;
+        if rescue_aborted {
+            super::rescue::clear_run(&mut node);
+            super::rescue::forget_password(&mut node);
+            super::agent::forget_agent_token(&mut node);
+        }
         let event = Event::from_verb(verb);
-        node.target_provision_state = fsm::target_of(state, event, to);
+        let target = fsm::target_of(state, event, to);
+        // `unhold` goes on with the same operation: a manual clean still ends manageable.
+        if !(verb == Verb::Unhold && node.target_provision_state.is_some()) {
+            node.target_provision_state = target;
+        }
         node.provision_state = to;
         node.provision_updated_at = Some(Utc::now());
         if verb == Verb::Abort {
@@ -337,6 +431,9 @@ impl Conductor {
                     ProvisionState::InspectWait => "inspection",
                     ProvisionState::WaitCallBack | ProvisionState::DeployHold => "deploy",
                     ProvisionState::RescueWait => "rescue",
+                    ProvisionState::ServiceWait
+                    | ProvisionState::ServiceHold
+                    | ProvisionState::ServiceFailed => "service",
                     _ => "clean",
                 }
             ));
@@ -387,7 +484,37 @@ impl Conductor {
             // Tell the ramdisk to stop: it still holds its token and picks this up.
             self.send_command(&node.uuid, CommandKind::PowerOff).await?;
         }
-        if to.is_conductor_busy() || to == ProvisionState::CleanWait {
+        if verb == Verb::Abort
+            && matches!(
+                state,
+                ProvisionState::ServiceWait | ProvisionState::ServiceHold
+            )
+        {
+            self.stop_service_step(&node).await;
+        }
+        if verb == Verb::Abort && state == ProvisionState::ServiceFailed {
+            let this = self.clone();
+            let left = node.clone();
+            self.tasks
+                .spawn(async move { this.leave_service_failed(&left).await });
+        }
+        if rescue_aborted {
+            let _ = self.store.cancel_pending(&node.uuid).await;
+            self.wake_agent(&node.uuid);
+            let this = self.clone();
+            let aborted = node.clone();
+            self.tasks
+                .spawn(async move { this.clean_up_after_rescue_abort(&aborted).await });
+        }
+        // `unhold` in deploy hold goes back to wait call-back, where the conductor goes on.
+        if to.is_conductor_busy()
+            || matches!(
+                to,
+                ProvisionState::CleanWait
+                    | ProvisionState::WaitCallBack
+                    | ProvisionState::ServiceWait
+            )
+        {
             self.kick(&node.uuid);
         }
         Ok(node)
@@ -438,7 +565,9 @@ impl Conductor {
             .map_err(|e| AbortRefusal::Other(e.into()))?;
         let state = node.provision_state;
         let running_step = match state {
-            ProvisionState::WaitCallBack => Self::running_deploy_step(&node),
+            ProvisionState::WaitCallBack | ProvisionState::DeployHold => {
+                Self::running_deploy_step(&node)
+            }
             ProvisionState::CleanWait | ProvisionState::CleanHold => {
                 let step = node
                     .clean_step
@@ -490,6 +619,8 @@ impl Conductor {
             deploy_steps: None,
             rescue_password: None,
             disable_ramdisk: None,
+            service_steps: None,
+            runbook: None,
         };
         self.provision(ident, &req, rivet_protocol::api::MAX_VERSION, by)
             .await
@@ -535,6 +666,31 @@ impl Conductor {
         steps::manual_plan(&checkable, &available)
             .map(|_| ())
             .map_err(|e| ConductorError::BadRequest(format!("node {}: {e}", node.ident())))
+    }
+
+    /// `disable_ramdisk` with manual cleaning: every step must run without the ramdisk.
+    async fn check_out_of_band_only(
+        &self,
+        node: &Node,
+        requested: &[RequestedStep],
+    ) -> Result<(), ConductorError> {
+        let bmc = self.bmc(node)?;
+        let oob = bmc.steps(&node.uuid, &node.driver_info).await;
+        for r in requested {
+            let known = steps::conductor_steps()
+                .iter()
+                .chain(oob.iter())
+                .any(|s| s.step == r.step && s.interface == r.interface);
+            if !known {
+                return Err(ConductorError::BadRequest(format!(
+                    "node {}: clean step {}.{} is not an out-of-band step, and disable_ramdisk is set: in-band steps need the ramdisk",
+                    node.ident(),
+                    r.interface,
+                    r.step
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// `abort` in clean wait / clean hold. A step that is not abortable is never interrupted:
@@ -584,6 +740,17 @@ impl Conductor {
         ident: &str,
         target: PowerState,
     ) -> Result<Node, ConductorError> {
+        self.set_power_within(ident, target, None).await
+    }
+
+    /// [`Self::set_power`] with Ironic's power `timeout` (1.27): a BMC that has not reached
+    /// the target within it fails the action (`last_error`).
+    pub async fn set_power_within(
+        self: &Arc<Self>,
+        ident: &str,
+        target: PowerState,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Node, ConductorError> {
         use ProvisionState::*;
         let mut node = self.store.get_node(ident).await?;
         let state = node.provision_state;
@@ -630,7 +797,17 @@ impl Conductor {
             let result = async {
                 let mut n = this.store.get_node(&uuid).await?;
                 let was_on = n.power_state == Some(PowerState::On);
-                let outcome = match bmc.set_power(&n.uuid, &n.driver_info, target).await {
+                let action = bmc.set_power(&n.uuid, &n.driver_info, target);
+                let done = match timeout {
+                    None => action.await,
+                    Some(t) => tokio::time::timeout(t, action).await.unwrap_or_else(|_| {
+                        Err(crate::drivers::DriverError::Bmc(format!(
+                            "the BMC did not reach \"{target}\" within the requested timeout of {} s",
+                            t.as_secs()
+                        )))
+                    }),
+                };
+                let outcome = match done {
                     Ok(()) => bmc.get_power(&n.uuid, &n.driver_info).await,
                     Err(e) => Err(e),
                 };

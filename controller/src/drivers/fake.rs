@@ -40,7 +40,15 @@ pub struct FakeBmc {
     power: Mutex<HashMap<String, PowerState>>,
     /// Last boot device set, and whether persistently.
     boot: Mutex<HashMap<String, (BootDevice, bool)>>,
+    /// Indicator states by `(node, "name@component")`, boot mode and secure boot by node.
+    mgmt: Mutex<HashMap<String, String>>,
 }
+
+/// The fake indicators, as Ironic's fake management interface offers them.
+const FAKE_INDICATORS: &[(&str, &str, bool, &[&str])] = &[
+    ("chassis", "led-0", true, &["OFF", "ON"]),
+    ("system", "led", false, &["BLINKING", "OFF", "ON"]),
+];
 
 impl FakeBmc {
     async fn behave(&self, info: &Map<String, Value>) -> Result<(), DriverError> {
@@ -50,6 +58,23 @@ impl FakeBmc {
         if let Some(msg) = info.get("fake_fail").and_then(Value::as_str) {
             return Err(DriverError::Bmc(msg.to_string()));
         }
+        Ok(())
+    }
+
+    fn mgmt_get(&self, key: &str) -> Result<Option<String>, DriverError> {
+        Ok(self
+            .mgmt
+            .lock()
+            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
+            .get(key)
+            .cloned())
+    }
+
+    fn mgmt_set(&self, key: String, value: &str) -> Result<(), DriverError> {
+        self.mgmt
+            .lock()
+            .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
+            .insert(key, value.to_string());
         Ok(())
     }
 
@@ -161,6 +186,99 @@ impl Bmc for FakeBmc {
         })
     }
 
+    async fn inject_nmi(&self, _node: &str, info: &Map<String, Value>) -> Result<(), DriverError> {
+        self.behave(info).await
+    }
+
+    async fn indicators(
+        &self,
+        _node: &str,
+        info: &Map<String, Value>,
+    ) -> Result<Vec<super::management::Indicator>, DriverError> {
+        self.behave(info).await?;
+        Ok(FAKE_INDICATORS
+            .iter()
+            .map(|(c, n, ro, states)| super::management::Indicator {
+                component: c.to_string(),
+                name: n.to_string(),
+                readonly: *ro,
+                states: states.iter().map(|s| s.to_string()).collect(),
+            })
+            .collect())
+    }
+
+    async fn indicator_state(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        component: &str,
+        name: &str,
+    ) -> Result<String, DriverError> {
+        self.behave(info).await?;
+        fake_indicator(component, name)?;
+        let key = format!("{node}/indicator/{name}@{component}");
+        Ok(self.mgmt_get(&key)?.unwrap_or_else(|| "OFF".into()))
+    }
+
+    async fn set_indicator_state(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        component: &str,
+        name: &str,
+        state: &str,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        let (readonly, states) = fake_indicator(component, name)?;
+        if readonly || !states.contains(&state) {
+            return Err(DriverError::Unsupported {
+                driver: "fake-hardware".into(),
+                operation: format!(
+                    "setting indicator {name}@{component} to {state} (it is {}; states {})",
+                    if readonly { "read-only" } else { "writable" },
+                    states.join(", ")
+                ),
+            });
+        }
+        self.mgmt_set(format!("{node}/indicator/{name}@{component}"), state)
+    }
+
+    async fn boot_mode(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+    ) -> Result<(Option<String>, Option<bool>), DriverError> {
+        self.behave(info).await?;
+        let mode = self
+            .mgmt_get(&format!("{node}/boot_mode"))?
+            .unwrap_or_else(|| "uefi".into());
+        let secure = self.mgmt_get(&format!("{node}/secure_boot"))?.as_deref() == Some("true");
+        Ok((Some(mode), Some(secure)))
+    }
+
+    async fn set_boot_mode(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        mode: &str,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        self.mgmt_set(format!("{node}/boot_mode"), mode)
+    }
+
+    async fn set_secure_boot(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        on: bool,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        self.mgmt_set(
+            format!("{node}/secure_boot"),
+            if on { "true" } else { "false" },
+        )
+    }
+
     async fn inspect(
         &self,
         _node: &str,
@@ -207,6 +325,21 @@ impl Bmc for FakeBmc {
 
 /// Out-of-band inspection of a fake node: `driver_info.fake_inventory`
 /// (`{"cpus", "cpu_arch", "memory_mb", "macs"}`), after `fake_delay_ms`.
+/// A fake indicator's `(readonly, states)`; an unknown one is the caller's mistake.
+fn fake_indicator(
+    component: &str,
+    name: &str,
+) -> Result<(bool, &'static [&'static str]), DriverError> {
+    FAKE_INDICATORS
+        .iter()
+        .find(|(c, n, _, _)| *c == component && *n == name)
+        .map(|(_, _, ro, states)| (*ro, *states))
+        .ok_or_else(|| DriverError::BadDriverInfo {
+            field: "indicator".into(),
+            reason: format!("fake-hardware has no indicator {name}@{component}"),
+        })
+}
+
 pub(crate) fn fake_inventory(info: &Map<String, Value>) -> super::OobInventory {
     let inv = info.get("fake_inventory").cloned().unwrap_or(Value::Null);
     super::OobInventory {

@@ -333,6 +333,18 @@ impl Bmc for IpmiBmc {
         SUPPORTED_BOOT_DEVICES
     }
 
+    /// `chassis power diag`, as Ironic's ipmitool management interface injects an NMI.
+    async fn inject_nmi(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<(), DriverError> {
+        let info = parse(driver_info)?;
+        tracing::info!(node = %node, "ipmi: injecting an NMI");
+        self.ipmitool(&info, &["chassis", "power", "diag"]).await?;
+        Ok(())
+    }
+
     /// `chassis bootparam get 5`, read as Ironic's ipmitool driver reads it.
     async fn get_boot_device(
         &self,

@@ -5,6 +5,7 @@
 
 pub mod fake;
 pub mod ipmi;
+pub mod management;
 pub mod redfish;
 
 use async_trait::async_trait;
@@ -110,6 +111,38 @@ pub struct VirtualMedia {
     pub image: Option<String>,
 }
 
+/// Overall hardware health as the BMC reports it, in Ironic's values (`health_states`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Functioning normally.
+    Ok,
+    /// Non-critical issues that may need attention.
+    Warning,
+    /// Critical issues that need attention now.
+    Critical,
+}
+
+impl Health {
+    /// Ironic's spelling, stored in `node.health`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Ok => "OK",
+            Health::Warning => "Warning",
+            Health::Critical => "Critical",
+        }
+    }
+
+    /// A Redfish `Status.Health` value; anything else (absent, vendor text) is no health.
+    pub fn from_redfish(value: Option<&str>) -> Option<Health> {
+        match value? {
+            "OK" => Some(Health::Ok),
+            "Warning" => Some(Health::Warning),
+            "Critical" => Some(Health::Critical),
+            _ => None,
+        }
+    }
+}
+
 /// A node's baseboard management controller, as the conductor uses it.
 #[async_trait]
 pub trait Bmc: Send + Sync {
@@ -121,6 +154,16 @@ pub trait Bmc: Send + Sync {
         node: &str,
         driver_info: &Map<String, Value>,
     ) -> Result<PowerState, DriverError>;
+    /// The power state and, when the BMC reports it, the hardware health, in one read:
+    /// power sync keeps `node.health` (1.109) from it without a second request per node.
+    /// Drivers that report no health answer `None` (the node's health stays null).
+    async fn get_power_and_health(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<(PowerState, Option<Health>), DriverError> {
+        Ok((self.get_power(node, driver_info).await?, None))
+    }
     /// Set the power state (`power on`, `power off`, `rebooting`, soft variants).
     async fn set_power(
         &self,
@@ -230,6 +273,100 @@ pub trait Bmc: Send + Sync {
             driver: "this driver".into(),
             operation: "out-of-band inspection".into(),
         })
+    }
+
+    /// The BIOS settings the BMC reports (the node's BIOS cache); none by default.
+    async fn bios_settings(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<Vec<management::BiosReading>, DriverError> {
+        Ok(Vec::new())
+    }
+
+    /// Firmware components, their versions and identities; none by default.
+    async fn firmware_versions(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<Vec<crate::store::FirmwareReading>, DriverError> {
+        Ok(Vec::new())
+    }
+
+    /// Inject a non-maskable interrupt.
+    async fn inject_nmi(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<(), DriverError> {
+        Err(management::unsupported("this driver", "injecting an NMI"))
+    }
+
+    /// The indicators the BMC offers.
+    async fn indicators(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<Vec<management::Indicator>, DriverError> {
+        Err(management::unsupported("this driver", "indicators"))
+    }
+
+    /// An indicator's state (`ON`, `OFF`, `BLINKING`, `UNKNOWN`).
+    async fn indicator_state(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+        _component: &str,
+        _name: &str,
+    ) -> Result<String, DriverError> {
+        Err(management::unsupported("this driver", "indicators"))
+    }
+
+    /// Set an indicator's state.
+    async fn set_indicator_state(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+        _component: &str,
+        _name: &str,
+        _state: &str,
+    ) -> Result<(), DriverError> {
+        Err(management::unsupported("this driver", "indicators"))
+    }
+
+    /// The boot mode (`bios` or `uefi`) and secure boot flag the BMC reports.
+    async fn boot_mode(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+    ) -> Result<(Option<String>, Option<bool>), DriverError> {
+        Err(management::unsupported(
+            "this driver",
+            "reading the boot mode",
+        ))
+    }
+
+    /// Set the boot mode (`bios` or `uefi`).
+    async fn set_boot_mode(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+        _mode: &str,
+    ) -> Result<(), DriverError> {
+        Err(management::unsupported(
+            "this driver",
+            "setting the boot mode",
+        ))
+    }
+
+    /// Turn UEFI secure boot on or off.
+    async fn set_secure_boot(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+        _on: bool,
+    ) -> Result<(), DriverError> {
+        Err(management::unsupported("this driver", "secure boot"))
     }
 }
 

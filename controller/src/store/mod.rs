@@ -6,13 +6,27 @@
 //! Every write is optimistic: an update names the `version` it read and fails with
 //! [`StoreError::Conflict`] when someone wrote in between. The version is the node's ETag.
 
+pub mod allocations;
+pub mod counts;
 pub mod decode;
+pub mod node_logs;
+pub mod node_resources;
+pub mod ports;
 pub mod postgres;
 pub mod queries;
 pub mod sql;
 pub mod sqlite;
 
+pub use allocations::{
+    Allocation, AllocationQuery, StepTemplate, TemplateKind, TemplateQuery, ALLOCATION_SORT_KEYS,
+    TEMPLATE_SORT_KEYS,
+};
 pub use decode::Corrupt;
+pub use node_logs::{NodeLog, NODE_LOGS_KEPT};
+pub use node_resources::{
+    BiosSetting, FirmwareComponent, FirmwareReading, NodeManagement, VolumeConnector, VolumeQuery,
+    VolumeTarget, CONNECTOR_SORT_KEYS, TARGET_SORT_KEYS,
+};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -141,6 +155,12 @@ pub struct Node {
     pub liveness: Liveness,
     /// The chassis the node is in (Ironic's `chassis_uuid`).
     pub chassis_uuid: Option<String>,
+    /// Hardware health the BMC last reported (`OK`, `Warning`, `Critical`; 1.109), kept by
+    /// power sync ([`crate::conductor::power_sync`]); `None` when the driver reports none.
+    pub health: Option<String>,
+    /// The allocation holding the node (1.52): read from the allocations, never written
+    /// with the node.
+    pub allocation_uuid: Option<String>,
 }
 
 /// Ironic's descriptive, ownership and lifecycle fields of a node, each in its own column.
@@ -230,6 +250,8 @@ impl Node {
             corrupt: None,
             liveness: Liveness::default(),
             chassis_uuid: None,
+            health: None,
+            allocation_uuid: None,
         }
     }
 
@@ -327,7 +349,11 @@ pub struct Port {
     pub updated_at: Option<DateTime<Utc>>,
     /// Version.
     pub version: i64,
+    /// Ironic's later port fields ([`ports`]).
+    pub attrs: PortAttrs,
 }
+
+pub use ports::{PortAttrs, Portgroup, PortgroupQuery, PORTGROUP_SORT_KEYS, PORT_SORT_KEYS};
 
 /// A chassis (Ironic's grouping of nodes).
 #[derive(Debug, Clone, PartialEq)]
@@ -422,6 +448,21 @@ pub struct NodeQuery {
     pub fault: Option<String>,
     /// Filter: nodes in this chassis.
     pub chassis_uuid: Option<String>,
+    /// Filter: nodes in any of these shards (Ironic's `shard=a,b`).
+    pub shards: Vec<String>,
+    /// Filter: nodes with (true) or without (false) a shard.
+    pub sharded: Option<bool>,
+    /// Filter.
+    pub instance_name: Option<String>,
+    /// Filter: nodes owned by or leased to this project.
+    pub project: Option<String>,
+    /// Filter: nodes whose description contains this text.
+    pub description_contains: Option<String>,
+    /// Filter: the children of this node (its UUID in their `parent_node`).
+    pub parent_node: Option<String>,
+    /// Leave out child nodes (those with a `parent_node`) unless `parent_node` asks for
+    /// them: the API's default listing, as Ironic's. Internal listings see every node.
+    pub hide_children: bool,
 }
 
 impl Default for NodeQuery {
@@ -444,6 +485,13 @@ impl Default for NodeQuery {
             instance_uuid: None,
             fault: None,
             chassis_uuid: None,
+            shards: Vec::new(),
+            sharded: None,
+            instance_name: None,
+            project: None,
+            description_contains: None,
+            parent_node: None,
+            hide_children: false,
         }
     }
 }
@@ -459,6 +507,18 @@ pub struct PortQuery {
     pub limit: usize,
     /// UUID of the last port of the previous page.
     pub marker: Option<String>,
+    /// Only this port group's ports.
+    pub portgroup_uuid: Option<String>,
+    /// Only ports of nodes in these shards.
+    pub shards: Vec<String>,
+    /// Only ports of nodes in these conductor groups.
+    pub conductor_groups: Vec<String>,
+    /// Only ports whose description contains this.
+    pub description_contains: Option<String>,
+    /// One of [`PORT_SORT_KEYS`]; empty means `id`.
+    pub sort_key: String,
+    /// Direction (ascending when absent).
+    pub sort_dir: Option<SortDir>,
 }
 
 /// One row of the audit trail: a state-changing (or refused) admin request, or a provision
@@ -616,7 +676,7 @@ pub trait Store: Send + Sync {
 
     /// Insert a port.
     async fn create_port(&self, port: &Port) -> Result<Port, StoreError>;
-    /// A port by UUID.
+    /// A port by UUID or name.
     async fn get_port(&self, uuid: &str) -> Result<Port, StoreError>;
     /// A page of ports.
     async fn list_ports(&self, query: &PortQuery) -> Result<Vec<Port>, StoreError>;
@@ -624,6 +684,16 @@ pub trait Store: Send + Sync {
     async fn update_port(&self, port: &Port) -> Result<Port, StoreError>;
     /// Delete a port.
     async fn delete_port(&self, uuid: &str) -> Result<(), StoreError>;
+    /// Insert a port group.
+    async fn create_portgroup(&self, pg: &Portgroup) -> Result<Portgroup, StoreError>;
+    /// A port group by UUID or name.
+    async fn get_portgroup(&self, ident: &str) -> Result<Portgroup, StoreError>;
+    /// A page of port groups.
+    async fn list_portgroups(&self, query: &PortgroupQuery) -> Result<Vec<Portgroup>, StoreError>;
+    /// Write a port group if its version is unchanged.
+    async fn update_portgroup(&self, pg: &Portgroup) -> Result<Portgroup, StoreError>;
+    /// Delete a port group no port names: `Ok(false)` (nothing deleted) when ports are in it.
+    async fn delete_portgroup(&self, uuid: &str) -> Result<bool, StoreError>;
 
     /// Insert a chassis.
     async fn create_chassis(&self, chassis: &Chassis) -> Result<Chassis, StoreError>;
@@ -635,6 +705,76 @@ pub trait Store: Send + Sync {
     async fn update_chassis(&self, chassis: &Chassis) -> Result<Chassis, StoreError>;
     /// Delete a chassis that holds no node: `Ok(false)` (nothing deleted) when nodes name it.
     async fn delete_chassis(&self, uuid: &str) -> Result<bool, StoreError>;
+    /// Insert a volume connector.
+    async fn create_volume_connector(
+        &self,
+        c: &VolumeConnector,
+    ) -> Result<VolumeConnector, StoreError>;
+    /// A volume connector by UUID.
+    async fn get_volume_connector(&self, uuid: &str) -> Result<VolumeConnector, StoreError>;
+    /// A page of volume connectors.
+    async fn list_volume_connectors(
+        &self,
+        q: &VolumeQuery,
+    ) -> Result<Vec<VolumeConnector>, StoreError>;
+    /// Write a volume connector.
+    async fn update_volume_connector(
+        &self,
+        c: &VolumeConnector,
+    ) -> Result<VolumeConnector, StoreError>;
+    /// Delete a volume connector.
+    async fn delete_volume_connector(&self, uuid: &str) -> Result<(), StoreError>;
+    /// Insert a volume target.
+    async fn create_volume_target(&self, t: &VolumeTarget) -> Result<VolumeTarget, StoreError>;
+    /// A volume target by UUID.
+    async fn get_volume_target(&self, uuid: &str) -> Result<VolumeTarget, StoreError>;
+    /// A page of volume targets.
+    async fn list_volume_targets(&self, q: &VolumeQuery) -> Result<Vec<VolumeTarget>, StoreError>;
+    /// Write a volume target.
+    async fn update_volume_target(&self, t: &VolumeTarget) -> Result<VolumeTarget, StoreError>;
+    /// Delete a volume target.
+    async fn delete_volume_target(&self, uuid: &str) -> Result<(), StoreError>;
+    /// Replace a node's cached BIOS settings.
+    async fn set_bios_settings(
+        &self,
+        node_uuid: &str,
+        settings: &[BiosSetting],
+    ) -> Result<(), StoreError>;
+    /// A node's cached BIOS settings, by name.
+    async fn list_bios_settings(&self, node_uuid: &str) -> Result<Vec<BiosSetting>, StoreError>;
+    /// Record a node's firmware components as its BMC reports them.
+    async fn set_firmware_components(
+        &self,
+        node_uuid: &str,
+        components: &[FirmwareReading],
+    ) -> Result<(), StoreError>;
+    /// A node's cached firmware components, by name.
+    async fn list_firmware_components(
+        &self,
+        node_uuid: &str,
+    ) -> Result<Vec<FirmwareComponent>, StoreError>;
+    /// A node's RAID configurations and boot state; defaults when never set.
+    async fn node_management(&self, node_uuid: &str) -> Result<NodeManagement, StoreError>;
+    /// [`NodeManagement`] of each of `uuids` that has one.
+    async fn node_managements(
+        &self,
+        uuids: &[String],
+    ) -> Result<std::collections::HashMap<String, NodeManagement>, StoreError>;
+    /// Record the boot mode and secure boot state a node's BMC reports.
+    async fn set_boot_state(
+        &self,
+        node_uuid: &str,
+        boot_mode: Option<String>,
+        secure_boot: Option<bool>,
+    ) -> Result<(), StoreError>;
+    /// Set a node's `target_raid_config`.
+    async fn set_target_raid_config(
+        &self,
+        node_uuid: &str,
+        target: &Map<String, Value>,
+    ) -> Result<(), StoreError>;
+    /// UUIDs of the child nodes of `parent` (their `parent_node`).
+    async fn child_nodes(&self, parent: &str) -> Result<Vec<String>, StoreError>;
     /// Node UUID owning any of these MACs (lookup).
     async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError>;
     /// Node UUID whose `properties.system_uuid` or `properties.system_serial` matches.
@@ -659,6 +799,12 @@ pub trait Store: Send + Sync {
     async fn command(&self, node_uuid: &str, id: &str) -> Result<StoredCommand, StoreError>;
     /// Drop a node's queued commands that have no result (a new ramdisk boot starts afresh).
     async fn cancel_pending(&self, node_uuid: &str) -> Result<u64, StoreError>;
+    /// Keep the agent log of a failed step with its node (the newest [`NODE_LOGS_KEPT`]).
+    async fn add_node_log(&self, log: &NodeLog) -> Result<NodeLog, StoreError>;
+    /// A node's kept agent logs, newest first.
+    async fn list_node_logs(&self, node_uuid: &str) -> Result<Vec<NodeLog>, StoreError>;
+    /// One of a node's kept agent logs.
+    async fn get_node_log(&self, node_uuid: &str, id: i64) -> Result<NodeLog, StoreError>;
 
     /// Create or replace an inspection rule (its JSON document).
     async fn put_rule(&self, uuid: &str, priority: i64, body: &Value) -> Result<(), StoreError>;
@@ -680,6 +826,37 @@ pub trait Store: Send + Sync {
     /// Nodes per shard (`GET /v1/shards`): `(shard, count)`, the most populated first; the
     /// nodes without a shard count under `None`.
     async fn shard_counts(&self) -> Result<Vec<(Option<String>, i64)>, StoreError>;
+    /// Node counts by provision state, power state, maintenance and lease holder (the
+    /// `/metrics` scrape).
+    async fn node_counts(&self) -> Result<Vec<counts::NodeCount>, StoreError>;
+
+    /// Insert an allocation (version starts at 1); `Duplicate` for a taken UUID, name or node.
+    async fn create_allocation(&self, a: &Allocation) -> Result<Allocation, StoreError>;
+    /// An allocation by UUID or name.
+    async fn get_allocation(&self, ident: &str) -> Result<Allocation, StoreError>;
+    /// The allocation holding node `node_uuid`, if any.
+    async fn allocation_of_node(&self, node_uuid: &str) -> Result<Option<Allocation>, StoreError>;
+    /// A page of allocations.
+    async fn list_allocations(&self, q: &AllocationQuery) -> Result<Vec<Allocation>, StoreError>;
+    /// Write an allocation if its version is unchanged; `Duplicate` when its node is held by
+    /// another allocation.
+    async fn update_allocation(&self, a: &Allocation) -> Result<Allocation, StoreError>;
+    /// Delete an allocation.
+    async fn delete_allocation(&self, uuid: &str) -> Result<(), StoreError>;
+    /// Insert a deploy template or runbook.
+    async fn create_template(&self, t: &StepTemplate) -> Result<StepTemplate, StoreError>;
+    /// A deploy template or runbook by UUID or name.
+    async fn get_template(
+        &self,
+        kind: TemplateKind,
+        ident: &str,
+    ) -> Result<StepTemplate, StoreError>;
+    /// A page of deploy templates or runbooks.
+    async fn list_templates(&self, q: &TemplateQuery) -> Result<Vec<StepTemplate>, StoreError>;
+    /// Write a template if its version is unchanged.
+    async fn update_template(&self, t: &StepTemplate) -> Result<StepTemplate, StoreError>;
+    /// Delete a template.
+    async fn delete_template(&self, kind: TemplateKind, uuid: &str) -> Result<(), StoreError>;
 }
 
 /// A controller registered in the store.

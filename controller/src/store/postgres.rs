@@ -174,6 +174,165 @@ CREATE TABLE chassis (
 ALTER TABLE nodes ADD COLUMN chassis_uuid TEXT;
 CREATE INDEX nodes_chassis ON nodes(chassis_uuid);
 "#,
+    // Migration 12: the rest of Ironic's port fields, port groups (a port's group is named by
+    // UUID; a group is refused deletion while ports name it) and VIFs (kept in internal_info).
+    r#"
+ALTER TABLE ports ADD COLUMN name TEXT;
+CREATE UNIQUE INDEX ports_name_key ON ports(name);
+ALTER TABLE ports ADD COLUMN portgroup_uuid TEXT;
+CREATE INDEX ports_portgroup ON ports(portgroup_uuid);
+ALTER TABLE ports ADD COLUMN physical_network TEXT;
+ALTER TABLE ports ADD COLUMN internal_info JSON NOT NULL DEFAULT '{}';
+ALTER TABLE ports ADD COLUMN local_link_connection JSON NOT NULL DEFAULT '{}';
+ALTER TABLE ports ADD COLUMN is_smartnic BOOLEAN NOT NULL DEFAULT FALSE;
+ALTER TABLE ports ADD COLUMN description TEXT;
+ALTER TABLE ports ADD COLUMN vendor TEXT;
+ALTER TABLE ports ADD COLUMN category TEXT;
+ALTER TABLE ports ADD COLUMN available_for_dynamic_portgroup BOOLEAN NOT NULL DEFAULT FALSE;
+CREATE TABLE portgroups (
+    id BIGSERIAL PRIMARY KEY,
+    uuid TEXT NOT NULL CONSTRAINT portgroups_uuid_key UNIQUE,
+    name TEXT CONSTRAINT portgroups_name_key UNIQUE,
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    address TEXT CONSTRAINT portgroups_address_key UNIQUE,
+    extra JSON NOT NULL DEFAULT '{}',
+    internal_info JSON NOT NULL DEFAULT '{}',
+    mode TEXT,
+    properties JSON NOT NULL DEFAULT '{}',
+    standalone_ports_supported BOOLEAN NOT NULL DEFAULT TRUE,
+    physical_network TEXT,
+    category TEXT,
+    dynamic_portgroup BOOLEAN NOT NULL DEFAULT FALSE,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    version BIGINT NOT NULL
+);
+CREATE INDEX portgroups_node ON portgroups(node_uuid);
+"#,
+    // Migration 13: allocations (a node holds at most one: the unique node_uuid), and the
+    // step documents of deploy templates and runbooks (`kind`), names unique per kind.
+    r#"
+CREATE TABLE allocations (
+    id BIGSERIAL PRIMARY KEY,
+    uuid TEXT NOT NULL CONSTRAINT allocations_uuid_key UNIQUE,
+    name TEXT CONSTRAINT allocations_name_key UNIQUE,
+    node_uuid TEXT CONSTRAINT allocations_node_uuid_key UNIQUE,
+    state TEXT NOT NULL,
+    last_error TEXT,
+    resource_class TEXT,
+    candidate_nodes JSON NOT NULL DEFAULT '[]',
+    traits JSON NOT NULL DEFAULT '[]',
+    extra JSON NOT NULL DEFAULT '{}',
+    owner TEXT,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    version BIGINT NOT NULL
+);
+CREATE INDEX allocations_state ON allocations(state);
+CREATE TABLE step_templates (
+    id BIGSERIAL PRIMARY KEY,
+    kind TEXT NOT NULL,
+    uuid TEXT NOT NULL CONSTRAINT step_templates_uuid_key UNIQUE,
+    name TEXT NOT NULL,
+    description TEXT,
+    traits JSON NOT NULL DEFAULT '[]',
+    steps JSON NOT NULL DEFAULT '[]',
+    extra JSON NOT NULL DEFAULT '{}',
+    owner TEXT,
+    public BOOLEAN NOT NULL DEFAULT FALSE,
+    disable_ramdisk BOOLEAN NOT NULL DEFAULT FALSE,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    version BIGINT NOT NULL,
+    CONSTRAINT step_templates_kind_name_key UNIQUE (kind, name)
+);
+"#,
+    // Migration 14: node sub-resources: volume connectors and targets (Ironic 1.32), the BIOS
+    // settings cache (1.40/1.74), the firmware components cache (1.86; vendor, model and
+    // serial number 1.114), and a node's RAID configurations (1.12), boot mode and secure
+    // boot (1.75).
+    r#"
+CREATE TABLE volume_connectors (
+    id BIGSERIAL PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    type TEXT NOT NULL,
+    connector_id TEXT NOT NULL,
+    extra JSON NOT NULL DEFAULT '{}',
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    UNIQUE (type, connector_id)
+);
+CREATE INDEX volume_connectors_node ON volume_connectors(node_uuid);
+CREATE TABLE volume_targets (
+    id BIGSERIAL PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    volume_type TEXT NOT NULL,
+    properties JSON NOT NULL DEFAULT '{}',
+    boot_index BIGINT NOT NULL,
+    volume_id TEXT NOT NULL,
+    extra JSON NOT NULL DEFAULT '{}',
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    UNIQUE (node_uuid, boot_index)
+);
+CREATE TABLE bios_settings (
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    value TEXT,
+    registry JSON NOT NULL DEFAULT '{}',
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    PRIMARY KEY (node_uuid, name)
+);
+CREATE TABLE node_management (
+    node_uuid TEXT PRIMARY KEY REFERENCES nodes(uuid) ON DELETE CASCADE,
+    target_raid_config JSON NOT NULL DEFAULT '{}',
+    raid_config JSON NOT NULL DEFAULT '{}',
+    boot_mode TEXT,
+    secure_boot BOOLEAN
+);
+CREATE TABLE firmware_components (
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    component TEXT NOT NULL,
+    initial_version TEXT NOT NULL,
+    current_version TEXT,
+    last_version_flashed TEXT,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ,
+    vendor TEXT,
+    model TEXT,
+    serial_number TEXT,
+    PRIMARY KEY (node_uuid, component)
+);
+"#,
+    // Migration 15: inspection rules in Ironic's schema (API 1.96). The table is unchanged:
+    // a rule is one JSON body. Bodies in Rivet's former schema are converted in Rust (SQL
+    // cannot rewrite them portably) the first time the rules are read, and stored again:
+    // conductor/inspection_rules.rs `load_rules`, inspection/rules.rs `from_stored`.
+    r#"
+-- migration 15: no DDL (rule bodies are converted on first read)
+"#,
+    // Migration 16: the hardware health the BMC last reported (Ironic's `node.health`, 1.109),
+    // written by power sync; NULL when the driver reports none.
+    r#"
+ALTER TABLE nodes ADD COLUMN health TEXT;
+"#,
+    // Migration 17: the agent's log of a failed step, kept with its node (a Rivet extension
+    // like Ironic's deploy/clean log collection): store/node_logs.rs, `GET /v1/nodes/{node}/logs`.
+    r#"
+CREATE TABLE node_logs (
+    id BIGSERIAL PRIMARY KEY,
+    node_uuid TEXT NOT NULL REFERENCES nodes(uuid) ON DELETE CASCADE,
+    created_at TIMESTAMPTZ NOT NULL,
+    operation TEXT NOT NULL,
+    step TEXT,
+    command_id TEXT,
+    text TEXT NOT NULL
+);
+CREATE INDEX node_logs_node ON node_logs(node_uuid, id);
+"#,
 ];
 
 /// The schema version this build knows.

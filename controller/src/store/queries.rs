@@ -3,6 +3,7 @@
 //! fragment from [`Dialect`]; only the lease statement has a form per dialect (PostgreSQL
 //! takes and reports the lease in one round trip, SQLite cannot write inside a `WITH`).
 
+use super::allocations::{Allocation, AllocationQuery, StepTemplate, TemplateKind, TemplateQuery};
 use super::decode::Decoder;
 use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
 use super::{
@@ -10,6 +11,7 @@ use super::{
     NodeQuery, NodeSummary, Notice, Port, PortQuery, SortDir, Store, StoreError, StoredCommand,
     CHASSIS_SORT_KEYS, NODE_SORT_KEYS,
 };
+use super::{Portgroup, PortgroupQuery};
 use crate::runs::Runs;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -41,6 +43,7 @@ impl<E: Engine> SqlStore<E> {
         args: Vec<Arg>,
         read: impl FnOnce(E::Row) -> Result<T, StoreError>,
     ) -> Result<Option<T>, StoreError> {
+        let _timer = crate::metrics::store_query(access);
         let rows = self.engine.rows(access, sql, args).await?;
         rows.into_iter().next().map(read).transpose()
     }
@@ -52,11 +55,13 @@ impl<E: Engine> SqlStore<E> {
         args: Vec<Arg>,
         read: impl FnMut(E::Row) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
+        let _timer = crate::metrics::store_query(access);
         let rows = self.engine.rows(access, sql, args).await?;
         rows.into_iter().map(read).collect()
     }
 
     async fn write(&self, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
+        let _timer = crate::metrics::store_query(Access::Write);
         self.engine.execute(sql, args).await.map_err(|e| match e {
             ExecError::Unique(what) => StoreError::Duplicate(what),
             ExecError::Store(e) => e,
@@ -71,7 +76,7 @@ impl<E: Engine> SqlStore<E> {
 }
 
 /// Node columns a node write sets, in one order for INSERT and UPDATE.
-const NODE_COLUMNS: [&str; 47] = [
+const NODE_COLUMNS: [&str; 48] = [
     "uuid",
     "name",
     "driver",
@@ -119,6 +124,7 @@ const NODE_COLUMNS: [&str; 47] = [
     "protected_reason",
     "disable_power_off",
     "chassis_uuid",
+    "health",
 ];
 
 /// What a node read selects: [`NODE_COLUMNS`], then the liveness columns, which node writes
@@ -126,6 +132,8 @@ const NODE_COLUMNS: [&str; 47] = [
 static NODE_SELECT: LazyLock<String> = LazyLock::new(|| {
     let mut cols = NODE_COLUMNS.to_vec();
     cols.extend(["agent_last_heartbeat", "agent_version", "step_progress"]);
+    // Derived, never written with the node: the allocation holding it (its own table).
+    cols.push("(SELECT a.uuid FROM allocations a WHERE a.node_uuid = nodes.uuid)");
     cols.join(", ")
 });
 
@@ -136,9 +144,6 @@ static NODE_INSERT: LazyLock<String> = LazyLock::new(|| {
         placeholders(1, NODE_COLUMNS.len())
     )
 });
-
-const PORT_SELECT: &str =
-    "uuid, node_uuid, address, pxe_enabled, extra, created_at, updated_at, version";
 
 const CHASSIS_SELECT: &str = "uuid, description, extra, created_at, updated_at, version";
 
@@ -212,11 +217,13 @@ fn node_from_row(mut r: impl SqlRow) -> Result<Node, StoreError> {
         },
         corrupt: None,
         chassis_uuid: r.opt_text(46)?,
+        health: r.opt_text(47)?,
         liveness: Liveness {
-            last_heartbeat: r.time(47)?,
-            agent_version: r.opt_text(48)?,
-            progress: d.opt_value("step_progress", r.json(49)?.as_deref()),
+            last_heartbeat: r.time(48)?,
+            agent_version: r.opt_text(49)?,
+            progress: d.opt_value("step_progress", r.json(50)?.as_deref()),
         },
+        allocation_uuid: r.opt_text(NODE_COLUMNS.len() + 3)?,
     };
     node.runs = decode_runs(&mut d, r.json(32)?, &mut node.driver_internal_info);
     node.corrupt = d.finish();
@@ -303,6 +310,7 @@ fn node_values(n: &Node, driver_info: String) -> Vec<Arg> {
         free_text(&n.attrs.protected_reason),
         n.attrs.disable_power_off.into(),
         n.chassis_uuid.clone().into(),
+        free_text(&n.health),
     ]
 }
 
@@ -340,22 +348,6 @@ fn summary_from_row(mut r: impl SqlRow) -> Result<NodeSummary, StoreError> {
     s.runs = decode_runs(&mut d, run_state, &mut dii);
     s.corrupt = d.finish().is_some();
     Ok(s)
-}
-
-fn port_from_row(mut r: impl SqlRow) -> Result<Port, StoreError> {
-    Ok(Port {
-        uuid: r.text(0)?,
-        node_uuid: r.text(1)?,
-        address: r.text(2)?,
-        pxe_enabled: r.flag(3)?,
-        extra: match serde_json::from_str(&r.json(4)?.unwrap_or_default()) {
-            Ok(Value::Object(m)) => m,
-            _ => Map::new(),
-        },
-        created_at: r.time(5)?.unwrap_or_else(Utc::now),
-        updated_at: r.time(6)?,
-        version: r.int(7)?,
-    })
 }
 
 fn audit_from_row(mut r: impl SqlRow) -> Result<AuditEntry, StoreError> {
@@ -405,6 +397,7 @@ impl<E: Engine> Store for SqlStore<E> {
         n.version = 1;
         n.updated_at = None;
         let values = node_values(&n, self.secrets.seal_info(&n.uuid, &n.driver_info));
+        let _timer = crate::metrics::store_query(Access::Write);
         match self.engine.execute(&NODE_INSERT, values).await {
             Ok(_) => Ok(n),
             Err(ExecError::Unique(what)) if what.contains("name") => {
@@ -492,6 +485,7 @@ impl<E: Engine> Store for SqlStore<E> {
             ("instance_uuid", &q.instance_uuid),
             ("fault", &q.fault),
             ("chassis_uuid", &q.chassis_uuid),
+            ("instance_name", &q.instance_name),
         ] {
             if let Some(v) = value {
                 filter(column, v.as_str().into());
@@ -506,6 +500,36 @@ impl<E: Engine> Store for SqlStore<E> {
                 if a { "NOT " } else { "" }
             ));
         }
+        if !q.shards.is_empty() {
+            let first = args.len() + 1;
+            args.extend(q.shards.iter().map(|s| Arg::from(s.as_str())));
+            wheres.push(format!(
+                "shard IN ({})",
+                placeholders(first, q.shards.len())
+            ));
+        }
+        if let Some(s) = q.sharded {
+            wheres.push(format!("shard IS {}NULL", if s { "NOT " } else { "" }));
+        }
+        if let Some(p) = &q.project {
+            args.push(p.as_str().into());
+            wheres.push(format!("(owner = ${0} OR lessee = ${0})", args.len()));
+        }
+        if let Some(d) = &q.description_contains {
+            // A substring match (both dialects); `_`, `%` and `\` in the text are literal.
+            let escaped = d
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            args.push(format!("%{escaped}%").into());
+            wheres.push(format!("description LIKE ${} ESCAPE '\\'", args.len()));
+        }
+        if let Some(p) = &q.parent_node {
+            args.push(p.as_str().into());
+            wheres.push(format!("parent_node = ${}", args.len()));
+        } else if q.hide_children {
+            wheres.push("parent_node IS NULL".into());
+        }
         let dir = if q.sort_dir == SortDir::Asc {
             "ASC"
         } else {
@@ -518,6 +542,7 @@ impl<E: Engine> Store for SqlStore<E> {
             super::where_clause(&wheres),
             args.len()
         );
+        let _timer = crate::metrics::store_query(Access::Scan);
         let rows = self.engine.rows(Access::Scan, &sql, args).await?;
         self.open_nodes(rows)
     }
@@ -532,6 +557,7 @@ impl<E: Engine> Store for SqlStore<E> {
             placeholders(1, states.len())
         );
         let args = states.iter().map(|s| s.as_str().into()).collect();
+        let _timer = crate::metrics::store_query(Access::Scan);
         let rows = self.engine.rows(Access::Scan, &sql, args).await?;
         self.open_nodes(rows)
     }
@@ -575,7 +601,10 @@ impl<E: Engine> Store for SqlStore<E> {
             values.len(),
             self.dialect().node_intact()
         );
-        match self.engine.execute(&sql, values).await {
+        let timer = crate::metrics::store_query(Access::Write);
+        let written = self.engine.execute(&sql, values).await;
+        drop(timer);
+        match written {
             Ok(1) => Ok(n),
             Ok(_) => {
                 let exists = self
@@ -752,114 +781,43 @@ impl<E: Engine> Store for SqlStore<E> {
     }
 
     async fn create_port(&self, port: &Port) -> Result<Port, StoreError> {
-        let mut p = port.clone();
-        p.version = 1;
-        let sql = format!(
-            "INSERT INTO ports ({PORT_SELECT}) VALUES ({})",
-            placeholders(1, 8)
-        );
-        let values = vec![
-            p.uuid.as_str().into(),
-            p.node_uuid.as_str().into(),
-            p.address.as_str().into(),
-            p.pxe_enabled.into(),
-            map_text(&p.extra),
-            p.created_at.into(),
-            p.updated_at.into(),
-            p.version.into(),
-        ];
-        match self.engine.execute(&sql, values).await {
-            Ok(_) => Ok(p),
-            Err(ExecError::Unique(what)) if what.contains("address") => Err(StoreError::Duplicate(
-                format!("a port with MAC address {} already exists", p.address),
-            )),
-            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
-                "a port with UUID {} already exists",
-                p.uuid
-            ))),
-            Err(ExecError::Store(e)) => Err(e),
-        }
+        self.port_create(port).await
     }
 
-    async fn get_port(&self, uuid: &str) -> Result<Port, StoreError> {
-        let sql = format!("SELECT {PORT_SELECT} FROM ports WHERE uuid = $1");
-        self.one(Access::Read, &sql, vec![uuid.into()], port_from_row)
-            .await?
-            .ok_or_else(|| not_found("port", uuid))
+    async fn get_port(&self, ident: &str) -> Result<Port, StoreError> {
+        self.port_get(ident).await
     }
 
     async fn list_ports(&self, q: &PortQuery) -> Result<Vec<Port>, StoreError> {
-        let mut wheres: Vec<String> = Vec::new();
-        let mut args: Vec<Arg> = Vec::new();
-        if let Some(n) = &q.node_uuid {
-            args.push(n.as_str().into());
-            wheres.push(format!("node_uuid = ${}", args.len()));
-        }
-        if let Some(a) = &q.address {
-            args.push(a.as_str().into());
-            wheres.push(format!("address = ${}", args.len()));
-        }
-        if let Some(m) = &q.marker {
-            args.push(m.as_str().into());
-            wheres.push(format!(
-                "id > (SELECT id FROM ports WHERE uuid = ${})",
-                args.len()
-            ));
-        }
-        args.push(limit_arg(super::page_limit(q.limit)));
-        let sql = format!(
-            "SELECT {PORT_SELECT} FROM ports {} ORDER BY id LIMIT ${}",
-            super::where_clause(&wheres),
-            args.len()
-        );
-        self.all(Access::Scan, &sql, args, port_from_row).await
+        self.port_list(q).await
     }
 
     async fn update_port(&self, port: &Port) -> Result<Port, StoreError> {
-        let mut p = port.clone();
-        let expected = p.version;
-        p.version += 1;
-        p.updated_at = Some(Utc::now());
-        let r = self
-            .engine
-            .execute(
-                "UPDATE ports SET node_uuid = $2, address = $3, pxe_enabled = $4, extra = $5, \
-                 updated_at = $6, version = $7 WHERE uuid = $1 AND version = $8",
-                vec![
-                    p.uuid.as_str().into(),
-                    p.node_uuid.as_str().into(),
-                    p.address.as_str().into(),
-                    p.pxe_enabled.into(),
-                    map_text(&p.extra),
-                    p.updated_at.into(),
-                    p.version.into(),
-                    expected.into(),
-                ],
-            )
-            .await;
-        match r {
-            Ok(1) => Ok(p),
-            Ok(_) => Err(StoreError::Conflict {
-                kind: "port",
-                ident: p.uuid.clone(),
-                expected,
-            }),
-            Err(ExecError::Unique(_)) => Err(StoreError::Duplicate(format!(
-                "a port with MAC address {} already exists",
-                p.address
-            ))),
-            Err(ExecError::Store(e)) => Err(e),
-        }
+        self.port_update(port).await
     }
 
     async fn delete_port(&self, uuid: &str) -> Result<(), StoreError> {
-        let n = self
-            .write("DELETE FROM ports WHERE uuid = $1", vec![uuid.into()])
-            .await?;
-        if n == 0 {
-            return Err(not_found("port", uuid));
-        }
-        Ok(())
+        self.port_delete(uuid).await
+    }
+
+    async fn create_portgroup(&self, pg: &Portgroup) -> Result<Portgroup, StoreError> {
+        self.portgroup_create(pg).await
+    }
+
+    async fn get_portgroup(&self, ident: &str) -> Result<Portgroup, StoreError> {
+        self.portgroup_get(ident).await
+    }
+
+    async fn list_portgroups(&self, q: &PortgroupQuery) -> Result<Vec<Portgroup>, StoreError> {
+        self.portgroup_list(q).await
+    }
+
+    async fn update_portgroup(&self, pg: &Portgroup) -> Result<Portgroup, StoreError> {
+        self.portgroup_update(pg).await
+    }
+
+    async fn delete_portgroup(&self, uuid: &str) -> Result<bool, StoreError> {
+        self.portgroup_delete(uuid).await
     }
 
     async fn create_chassis(&self, chassis: &Chassis) -> Result<Chassis, StoreError> {
@@ -985,6 +943,110 @@ impl<E: Engine> Store for SqlStore<E> {
         }
         self.get_chassis(uuid).await?;
         Ok(false)
+    }
+
+    async fn create_volume_connector(
+        &self,
+        c: &super::VolumeConnector,
+    ) -> Result<super::VolumeConnector, StoreError> {
+        self.nr_create_volume_connector(c).await
+    }
+    async fn get_volume_connector(&self, uuid: &str) -> Result<super::VolumeConnector, StoreError> {
+        self.nr_get_volume_connector(uuid).await
+    }
+    async fn list_volume_connectors(
+        &self,
+        q: &super::VolumeQuery,
+    ) -> Result<Vec<super::VolumeConnector>, StoreError> {
+        self.nr_list_volume_connectors(q).await
+    }
+    async fn update_volume_connector(
+        &self,
+        c: &super::VolumeConnector,
+    ) -> Result<super::VolumeConnector, StoreError> {
+        self.nr_update_volume_connector(c).await
+    }
+    async fn delete_volume_connector(&self, uuid: &str) -> Result<(), StoreError> {
+        self.nr_delete_volume_connector(uuid).await
+    }
+    async fn create_volume_target(
+        &self,
+        t: &super::VolumeTarget,
+    ) -> Result<super::VolumeTarget, StoreError> {
+        self.nr_create_volume_target(t).await
+    }
+    async fn get_volume_target(&self, uuid: &str) -> Result<super::VolumeTarget, StoreError> {
+        self.nr_get_volume_target(uuid).await
+    }
+    async fn list_volume_targets(
+        &self,
+        q: &super::VolumeQuery,
+    ) -> Result<Vec<super::VolumeTarget>, StoreError> {
+        self.nr_list_volume_targets(q).await
+    }
+    async fn update_volume_target(
+        &self,
+        t: &super::VolumeTarget,
+    ) -> Result<super::VolumeTarget, StoreError> {
+        self.nr_update_volume_target(t).await
+    }
+    async fn delete_volume_target(&self, uuid: &str) -> Result<(), StoreError> {
+        self.nr_delete_volume_target(uuid).await
+    }
+    async fn set_bios_settings(
+        &self,
+        node_uuid: &str,
+        settings: &[super::BiosSetting],
+    ) -> Result<(), StoreError> {
+        self.nr_set_bios_settings(node_uuid, settings).await
+    }
+    async fn list_bios_settings(
+        &self,
+        node_uuid: &str,
+    ) -> Result<Vec<super::BiosSetting>, StoreError> {
+        self.nr_list_bios_settings(node_uuid).await
+    }
+    async fn set_firmware_components(
+        &self,
+        node_uuid: &str,
+        components: &[super::FirmwareReading],
+    ) -> Result<(), StoreError> {
+        self.nr_set_firmware_components(node_uuid, components).await
+    }
+    async fn list_firmware_components(
+        &self,
+        node_uuid: &str,
+    ) -> Result<Vec<super::FirmwareComponent>, StoreError> {
+        self.nr_list_firmware_components(node_uuid).await
+    }
+
+    async fn node_management(&self, node_uuid: &str) -> Result<super::NodeManagement, StoreError> {
+        self.nr_node_management(node_uuid).await
+    }
+    async fn node_managements(
+        &self,
+        uuids: &[String],
+    ) -> Result<std::collections::HashMap<String, super::NodeManagement>, StoreError> {
+        self.nr_node_managements(uuids).await
+    }
+    async fn set_boot_state(
+        &self,
+        node_uuid: &str,
+        boot_mode: Option<String>,
+        secure_boot: Option<bool>,
+    ) -> Result<(), StoreError> {
+        self.nr_set_boot_state(node_uuid, boot_mode, secure_boot)
+            .await
+    }
+    async fn set_target_raid_config(
+        &self,
+        node_uuid: &str,
+        target: &Map<String, Value>,
+    ) -> Result<(), StoreError> {
+        self.nr_set_target_raid_config(node_uuid, target).await
+    }
+    async fn child_nodes(&self, parent: &str) -> Result<Vec<String>, StoreError> {
+        self.nr_child_nodes(parent).await
     }
 
     async fn node_by_macs(&self, macs: &[String]) -> Result<Option<String>, StoreError> {
@@ -1115,6 +1177,15 @@ impl<E: Engine> Store for SqlStore<E> {
         .ok_or_else(|| not_found("command", id))
     }
 
+    async fn add_node_log(&self, log: &super::NodeLog) -> Result<super::NodeLog, StoreError> {
+        self.nl_add_node_log(log).await
+    }
+    async fn list_node_logs(&self, node_uuid: &str) -> Result<Vec<super::NodeLog>, StoreError> {
+        self.nl_list_node_logs(node_uuid).await
+    }
+    async fn get_node_log(&self, node_uuid: &str, id: i64) -> Result<super::NodeLog, StoreError> {
+        self.nl_get_node_log(node_uuid, id).await
+    }
     async fn cancel_pending(&self, node_uuid: &str) -> Result<u64, StoreError> {
         self.write(
             "UPDATE agent_commands SET cancelled = TRUE WHERE node_uuid = $1 AND result IS NULL",
@@ -1248,6 +1319,43 @@ impl<E: Engine> Store for SqlStore<E> {
         )
         .await
     }
+
+    async fn node_counts(&self) -> Result<Vec<super::counts::NodeCount>, StoreError> {
+        self.sql_node_counts().await
+    }
+    async fn create_allocation(&self, a: &Allocation) -> Result<Allocation, StoreError> {
+        self.sql_create_allocation(a).await
+    }
+    async fn get_allocation(&self, ident: &str) -> Result<Allocation, StoreError> {
+        self.sql_get_allocation(ident).await
+    }
+    async fn allocation_of_node(&self, node: &str) -> Result<Option<Allocation>, StoreError> {
+        self.sql_allocation_of_node(node).await
+    }
+    async fn list_allocations(&self, q: &AllocationQuery) -> Result<Vec<Allocation>, StoreError> {
+        self.sql_list_allocations(q).await
+    }
+    async fn update_allocation(&self, a: &Allocation) -> Result<Allocation, StoreError> {
+        self.sql_update_allocation(a).await
+    }
+    async fn delete_allocation(&self, uuid: &str) -> Result<(), StoreError> {
+        self.sql_delete_allocation(uuid).await
+    }
+    async fn create_template(&self, t: &StepTemplate) -> Result<StepTemplate, StoreError> {
+        self.sql_create_template(t).await
+    }
+    async fn get_template(&self, k: TemplateKind, id: &str) -> Result<StepTemplate, StoreError> {
+        self.sql_get_template(k, id).await
+    }
+    async fn list_templates(&self, q: &TemplateQuery) -> Result<Vec<StepTemplate>, StoreError> {
+        self.sql_list_templates(q).await
+    }
+    async fn update_template(&self, t: &StepTemplate) -> Result<StepTemplate, StoreError> {
+        self.sql_update_template(t).await
+    }
+    async fn delete_template(&self, k: TemplateKind, uuid: &str) -> Result<(), StoreError> {
+        self.sql_delete_template(k, uuid).await
+    }
 }
 
 #[cfg(test)]
@@ -1258,6 +1366,6 @@ mod tests {
     fn column_lists_agree() {
         let n = Node::new("u".into(), "d".into());
         assert_eq!(node_values(&n, String::new()).len(), NODE_COLUMNS.len());
-        assert!(NODE_INSERT.ends_with("$47)"), "{}", *NODE_INSERT);
+        assert!(NODE_INSERT.ends_with("$48)"), "{}", *NODE_INSERT);
     }
 }

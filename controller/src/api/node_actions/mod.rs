@@ -16,9 +16,17 @@
 //! This module holds their routes and what they share: the microversion gates, the refusals,
 //! and Ironic's wording of schema errors.
 
+mod bios;
 mod boot_device;
-mod traits;
+mod children;
+mod console;
+mod management;
+pub(super) mod node_fields;
+mod passthru;
+mod raid;
+pub(super) mod traits;
 mod validate;
+mod vifs;
 mod vmedia;
 
 use super::{ApiError, AppState};
@@ -27,7 +35,7 @@ use crate::drivers::{Bmc, DriverError};
 use crate::store::Node;
 use axum::body::Bytes;
 use axum::http::{Method, StatusCode};
-use axum::routing::{delete, get, put};
+use axum::routing::{any, delete, get, put};
 use axum::Router;
 use rivet_protocol::limits::{parse_strict, Limits};
 use serde_json::Value;
@@ -35,6 +43,7 @@ use std::sync::Arc;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
+        .merge(resource_routes())
         .route(
             "/v1/nodes/{ident}/traits",
             get(traits::traits_list)
@@ -63,6 +72,73 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/v1/nodes/{ident}/vmedia/{device_type}",
             delete(vmedia::vmedia_detach_one),
+        )
+        .route(
+            "/v1/nodes/{ident}/vifs",
+            get(vifs::vif_list).post(vifs::vif_attach),
+        )
+        .route("/v1/nodes/{ident}/vifs/{vif}", delete(vifs::vif_detach))
+}
+
+/// BIOS, firmware, children, indicators, NMI, boot mode, RAID, console and vendor passthru.
+fn resource_routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/nodes/{ident}/bios", get(bios::bios_list))
+        .route("/v1/nodes/{ident}/bios/{setting}", get(bios::bios_show))
+        .route("/v1/nodes/{ident}/firmware", get(bios::firmware_list))
+        .route("/v1/nodes/{ident}/children", get(children::children))
+        .route(
+            "/v1/nodes/{ident}/management/indicators",
+            get(management::indicators_list),
+        )
+        .route(
+            "/v1/nodes/{ident}/management/indicators/{indicator}",
+            get(management::indicator_get).put(management::indicator_set),
+        )
+        .route(
+            "/v1/nodes/{ident}/management/inject_nmi",
+            put(management::inject_nmi),
+        )
+        .route(
+            "/v1/nodes/{ident}/states/boot_mode",
+            put(management::boot_mode_set),
+        )
+        .route(
+            "/v1/nodes/{ident}/states/secure_boot",
+            put(management::secure_boot_set),
+        )
+        .route("/v1/nodes/{ident}/states/raid", put(raid::raid_set))
+        .route(
+            "/v1/drivers/{name}/raid/logical_disk_properties",
+            get(raid::logical_disk_properties),
+        )
+        .route(
+            "/v1/nodes/{ident}/states/console",
+            get(console::console_get).put(console::console_set),
+        )
+        .route(
+            "/v1/nodes/{ident}/vendor_passthru/methods",
+            get(passthru::node_methods),
+        )
+        .route(
+            "/v1/nodes/{ident}/vendor_passthru",
+            any(passthru::node_call),
+        )
+        .route(
+            "/v1/drivers/{name}/vendor_passthru/methods",
+            get(passthru::driver_methods),
+        )
+        .route(
+            "/v1/drivers/{name}/vendor_passthru",
+            any(passthru::driver_call),
+        )
+        .route(
+            "/v1/nodes/{ident}/vendor_passthru/{method}",
+            any(passthru::node_call_named),
+        )
+        .route(
+            "/v1/drivers/{name}/vendor_passthru/{method}",
+            any(passthru::driver_call_named),
         )
 }
 

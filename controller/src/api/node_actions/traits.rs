@@ -146,7 +146,7 @@ fn is_standard_trait(t: &str) -> bool {
 }
 
 /// What Ironic's `TRAITS_SCHEMA` says of a trait, or `None` when it is valid.
-fn trait_error(v: &Value) -> Option<String> {
+pub(crate) fn trait_error(v: &Value) -> Option<String> {
     let Some(t) = v.as_str() else {
         return Some(format!("{} is not of type 'string'", py_repr(v)));
     };

@@ -85,6 +85,10 @@ pub(super) async fn validate(
             verdict(&generic(iface.as_str(), &get(iface))),
         );
     }
+    if get(Iface::Rescue) == "agent" {
+        // The agent rescue interface boots the ramdisk through the boot interface.
+        out.insert("rescue".into(), verdict(&boot));
+    }
     out.insert("inspect".into(), verdict(&inspect));
     Ok(Json(Value::Object(out)))
 }

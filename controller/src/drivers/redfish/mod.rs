@@ -6,13 +6,15 @@
 //! processors). Every error that leaves this module has the node's password removed.
 
 mod bios;
+mod bios_registry;
 mod client;
 mod firmware;
 mod info;
 mod inspect;
+mod management;
 mod media;
 
-use super::{Bmc, BootDevice, DriverError, DriversConfig, OobInventory};
+use super::{Bmc, BootDevice, DriverError, DriversConfig, Health, OobInventory};
 use async_trait::async_trait;
 use client::RedfishClient;
 use info::RedfishInfo;
@@ -145,15 +147,23 @@ fn power_from_redfish(s: &str) -> Option<PowerState> {
 }
 
 async fn read_power(ctx: &Ctx) -> Result<PowerState, DriverError> {
+    Ok(read_power_and_health(ctx).await?.0)
+}
+
+/// The System's `PowerState` and `Status.Health` (Ironic's `get_node_health` reads the same
+/// resource), from one GET.
+async fn read_power_and_health(ctx: &Ctx) -> Result<(PowerState, Option<Health>), DriverError> {
     let sys = ctx.client.get(&ctx.system).await?;
+    let health = Health::from_redfish(sys["Status"]["Health"].as_str());
     let raw = sys["PowerState"].as_str().unwrap_or("");
-    power_from_redfish(raw).ok_or_else(|| {
+    let power = power_from_redfish(raw).ok_or_else(|| {
         DriverError::Bmc(format!(
             "Redfish BMC at {} reports an unknown PowerState {raw:?} for {}",
             ctx.client.address(),
             ctx.system
         ))
-    })
+    })?;
+    Ok((power, health))
 }
 
 /// Which ResetType reaches `target` from `current`, and the state to wait for; `None` when
@@ -326,6 +336,16 @@ impl Bmc for RedfishBmc {
         ctx.scrub(read_power(&ctx).instrument(span(node)).await)
     }
 
+    async fn get_power_and_health(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<(PowerState, Option<Health>), DriverError> {
+        tracing::debug!(node = %node, "redfish: reading power state and health");
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(read_power_and_health(&ctx).instrument(span(node)).await)
+    }
+
     async fn set_power(
         &self,
         node: &str,
@@ -451,6 +471,109 @@ impl Bmc for RedfishBmc {
         tracing::info!(node = %node, "redfish: out-of-band inspection");
         let ctx = self.ctx(driver_info).await?;
         ctx.scrub(inspect::inspect(&ctx).instrument(span(node)).await)
+    }
+
+    async fn bios_settings(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<Vec<super::management::BiosReading>, DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(management::bios_settings(&ctx).instrument(span(node)).await)
+    }
+
+    async fn firmware_versions(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<Vec<crate::store::FirmwareReading>, DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(
+            management::firmware_versions(&ctx)
+                .instrument(span(node))
+                .await,
+        )
+    }
+
+    async fn inject_nmi(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<(), DriverError> {
+        tracing::info!(node = %node, "redfish: injecting an NMI");
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(management::inject_nmi(&ctx).instrument(span(node)).await)
+    }
+
+    async fn indicators(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<Vec<super::management::Indicator>, DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(management::indicators(&ctx).instrument(span(node)).await)
+    }
+
+    async fn indicator_state(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        component: &str,
+        name: &str,
+    ) -> Result<String, DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        let r = management::indicator_state(&ctx, component, name);
+        ctx.scrub(r.instrument(span(node)).await)
+    }
+
+    async fn set_indicator_state(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        component: &str,
+        name: &str,
+        state: &str,
+    ) -> Result<(), DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        let r = management::set_indicator_state(&ctx, component, name, state);
+        ctx.scrub(r.instrument(span(node)).await)
+    }
+
+    async fn boot_mode(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+    ) -> Result<(Option<String>, Option<bool>), DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(management::boot_mode(&ctx).instrument(span(node)).await)
+    }
+
+    async fn set_boot_mode(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        mode: &str,
+    ) -> Result<(), DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(
+            management::set_boot_mode(&ctx, mode)
+                .instrument(span(node))
+                .await,
+        )
+    }
+
+    async fn set_secure_boot(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        on: bool,
+    ) -> Result<(), DriverError> {
+        let ctx = self.ctx(driver_info).await?;
+        ctx.scrub(
+            management::set_secure_boot(&ctx, on)
+                .instrument(span(node))
+                .await,
+        )
     }
 }
 

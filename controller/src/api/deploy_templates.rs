@@ -1,0 +1,693 @@
+//! `/v1/deploy_templates` (Ironic 1.55), and the handlers it shares with `/v1/runbooks`
+//! (`super::runbooks`): both are a named list of steps whose name is a trait. A deploy
+//! template's steps join the deploy of a node whose `instance_info.traits` names it
+//! (`conductor::deploying`); a runbook's run as a manual clean or service.
+
+use super::nodes::{ver, Version};
+use super::render::{base_url, links, parse_fields, select, time};
+use super::{listing, patch, ApiError, ApiResult, AppState, JsonBody};
+use crate::store::{StepTemplate, StoreError, TemplateKind, TemplateQuery, TEMPLATE_SORT_KEYS};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::Utc;
+use rivet_protocol::api::PatchOp;
+use serde_json::{json, Map, Value};
+use std::collections::{HashMap, HashSet};
+
+/// What differs between deploy templates and runbooks.
+pub(super) struct Spec {
+    pub kind: TemplateKind,
+    /// Path segment and collection key.
+    pub collection: &'static str,
+    /// Microversion that adds the resource.
+    pub since: (u32, u32),
+    /// How messages call one.
+    pub label: &'static str,
+    /// The step's ordering key: `priority` (deploy) or `order` (runbook).
+    pub order_key: &'static str,
+    /// Whether a step must carry `args`.
+    pub args_required: bool,
+    /// Top-level fields a create body may have.
+    pub create_fields: &'static [&'static str],
+    /// Top-level fields a patch may change.
+    pub patchable: &'static [&'static str],
+    /// The version from which `description` and `traits` are shown and the name is any
+    /// logical name instead of a trait (runbooks 1.112); `None`: description always, no
+    /// traits, the name a trait.
+    pub traits_since: Option<(u32, u32)>,
+}
+
+pub(super) const DEPLOY: Spec = Spec {
+    kind: TemplateKind::Deploy,
+    collection: "deploy_templates",
+    since: (1, 55),
+    label: "Deploy template",
+    order_key: "priority",
+    args_required: true,
+    create_fields: &["uuid", "name", "description", "steps", "extra"],
+    patchable: &["name", "description", "steps", "extra"],
+    traits_since: None,
+};
+
+/// Step interfaces Ironic accepts in templates (`DEPLOYING_INTERFACE_PRIORITY`, the same
+/// set as cleaning's).
+const INTERFACES: &[&str] = &[
+    "vendor",
+    "power",
+    "management",
+    "firmware",
+    "deploy",
+    "bios",
+    "raid",
+];
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/deploy_templates", get(list).post(create))
+        .route("/v1/deploy_templates/", get(list).post(create))
+        .route("/v1/deploy_templates/detail", get(list_detail))
+        .route(
+            "/v1/deploy_templates/{ident}",
+            get(show).patch(update).delete(remove),
+        )
+}
+
+async fn list(
+    state: State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    params: Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    list_of(&DEPLOY, state, headers, version, params, false).await
+}
+
+async fn list_detail(
+    state: State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    params: Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    list_of(&DEPLOY, state, headers, version, params, true).await
+}
+
+async fn create(
+    state: State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    body: JsonBody<Value>,
+) -> ApiResult<Response> {
+    create_of(&DEPLOY, state, headers, version, body).await
+}
+
+async fn show(
+    state: State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    ident: Path<String>,
+    p: Query<listing::ShowParams>,
+) -> ApiResult<Json<Value>> {
+    show_of(&DEPLOY, state, headers, version, ident, p).await
+}
+
+async fn update(
+    state: State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    ident: Path<String>,
+    ops: JsonBody<Vec<PatchOp>>,
+) -> ApiResult<Json<Value>> {
+    update_of(&DEPLOY, state, headers, version, ident, ops).await
+}
+
+async fn remove(
+    state: State<AppState>,
+    version: Version,
+    ident: Path<String>,
+) -> ApiResult<StatusCode> {
+    remove_of(&DEPLOY, state, version, ident).await
+}
+
+/// Below the resource's version Ironic answers every method with 404.
+fn gate(spec: &Spec, version: (u32, u32)) -> Result<(), ApiError> {
+    if version >= spec.since {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "The API version does not allow {} (this request asked for {}.{}; send X-OpenStack-Ironic-API-Version: {}.{} or later)",
+            spec.collection.replace('_', " "),
+            version.0,
+            version.1,
+            spec.since.0,
+            spec.since.1
+        ),
+    ))
+}
+
+fn not_found(spec: &Spec, ident: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("{} {ident} could not be found.", spec.label),
+    )
+}
+
+async fn fetch(state: &AppState, spec: &Spec, ident: &str) -> ApiResult<StepTemplate> {
+    match state.conductor.store.get_template(spec.kind, ident).await {
+        Err(StoreError::NotFound { .. }) => Err(not_found(spec, ident)),
+        r => Ok(r?),
+    }
+}
+
+/// The document of a template; step `args` with secrets masked as Ironic masks them.
+fn doc(spec: &Spec, t: &StepTemplate, base: &str, version: (u32, u32)) -> Map<String, Value> {
+    let steps: Vec<Value> = t
+        .steps
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            if let Some(Value::Object(args)) = s.get("args") {
+                s["args"] = Value::Object(crate::drivers::mask_secrets(args));
+            }
+            s
+        })
+        .collect();
+    let mut m = match json!({
+        "uuid": t.uuid,
+        "name": t.name,
+        "steps": steps,
+        "extra": t.extra,
+        "created_at": time(&Some(t.created_at)),
+        "updated_at": time(&t.updated_at),
+        "links": links(base, spec.collection, &t.uuid),
+    }) {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    match spec.kind {
+        TemplateKind::Deploy => {
+            m.insert("description".into(), json!(t.description));
+        }
+        TemplateKind::Runbook => {
+            m.insert("owner".into(), json!(t.owner));
+            m.insert("public".into(), json!(t.public));
+            m.insert("disable_ramdisk".into(), json!(t.disable_ramdisk));
+            if new_runbook(spec, version) {
+                m.insert("description".into(), json!(t.description));
+                m.insert("traits".into(), json!(t.traits));
+            }
+        }
+    }
+    m
+}
+
+/// Whether `version` sees runbooks as 1.112 made them (traits, description, free names).
+pub(super) fn new_runbook(spec: &Spec, version: (u32, u32)) -> bool {
+    spec.traits_since.is_some_and(|since| version >= since)
+}
+
+fn blank(spec: &Spec) -> StepTemplate {
+    StepTemplate {
+        kind: spec.kind,
+        uuid: String::new(),
+        name: String::new(),
+        description: None,
+        traits: Vec::new(),
+        steps: Vec::new(),
+        extra: Map::new(),
+        owner: None,
+        public: false,
+        disable_ramdisk: false,
+        created_at: Utc::now(),
+        updated_at: None,
+        version: 0,
+    }
+}
+
+/// A step's ordering value: an integer ≥ 0 or a string of digits (Ironic's schema).
+fn order_value(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().filter(|i| *i >= 0),
+        Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+            s.parse().ok()
+        }
+        _ => None,
+    }
+}
+
+/// Steps checked as Ironic's `DEPLOY_STEP_SCHEMA`/`RUNBOOK_STEP_SCHEMA` and its duplicate
+/// check; returned normalized (the ordering value an integer, `args` an object).
+pub(super) fn check_steps(spec: &Spec, steps: &Value) -> Result<Vec<Value>, ApiError> {
+    let Value::Array(items) = steps else {
+        return Err(ApiError::bad_request(format!(
+            "{steps} is not of type 'array' (field steps)"
+        )));
+    };
+    if items.is_empty() {
+        return Err(ApiError::bad_request(
+            "[] is too short: a template needs at least one step (field steps)",
+        ));
+    }
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut dups = Vec::new();
+    for (i, s) in items.iter().enumerate() {
+        let Value::Object(m) = s else {
+            return Err(ApiError::bad_request(format!(
+                "steps[{i}]: {s} is not of type 'object'"
+            )));
+        };
+        let allowed = ["interface", "step", "args", spec.order_key];
+        if let Some(bad) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(ApiError::bad_request(format!(
+                "steps[{i}]: Additional properties are not allowed ('{bad}' was unexpected)"
+            )));
+        }
+        let mut required = vec!["interface", "step", spec.order_key];
+        if spec.args_required {
+            required.push("args");
+        }
+        if let Some(missing) = required.iter().find(|k| !m.contains_key(**k)) {
+            return Err(ApiError::bad_request(format!(
+                "steps[{i}]: '{missing}' is a required property"
+            )));
+        }
+        let interface = m.get("interface").and_then(Value::as_str).unwrap_or("");
+        if !INTERFACES.contains(&interface) {
+            return Err(ApiError::bad_request(format!(
+                "steps[{i}]: interface {} is not one of {}",
+                m.get("interface").cloned().unwrap_or(Value::Null),
+                INTERFACES.join(", ")
+            )));
+        }
+        let step = match m.get("step") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "steps[{i}]: step {} must be a non-empty string",
+                    other.cloned().unwrap_or(Value::Null)
+                )))
+            }
+        };
+        let args = match m.get("args") {
+            None => Map::new(),
+            Some(Value::Object(a)) => a.clone(),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "steps[{i}]: args {other} is not of type 'object'"
+                )))
+            }
+        };
+        let order = m.get(spec.order_key).and_then(order_value).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "steps[{i}]: {} {} must be an integer of 0 or more",
+                spec.order_key,
+                m.get(spec.order_key).cloned().unwrap_or(Value::Null)
+            ))
+        })?;
+        if !seen.insert((interface.to_string(), step.clone())) {
+            dups.push(format!("interface: {interface}, step: {step}"));
+        }
+        out.push(json!({
+            "interface": interface,
+            "step": step,
+            "args": args,
+            spec.order_key: order,
+        }));
+    }
+    if !dups.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "Duplicate {} steps. A {} cannot have multiple steps with the same interface and step. Duplicates: {}",
+            if spec.kind == TemplateKind::Deploy { "deploy" } else { "runbook" },
+            spec.label.to_lowercase(),
+            dups.join("; ")
+        )));
+    }
+    Ok(out)
+}
+
+/// A name: a trait, or (runbooks from 1.112) any RFC 3986 unreserved string.
+fn check_name(name: &Value, logical: bool) -> Result<String, ApiError> {
+    if logical {
+        let ok = name.as_str().is_some_and(|n| {
+            !n.is_empty()
+                && n.chars().count() <= 255
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
+        });
+        if !ok {
+            return Err(ApiError::bad_request(format!(
+                "name: {name} does not match '^[A-Za-z0-9\\-._~]+$' (1-255 characters)"
+            )));
+        }
+    } else if let Some(e) = super::node_actions::traits::trait_error(name) {
+        return Err(ApiError::bad_request(format!("name: {e}")));
+    }
+    Ok(name.as_str().unwrap_or_default().to_string())
+}
+
+fn opt_string(doc: &Map<String, Value>, key: &str, max: usize) -> Result<Option<String>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.chars().count() > max => Err(ApiError::bad_request(format!(
+            "{key} is too long: at most {max} characters are allowed"
+        ))),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{other} is not of type 'string', 'null' (field {key})"
+        ))),
+    }
+}
+
+fn opt_bool(doc: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{other} is not of type 'boolean', 'null' (field {key})"
+        ))),
+    }
+}
+
+/// The template a (created or patched) document describes, checked.
+fn from_doc(
+    spec: &Spec,
+    d: &Map<String, Value>,
+    base: StepTemplate,
+    version: (u32, u32),
+) -> Result<StepTemplate, ApiError> {
+    let name = check_name(
+        d.get("name")
+            .ok_or_else(|| ApiError::bad_request("'name' is a required property"))?,
+        new_runbook(spec, version),
+    )?;
+    let steps = check_steps(
+        spec,
+        d.get("steps")
+            .ok_or_else(|| ApiError::bad_request("'steps' is a required property"))?,
+    )?;
+    let extra = match d.get("extra") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "{other} is not of type 'object', 'null' (field extra)"
+            )))
+        }
+    };
+    let mut t = StepTemplate {
+        name,
+        steps,
+        extra,
+        ..base
+    };
+    match spec.kind {
+        TemplateKind::Deploy => t.description = opt_string(d, "description", 255)?,
+        TemplateKind::Runbook => {
+            if new_runbook(spec, version) {
+                t.description = opt_string(d, "description", 255)?;
+            }
+            t.owner = opt_string(d, "owner", 255)?;
+            t.public = opt_bool(d, "public")?;
+            t.disable_ramdisk = opt_bool(d, "disable_ramdisk")?;
+        }
+    }
+    Ok(t)
+}
+
+pub(super) async fn create_of(
+    spec: &Spec,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    JsonBody(body): JsonBody<Value>,
+) -> ApiResult<Response> {
+    let version = ver(&version);
+    gate(spec, version)?;
+    let Value::Object(body) = body else {
+        return Err(ApiError::bad_request(format!(
+            "a {} must be a JSON object",
+            spec.label.to_lowercase()
+        )));
+    };
+    let mut allowed = spec.create_fields.to_vec();
+    if new_runbook(spec, version) {
+        allowed.push("description");
+    }
+    if let Some(bad) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "Additional properties are not allowed ('{bad}' was unexpected)"
+        )));
+    }
+    let uuid = match body.get("uuid") {
+        None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
+        Some(Value::String(u)) => uuid::Uuid::parse_str(u)
+            .map_err(|_| ApiError::bad_request(format!("Expected a UUID but received {u}.")))?
+            .to_string(),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "{other} is not of type 'string', 'null' (field uuid)"
+            )))
+        }
+    };
+    let t = from_doc(
+        spec,
+        &body,
+        StepTemplate {
+            uuid,
+            ..blank(spec)
+        },
+        version,
+    )?;
+    let saved = state.conductor.store.create_template(&t).await?;
+    tracing::info!(kind = spec.kind.as_str(), uuid = %saved.uuid, name = %saved.name, "template created");
+    let base = base_url(&headers);
+    Ok(super::render::created(
+        doc(spec, &saved, &base, version),
+        &base,
+        spec.collection,
+        &saved.uuid,
+    ))
+}
+
+pub(super) async fn list_of(
+    spec: &Spec,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    Query(params): Query<HashMap<String, String>>,
+    from_detail: bool,
+) -> ApiResult<Json<Value>> {
+    let version = ver(&version);
+    gate(spec, version)?;
+    let mut allowed = vec!["limit", "marker", "sort_key", "sort_dir"];
+    if !from_detail {
+        allowed.extend(["fields", "detail"]);
+    }
+    if spec.kind == TemplateKind::Runbook {
+        allowed.extend(["owner", "public"]);
+    }
+    if let Some(bad) = params.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown query parameter {bad:?}; supported: {}",
+            allowed.join(", ")
+        )));
+    }
+    let base = base_url(&headers);
+    let fields = parse_fields(
+        params.get("fields").map(String::as_str),
+        &doc(spec, &blank(spec), &base, version),
+    )?;
+    let detail = from_detail
+        || match params.get("detail").map(|d| d.to_ascii_lowercase()) {
+            None => false,
+            Some(d) if ["true", "1", "yes", "on"].contains(&d.as_str()) => true,
+            Some(d) if ["false", "0", "no", "off"].contains(&d.as_str()) => false,
+            Some(d) => {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter detail={d:?} is not a boolean"
+                )))
+            }
+        };
+    if detail && fields.is_some() {
+        return Err(ApiError::bad_request(
+            "Can not specify ?detail=True and fields in the same request.",
+        ));
+    }
+    let sort_key = params
+        .get("sort_key")
+        .cloned()
+        .unwrap_or_else(|| "id".into());
+    if !TEMPLATE_SORT_KEYS.contains(&sort_key.as_str()) {
+        return Err(ApiError::bad_request(format!(
+            "The sort_key value {sort_key} is an invalid field for sorting; use one of {}",
+            TEMPLATE_SORT_KEYS.join(", ")
+        )));
+    }
+    let sort_dir = match params.get("sort_dir") {
+        Some(d) => listing::sort_dir(d).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
+            ))
+        })?,
+        None => crate::store::SortDir::Asc,
+    };
+    let marker = match params.get("marker") {
+        Some(m) => Some(fetch(&state, spec, m).await?.uuid),
+        None => None,
+    };
+    let public = match params.get("public").map(|p| p.to_ascii_lowercase()) {
+        None => None,
+        Some(p) if ["true", "1", "yes", "on"].contains(&p.as_str()) => Some(true),
+        Some(p) if ["false", "0", "no", "off"].contains(&p.as_str()) => Some(false),
+        Some(p) => {
+            return Err(ApiError::bad_request(format!(
+                "query parameter public={p:?} is not a boolean"
+            )))
+        }
+    };
+    let q = TemplateQuery {
+        limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
+        marker,
+        sort_key,
+        sort_dir,
+        owner: params.get("owner").cloned(),
+        public,
+        ..TemplateQuery::all(spec.kind)
+    };
+    let found = state.conductor.store.list_templates(&q).await?;
+    let docs: Vec<Value> = found
+        .iter()
+        .map(|t| {
+            let full = doc(spec, t, &base, version);
+            match (&fields, detail) {
+                (Some(f), _) => select(full, f),
+                (None, true) => Value::Object(full),
+                (None, false) => select(full, &["uuid", "name", "links"]),
+            }
+        })
+        .collect();
+    let mut body = Map::new();
+    body.insert(spec.collection.into(), Value::Array(docs));
+    if found.len() == q.limit {
+        if let Some(last) = found.last() {
+            let path = if from_detail { "/detail" } else { "" };
+            let mut next = format!("{base}/v1/{}{path}?limit={}", spec.collection, q.limit);
+            for k in [
+                "sort_key", "sort_dir", "fields", "detail", "owner", "public",
+            ] {
+                if let Some(v) = params.get(k) {
+                    next.push_str(&format!("&{k}={v}"));
+                }
+            }
+            next.push_str(&format!("&marker={}", last.uuid));
+            body.insert("next".into(), Value::from(next));
+        }
+    }
+    Ok(Json(Value::Object(body)))
+}
+
+pub(super) async fn show_of(
+    spec: &Spec,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    Path(ident): Path<String>,
+    Query(p): Query<listing::ShowParams>,
+) -> ApiResult<Json<Value>> {
+    let version = ver(&version);
+    gate(spec, version)?;
+    let t = fetch(&state, spec, &ident).await?;
+    let full = doc(spec, &t, &base_url(&headers), version);
+    Ok(Json(match parse_fields(p.fields.as_deref(), &full)? {
+        Some(f) => select(full, &f),
+        None => Value::Object(full),
+    }))
+}
+
+pub(super) async fn update_of(
+    spec: &Spec,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    version: Version,
+    Path(ident): Path<String>,
+    JsonBody(ops): JsonBody<Vec<PatchOp>>,
+) -> ApiResult<Json<Value>> {
+    let version = ver(&version);
+    gate(spec, version)?;
+    let t = fetch(&state, spec, &ident).await?;
+    let mut d = Value::Object(doc(spec, &t, "", version));
+    // Patch the stored steps, not the masked ones shown. The shared patch applier walks
+    // objects only: the steps are keyed by index for the patch (`/steps/0/priority`) and
+    // made a list again after it, `-` (append) last.
+    d["steps"] = Value::Object(
+        t.steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i.to_string(), s.clone()))
+            .collect(),
+    );
+    let mut patchable = spec.patchable.to_vec();
+    if new_runbook(spec, version) {
+        patchable.push("description");
+    }
+    patch::apply(&mut d, &ops, &patchable)?;
+    let Value::Object(d) = d else {
+        return Err(ApiError::bad_request(format!(
+            "patch replaced the whole {}",
+            spec.label.to_lowercase()
+        )));
+    };
+    let mut d = d;
+    if let Some(Value::Object(by_index)) = d.get("steps") {
+        let mut items: Vec<(usize, Value)> = Vec::new();
+        for (k, v) in by_index {
+            let i = match k.as_str() {
+                "-" => usize::MAX,
+                k => k.parse().map_err(|_| {
+                    ApiError::bad_request(format!("patch path /steps/{k}: not a step index"))
+                })?,
+            };
+            items.push((i, v.clone()));
+        }
+        items.sort_by_key(|(i, _)| *i);
+        d.insert(
+            "steps".into(),
+            Value::Array(items.into_iter().map(|(_, v)| v).collect()),
+        );
+    }
+    let new = from_doc(spec, &d, t, version)?;
+    let saved = state.conductor.store.update_template(&new).await?;
+    Ok(Json(Value::Object(doc(
+        spec,
+        &saved,
+        &base_url(&headers),
+        version,
+    ))))
+}
+
+pub(super) async fn remove_of(
+    spec: &Spec,
+    State(state): State<AppState>,
+    version: Version,
+    Path(ident): Path<String>,
+) -> ApiResult<StatusCode> {
+    let version = ver(&version);
+    gate(spec, version)?;
+    let t = fetch(&state, spec, &ident).await?;
+    match state
+        .conductor
+        .store
+        .delete_template(spec.kind, &t.uuid)
+        .await
+    {
+        Err(StoreError::NotFound { .. }) => Err(not_found(spec, &ident)),
+        r => {
+            r?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+    }
+}
