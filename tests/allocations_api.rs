@@ -7,42 +7,9 @@
 
 use anyhow::{ensure, Context, Result};
 use rivet_tests::clients::{self, baremetal, baremetal_failing, baremetal_json, sdk};
-use rivet_tests::Rivetd;
+use rivet_tests::{fault, Rivetd};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-
-/// A request at `version` (`None`: no header, i.e. 1.1).
-fn at(
-    d: &Rivetd,
-    version: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(u16, Value)> {
-    let m = reqwest::Method::from_bytes(method.as_bytes())?;
-    let mut req = reqwest::blocking::Client::new().request(m, format!("{}{path}", d.url));
-    if let Some(v) = version {
-        req = req.header("X-OpenStack-Ironic-API-Version", v);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().with_context(|| format!("{method} {path}"))?;
-    let status = resp.status().as_u16();
-    Ok((
-        status,
-        serde_json::from_str(&resp.text()?).unwrap_or(Value::Null),
-    ))
-}
-
-/// Ironic's error text (`error_message` holds JSON with the `faultstring`).
-fn fault(v: &Value) -> String {
-    let raw = v["error_message"].as_str().unwrap_or_default();
-    serde_json::from_str::<Value>(raw)
-        .ok()
-        .and_then(|v| v["faultstring"].as_str().map(str::to_string))
-        .unwrap_or_else(|| raw.to_string())
-}
 
 fn provision(d: &Rivetd, node: &str, target: &str) -> Result<()> {
     let (s, v) = d.call(
@@ -119,26 +86,23 @@ fn allocations_pick_release_fail_race_and_backfill() -> Result<()> {
 
     // Microversion gates: 404 for reads and 405 for writes below 1.52, PATCH from 1.57,
     // owner from 1.60.
-    let (s, _) = at(&d, Some("1.51"), "GET", "/v1/allocations", None)?;
+    let (s, _) = d.call_at(Some("1.51"), "GET", "/v1/allocations", None)?;
     assert_eq!(s, 404);
-    let (s, _) = at(
-        &d,
+    let (s, _) = d.call_at(
         Some("1.51"),
         "POST",
         "/v1/allocations",
         Some(json!({"resource_class": "gold"})),
     )?;
     assert_eq!(s, 405);
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.59"),
         "POST",
         "/v1/allocations",
         Some(json!({"resource_class": "gold", "owner": "p"})),
     )?;
     assert_eq!(s, 406, "{v}");
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.57"),
         "POST",
         "/v1/allocations",
@@ -146,7 +110,7 @@ fn allocations_pick_release_fail_race_and_backfill() -> Result<()> {
     )?;
     assert_eq!(s, 400, "{v}");
     assert!(fault(&v).contains("Cannot set node"), "{v}");
-    let (s, n) = at(&d, Some("1.51"), "GET", "/v1/nodes/gold-1", None)?;
+    let (s, n) = d.call_at(Some("1.51"), "GET", "/v1/nodes/gold-1", None)?;
     assert!(s == 200 && n.get("allocation_uuid").is_none(), "{n}");
 
     // Bad input: 400 and nothing stored.
@@ -280,20 +244,13 @@ fn allocations_pick_release_fail_race_and_backfill() -> Result<()> {
         Some(json!({"resource_class": "gold", "name": "fast-one"})),
     )?;
     assert_eq!(s, 409, "{v}");
-    let (s, v) = at(&d, Some("1.59"), "GET", "/v1/allocations/fast-one", None)?;
+    let (s, v) = d.call_at(Some("1.59"), "GET", "/v1/allocations/fast-one", None)?;
     assert!(s == 200 && v.get("owner").is_none(), "{v}");
-    let (s, v) = at(
-        &d,
-        Some("1.59"),
-        "GET",
-        "/v1/allocations?fields=owner",
-        None,
-    )?;
+    let (s, v) = d.call_at(Some("1.59"), "GET", "/v1/allocations?fields=owner", None)?;
     assert_eq!(s, 406, "{v}");
 
     // PATCH (1.57): name and extra only.
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.56"),
         "PATCH",
         "/v1/allocations/fast-one",

@@ -3,7 +3,7 @@
 //! them; `hosts` naming the live controllers only.
 
 use anyhow::{Context, Result};
-use rivet_tests::Rivetd;
+use rivet_tests::{fault, Rivetd};
 use serde_json::Value;
 use std::collections::BTreeSet;
 
@@ -32,18 +32,6 @@ fn ok(d: &Rivetd, version: Option<&str>, path: &str) -> Result<Value> {
     let (s, v, _) = get(d, version, path)?;
     anyhow::ensure!(s == 200, "GET {path} at {version:?}: {s} {v}");
     Ok(v)
-}
-
-/// Ironic's error body: `error_message` is JSON text with the `faultstring`.
-fn fault(body: &Value) -> String {
-    let inner: Value = body["error_message"]
-        .as_str()
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or(Value::Null);
-    inner["faultstring"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// An error answer with `status`, in Ironic's shape; its message.

@@ -40,6 +40,16 @@ pub fn prerequisite(ok: bool, what: &str) -> bool {
     false
 }
 
+/// The message of an Ironic error body (`error_message` holds JSON with the `faultstring`);
+/// the raw text when it is not that shape.
+pub fn fault(v: &Value) -> String {
+    let raw = v["error_message"].as_str().unwrap_or_default();
+    serde_json::from_str::<Value>(raw)
+        .ok()
+        .and_then(|v| v["faultstring"].as_str().map(str::to_string))
+        .unwrap_or_else(|| raw.to_string())
+}
+
 /// rivetd's settings for the deploy scenarios: quick long polls and scans, and automated
 /// cleaning without the full erase (the metadata erase still runs).
 pub const DEPLOY_TEST_CONFIG: &str =
@@ -252,13 +262,25 @@ impl Rivetd {
         }
     }
 
-    /// Send a request and decode the JSON answer.
+    /// Send a request at the newest API version and decode the JSON answer.
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<(u16, Value)> {
+        self.call_at(Some("latest"), method, path, body)
+    }
+
+    /// Send a request at API `version` (`None`: no version header, which Ironic reads as
+    /// 1.1) and decode the JSON answer (`Null` when the body is not JSON).
+    pub fn call_at(
+        &self,
+        version: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value)> {
         let m = reqwest::Method::from_bytes(method.as_bytes())?;
-        let mut req = self
-            .http
-            .request(m, format!("{}{path}", self.url))
-            .header("X-OpenStack-Ironic-API-Version", "latest");
+        let mut req = self.http.request(m, format!("{}{path}", self.url));
+        if let Some(v) = version {
+            req = req.header("X-OpenStack-Ironic-API-Version", v);
+        }
         if let Some(b) = body {
             req = req.json(&b);
         }

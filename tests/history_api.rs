@@ -7,30 +7,6 @@ use rivet_tests::Rivetd;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// A request at API version `version` (no header when None).
-fn at(
-    d: &Rivetd,
-    version: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(u16, Value)> {
-    let m = reqwest::Method::from_bytes(method.as_bytes())?;
-    let mut req = reqwest::blocking::Client::new().request(m, format!("{}{path}", d.url));
-    if let Some(v) = version {
-        req = req.header("X-OpenStack-Ironic-API-Version", v);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().with_context(|| format!("{method} {path}"))?;
-    let status = resp.status().as_u16();
-    Ok((
-        status,
-        serde_json::from_str(&resp.text()?).unwrap_or(Value::Null),
-    ))
-}
-
 fn provision(d: &Rivetd, node: &str, target: &str) -> Result<()> {
     let (s, v) = d.call(
         "PUT",
@@ -126,10 +102,9 @@ fn history_shows_transitions_failures_and_is_gated() -> Result<()> {
     )?;
     ensure!(s == 404, "unknown entry: {s}");
     // Gates: 404 below 1.78; project at 1.113; state fields at 1.115.
-    let (s, _) = at(&d, Some("1.77"), "GET", "/v1/nodes/h1/history", None)?;
+    let (s, _) = d.call_at(Some("1.77"), "GET", "/v1/nodes/h1/history", None)?;
     ensure!(s == 404, "1.77: {s}");
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.78"),
         "GET",
         &format!("/v1/nodes/h1/history/{first}"),
@@ -139,8 +114,7 @@ fn history_shows_transitions_failures_and_is_gated() -> Result<()> {
         s == 200 && v.get("project").is_none() && v.get("state").is_none(),
         "1.78: {s} {v}"
     );
-    let (_, v) = at(
-        &d,
+    let (_, v) = d.call_at(
         Some("1.113"),
         "GET",
         &format!("/v1/nodes/h1/history/{first}"),
@@ -212,7 +186,7 @@ fn shards_are_counted_and_events_validated() -> Result<()> {
             && all.contains(&json!({"name": "s2", "count": 1})),
         "shards: {v}"
     );
-    let (s, _) = at(&d, Some("1.81"), "GET", "/v1/shards", None)?;
+    let (s, _) = d.call_at(Some("1.81"), "GET", "/v1/shards", None)?;
     ensure!(s == 404, "shards at 1.81: {s}");
     let (s, _) = d.call("GET", "/v1/shards/s1", None)?;
     ensure!(s == 404, "one shard: {s}");
@@ -230,8 +204,7 @@ fn shards_are_counted_and_events_validated() -> Result<()> {
         let (s, v) = d.call("POST", "/v1/events", Some(bad.clone()))?;
         ensure!(s == 400, "{bad}: {s} {v}");
     }
-    let (s, _) = at(
-        &d,
+    let (s, _) = d.call_at(
         Some("1.53"),
         "POST",
         "/v1/events",

@@ -3,7 +3,7 @@
 //! change) and records it in the node history as a `monitoring` event in Ironic's words;
 //! the field is hidden below 1.109, read-only, and what both stock clients show.
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use rivet_tests::clients;
 use rivet_tests::peers::{MockState, RedfishMock};
 use rivet_tests::Rivetd;
@@ -12,34 +12,10 @@ use std::time::Duration;
 
 const PASSWORD: &str = "mock-password";
 
-/// A request at API version `version`.
-fn at(
-    d: &Rivetd,
-    version: &str,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(u16, Value)> {
-    let m = reqwest::Method::from_bytes(method.as_bytes())?;
-    let mut req = reqwest::blocking::Client::new()
-        .request(m, format!("{}{path}", d.url))
-        .header("X-OpenStack-Ironic-API-Version", version);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().with_context(|| format!("{method} {path}"))?;
-    let status = resp.status().as_u16();
-    Ok((
-        status,
-        serde_json::from_str(&resp.text()?).unwrap_or(Value::Null),
-    ))
-}
-
 /// The node's `monitoring` history events, oldest first.
 fn monitoring_events(d: &Rivetd, node: &str) -> Result<Vec<Value>> {
-    let (s, v) = at(
-        d,
-        "latest",
+    let (s, v) = d.call_at(
+        Some("latest"),
         "GET",
         &format!("/v1/nodes/{node}/history?detail=true"),
         None,
@@ -127,27 +103,36 @@ fn power_sync_keeps_node_health_and_records_changes() -> Result<()> {
     d.wait_node("hn", Duration::from_secs(30), |v| v["health"] == "Warning")?;
 
     // Hidden below 1.109, shown from it, in show and detailed listings alike.
-    let (s, v) = at(&d, "1.108", "GET", "/v1/nodes/hn", None)?;
+    let (s, v) = d.call_at(Some("1.108"), "GET", "/v1/nodes/hn", None)?;
     ensure!(s == 200, "{s} {v}");
     assert!(v.get("health").is_none(), "health shown at 1.108: {v}");
-    let (s, v) = at(&d, "1.109", "GET", "/v1/nodes/hn", None)?;
+    let (s, v) = d.call_at(Some("1.109"), "GET", "/v1/nodes/hn", None)?;
     ensure!(s == 200, "{s} {v}");
     assert_eq!(v["health"], "Warning", "{v}");
-    let (_, v) = at(&d, "1.108", "GET", "/v1/nodes/detail", None)?;
+    let (_, v) = d.call_at(Some("1.108"), "GET", "/v1/nodes/detail", None)?;
     assert!(v["nodes"][0].get("health").is_none(), "{v}");
-    let (_, v) = at(&d, "1.109", "GET", "/v1/nodes/detail", None)?;
+    let (_, v) = d.call_at(Some("1.109"), "GET", "/v1/nodes/detail", None)?;
     assert_eq!(v["nodes"][0]["health"], "Warning", "{v}");
 
-    let (s, v) = at(&d, "1.109", "GET", "/v1/nodes/hn?fields=uuid,health", None)?;
+    let (s, v) = d.call_at(
+        Some("1.109"),
+        "GET",
+        "/v1/nodes/hn?fields=uuid,health",
+        None,
+    )?;
     ensure!(s == 200, "{s} {v}");
     assert_eq!(v["health"], "Warning", "{v}");
-    let (s, v) = at(&d, "1.108", "GET", "/v1/nodes/hn?fields=uuid,health", None)?;
+    let (s, v) = d.call_at(
+        Some("1.108"),
+        "GET",
+        "/v1/nodes/hn?fields=uuid,health",
+        None,
+    )?;
     assert!(s == 400 || s == 406, "fields=health at 1.108: {s} {v}");
 
     // Read-only, as in Ironic (not among the fields a PATCH may touch); nothing changes.
-    let (s, v) = at(
-        &d,
-        "1.109",
+    let (s, v) = d.call_at(
+        Some("1.109"),
         "PATCH",
         "/v1/nodes/hn",
         Some(json!([{"op": "replace", "path": "/health", "value": "OK"}])),

@@ -8,43 +8,11 @@ use anyhow::{ensure, Context, Result};
 use rivet_tests::agentproc::{have, is_root, AgentProcess, LoopDevice};
 use rivet_tests::clients::{self, baremetal, baremetal_failing, baremetal_json, sdk};
 use rivet_tests::fileserver::FileServer;
-use rivet_tests::{prerequisite, run_tool, sha256_file, Rivetd, DEPLOY_TEST_CONFIG};
+use rivet_tests::{fault, prerequisite, run_tool, sha256_file, Rivetd, DEPLOY_TEST_CONFIG};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-
-/// A request at `version` (`None`: no header, i.e. 1.1).
-fn at(
-    d: &Rivetd,
-    version: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(u16, Value)> {
-    let m = reqwest::Method::from_bytes(method.as_bytes())?;
-    let mut req = reqwest::blocking::Client::new().request(m, format!("{}{path}", d.url));
-    if let Some(v) = version {
-        req = req.header("X-OpenStack-Ironic-API-Version", v);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().with_context(|| format!("{method} {path}"))?;
-    let status = resp.status().as_u16();
-    Ok((
-        status,
-        serde_json::from_str(&resp.text()?).unwrap_or(Value::Null),
-    ))
-}
-
-fn fault(v: &Value) -> String {
-    let raw = v["error_message"].as_str().unwrap_or_default();
-    serde_json::from_str::<Value>(raw)
-        .ok()
-        .and_then(|v| v["faultstring"].as_str().map(str::to_string))
-        .unwrap_or_else(|| raw.to_string())
-}
 
 /// A plugin with two clean steps, `count_step` and `count_again` (priority 0: run only when
 /// asked for), each recording `start TAG`/`done TAG` lines in `$RIVET_TEST_DIR/count`.
@@ -95,7 +63,7 @@ fn deploy_templates_crud_validation_and_clients() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let d = Rivetd::start_in(dir.path(), "")?;
 
-    let (s, _) = at(&d, Some("1.54"), "GET", "/v1/deploy_templates", None)?;
+    let (s, _) = d.call_at(Some("1.54"), "GET", "/v1/deploy_templates", None)?;
     assert_eq!(s, 404);
     let (s, t) = d.call(
         "POST",
@@ -270,28 +238,24 @@ fn runbook_steps(tag: &str, order: i64) -> Value {
 fn runbooks_crud_traits_and_clients() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let d = Rivetd::start_in(dir.path(), "")?;
-    let (s, _) = at(&d, Some("1.91"), "GET", "/v1/runbooks", None)?;
+    let (s, _) = d.call_at(Some("1.91"), "GET", "/v1/runbooks", None)?;
     assert_eq!(s, 404);
     // 1.92: the name is a trait; no description or traits.
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.92"),
         "POST",
         "/v1/runbooks",
         Some(json!({"name": "my-book", "steps": [runbook_steps("a", 1)]})),
     )?;
     assert_eq!(s, 400, "{v}");
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.92"),
         "POST",
         "/v1/runbooks",
         Some(json!({"name": "CUSTOM_BOOK", "steps": [runbook_steps("a", 1)], "description": "x"})),
     )?;
     assert_eq!(s, 400, "{v}");
-    let (s, rb) = at(
-        &d,
-        Some("1.92"),
+    let (s, rb) = d.call_at(Some("1.92"),
         "POST",
         "/v1/runbooks",
         Some(
@@ -303,8 +267,7 @@ fn runbooks_crud_traits_and_clients() -> Result<()> {
         rb.get("traits").is_none() && rb["public"] == true && rb["steps"][0]["order"] == 2,
         "{rb}"
     );
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.92"),
         "POST",
         "/v1/runbooks",
@@ -346,8 +309,7 @@ fn runbooks_crud_traits_and_clients() -> Result<()> {
     assert_eq!(s, 400, "{v}");
     let (s, _) = d.call("DELETE", "/v1/runbooks/nightly-wipe/traits/CUSTOM_B", None)?;
     assert_eq!(s, 204);
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.111"),
         "GET",
         "/v1/runbooks/nightly-wipe/traits",
@@ -472,9 +434,7 @@ fn manual_clean_by_runbook_runs_its_steps() -> Result<()> {
             &[("RIVET_TEST_DIR", test_dir.as_str())],
         )
     };
-    let (s, v) = at(
-        &d,
-        Some("1.92"),
+    let (s, v) = d.call_at(Some("1.92"),
         "POST",
         "/v1/runbooks",
         Some(
@@ -484,16 +444,14 @@ fn manual_clean_by_runbook_runs_its_steps() -> Result<()> {
     ensure!(s == 201, "{v}");
 
     // Not approved for the node (its traits lack the runbook's name): 400, nothing runs.
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.92"),
         "PUT",
         "/v1/nodes/n1/states/provision",
         Some(json!({"target": "clean", "runbook": "CUSTOM_COUNT"})),
     )?;
     assert!(s == 400 && fault(&v).contains("not been approved"), "{v}");
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.92"),
         "PUT",
         "/v1/nodes/n1/states/provision",
@@ -502,9 +460,7 @@ fn manual_clean_by_runbook_runs_its_steps() -> Result<()> {
     assert_eq!(s, 404, "{v}");
     let (s, v) = d.call("PUT", "/v1/nodes/n1/traits/CUSTOM_COUNT", None)?;
     ensure!(s == 204, "{v}");
-    let (s, v) = at(
-        &d,
-        Some("1.92"),
+    let (s, v) = d.call_at(Some("1.92"),
         "PUT",
         "/v1/nodes/n1/states/provision",
         Some(
@@ -512,8 +468,7 @@ fn manual_clean_by_runbook_runs_its_steps() -> Result<()> {
         ),
     )?;
     assert!(s == 400 && fault(&v).contains("not both"), "{v}");
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.92"),
         "PUT",
         "/v1/nodes/n1/states/provision",
@@ -524,8 +479,7 @@ fn manual_clean_by_runbook_runs_its_steps() -> Result<()> {
     assert!(count_lines(dir.path()).is_empty());
 
     // 1.92: the runbook's name among the node's traits; its steps run in their order.
-    let (s, v) = at(
-        &d,
+    let (s, v) = d.call_at(
         Some("1.92"),
         "PUT",
         "/v1/nodes/n1/states/provision",

@@ -379,14 +379,7 @@ async fn list(
             ALLOCATION_SORT_KEYS.join(", ")
         )));
     }
-    let sort_dir = match params.get("sort_dir") {
-        Some(d) => listing::sort_dir(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
-            ))
-        })?,
-        None => crate::store::SortDir::Asc,
-    };
+    let sort_dir = listing::sort_dir_param(&params)?.unwrap_or(crate::store::SortDir::Asc);
     let node_uuid = match params.get("node") {
         Some(n) => Some(node_uuid_of(&state, n).await?.uuid),
         None => None,

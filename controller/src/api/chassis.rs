@@ -191,30 +191,8 @@ async fn list_inner(
             CHASSIS_SORT_KEYS.join(", ")
         )));
     }
-    let sort_dir = match params.get("sort_dir") {
-        Some(d) => listing::sort_dir(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
-            ))
-        })?,
-        None => crate::store::SortDir::Asc,
-    };
-    let detail = from_detail
-        || match params.get("detail").map(|d| d.to_ascii_lowercase()) {
-            None => false,
-            Some(d) if ["true", "1", "yes", "on"].contains(&d.as_str()) => true,
-            Some(d) if ["false", "0", "no", "off"].contains(&d.as_str()) => false,
-            Some(d) => {
-                return Err(ApiError::bad_request(format!(
-                    "query parameter detail={d:?} is not a boolean"
-                )))
-            }
-        };
-    if detail && !from_detail && params.contains_key("fields") {
-        return Err(ApiError::bad_request(
-            "Can not specify ?detail=True and fields in the same request.",
-        ));
-    }
+    let sort_dir = listing::sort_dir_param(&params)?.unwrap_or(crate::store::SortDir::Asc);
+    let detail = listing::detail_param(&params, from_detail)?;
     let q = ChassisQuery {
         limit,
         marker,
@@ -241,12 +219,12 @@ async fn list_inner(
     let docs: Vec<Value> = found
         .iter()
         .map(|c| {
-            let full = chassis_full(c, &base);
-            match (&fields, detail) {
-                (Some(f), _) => select(full, f),
-                (None, true) => Value::Object(full),
-                (None, false) => select(full, LIST_FIELDS),
-            }
+            listing::shape(
+                chassis_full(c, &base),
+                fields.as_deref(),
+                detail,
+                LIST_FIELDS,
+            )
         })
         .collect();
     let mut body = json!({ "chassis": docs });

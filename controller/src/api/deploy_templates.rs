@@ -501,17 +501,7 @@ pub(super) async fn list_of(
         params.get("fields").map(String::as_str),
         &doc(spec, &blank(spec), &base, version),
     )?;
-    let detail = from_detail
-        || match params.get("detail").map(|d| d.to_ascii_lowercase()) {
-            None => false,
-            Some(d) if ["true", "1", "yes", "on"].contains(&d.as_str()) => true,
-            Some(d) if ["false", "0", "no", "off"].contains(&d.as_str()) => false,
-            Some(d) => {
-                return Err(ApiError::bad_request(format!(
-                    "query parameter detail={d:?} is not a boolean"
-                )))
-            }
-        };
+    let detail = listing::detail_param(&params, from_detail)?;
     if detail && fields.is_some() {
         return Err(ApiError::bad_request(
             "Can not specify ?detail=True and fields in the same request.",
@@ -527,28 +517,12 @@ pub(super) async fn list_of(
             TEMPLATE_SORT_KEYS.join(", ")
         )));
     }
-    let sort_dir = match params.get("sort_dir") {
-        Some(d) => listing::sort_dir(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
-            ))
-        })?,
-        None => crate::store::SortDir::Asc,
-    };
+    let sort_dir = listing::sort_dir_param(&params)?.unwrap_or(crate::store::SortDir::Asc);
     let marker = match params.get("marker") {
         Some(m) => Some(fetch(&state, spec, m).await?.uuid),
         None => None,
     };
-    let public = match params.get("public").map(|p| p.to_ascii_lowercase()) {
-        None => None,
-        Some(p) if ["true", "1", "yes", "on"].contains(&p.as_str()) => Some(true),
-        Some(p) if ["false", "0", "no", "off"].contains(&p.as_str()) => Some(false),
-        Some(p) => {
-            return Err(ApiError::bad_request(format!(
-                "query parameter public={p:?} is not a boolean"
-            )))
-        }
-    };
+    let public = listing::bool_param(&params, "public")?;
     let q = TemplateQuery {
         limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
         marker,
@@ -562,12 +536,12 @@ pub(super) async fn list_of(
     let docs: Vec<Value> = found
         .iter()
         .map(|t| {
-            let full = doc(spec, t, &base, version);
-            match (&fields, detail) {
-                (Some(f), _) => select(full, f),
-                (None, true) => Value::Object(full),
-                (None, false) => select(full, &["uuid", "name", "links"]),
-            }
+            listing::shape(
+                doc(spec, t, &base, version),
+                fields.as_deref(),
+                detail,
+                &["uuid", "name", "links"],
+            )
         })
         .collect();
     let mut body = Map::new();

@@ -198,17 +198,6 @@ fn select(doc: Map<String, Value>, fields: &[String]) -> Map<String, Value> {
         .collect()
 }
 
-/// Ironic's boolean query values (`request_types.detail`).
-fn parse_bool(name: &str, v: &str) -> ApiResult<bool> {
-    match v.to_ascii_lowercase().as_str() {
-        "1" | "t" | "true" | "on" | "y" | "yes" => Ok(true),
-        "0" | "f" | "false" | "off" | "n" | "no" => Ok(false),
-        _ => Err(ApiError::bad_request(format!(
-            "query parameter {name}={v:?} is not a boolean (true or false)"
-        ))),
-    }
-}
-
 fn check_params(params: &HashMap<String, String>, allowed: &[&str]) -> ApiResult<()> {
     match params.keys().find(|k| !allowed.contains(&k.as_str())) {
         Some(bad) => Err(ApiError::bad_request(format!(
@@ -250,7 +239,7 @@ async fn list(
     check_params(&params, &["type", "detail", "fields"])?;
     let detail = params
         .get("detail")
-        .map(|d| parse_bool("detail", d))
+        .map(|d| crate::api::listing::bool_value("detail", d))
         .transpose()?;
     let fields = params.get("fields");
     if fields.is_some() && detail == Some(true) {
@@ -477,11 +466,17 @@ mod tests {
     #[test]
     fn booleans_as_ironic_reads_them() {
         for t in ["True", "1", "yes", "on", "t", "Y"] {
-            assert!(parse_bool("detail", t).expect("bool"), "{t}");
+            assert!(
+                crate::api::listing::bool_value("detail", t).expect("bool"),
+                "{t}"
+            );
         }
         for f in ["False", "0", "no", "off", "f", "N"] {
-            assert!(!parse_bool("detail", f).expect("bool"), "{f}");
+            assert!(
+                !crate::api::listing::bool_value("detail", f).expect("bool"),
+                "{f}"
+            );
         }
-        assert!(parse_bool("detail", "maybe").is_err());
+        assert!(crate::api::listing::bool_value("detail", "maybe").is_err());
     }
 }

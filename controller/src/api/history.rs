@@ -268,14 +268,7 @@ async fn list(
             )));
         }
     }
-    let dir = match params.get("sort_dir") {
-        None => SortDir::Asc,
-        Some(d) => listing::sort_dir(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
-            ))
-        })?,
-    };
+    let dir = listing::sort_dir_param(&params)?.unwrap_or(SortDir::Asc);
     let limit = listing::page_limit(&params, state.conductor.config.api.max_limit)?;
     let node = state.conductor.store.get_node(&ident).await?;
     let mut all = entries(&state, &node.uuid).await?;

@@ -1,7 +1,9 @@
-//! Query parameters that every paged listing reads the same way (nodes, the audit trail).
+//! Query parameters that every listing reads the same way (nodes, ports, portgroups, chassis,
+//! allocations, templates, volume, history, the audit trail…), and the shape of its items.
 
 use super::ApiError;
 use crate::store::SortDir;
+use serde_json::{Map, Value};
 use std::collections::HashMap;
 
 /// The page size asked for by `limit`: at most `max`; absent or 0 means `max` (as Ironic).
@@ -30,4 +32,62 @@ pub fn sort_dir(value: &str) -> Option<SortDir> {
 pub struct ShowParams {
     /// Comma-separated fields to keep.
     pub fields: Option<String>,
+}
+
+/// A boolean query value as Ironic reads one (oslo's strict `bool_from_string`): `1 t true
+/// on y yes` and `0 f false off n no`, any case; anything else is a 400 naming `name`.
+pub fn bool_value(name: &str, v: &str) -> Result<bool, ApiError> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" | "on" | "y" | "yes" => Ok(true),
+        "0" | "f" | "false" | "off" | "n" | "no" => Ok(false),
+        _ => Err(ApiError::bad_request(format!(
+            "Invalid value for {name}: {v:?} is not a boolean (true or false)"
+        ))),
+    }
+}
+
+/// The boolean query parameter `name`, when given.
+pub fn bool_param(params: &HashMap<String, String>, name: &str) -> Result<Option<bool>, ApiError> {
+    params.get(name).map(|v| bool_value(name, v)).transpose()
+}
+
+/// `sort_dir`, when given, with Ironic's message for anything but `asc`/`desc`.
+pub fn sort_dir_param(params: &HashMap<String, String>) -> Result<Option<SortDir>, ApiError> {
+    params
+        .get("sort_dir")
+        .map(|d| {
+            sort_dir(d).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// Whether a listing shows whole documents: its `/detail` path, or `?detail=true` (which
+/// Ironic refuses together with `fields`).
+pub fn detail_param(params: &HashMap<String, String>, from_detail: bool) -> Result<bool, ApiError> {
+    let asked = bool_param(params, "detail")?.unwrap_or(false);
+    if asked && !from_detail && params.contains_key("fields") {
+        return Err(ApiError::bad_request(
+            "Can not specify ?detail=True and fields in the same request.",
+        ));
+    }
+    Ok(from_detail || asked)
+}
+
+/// One item of a listing: the fields asked for, else the whole document on a detail
+/// listing, else the listing's short form.
+pub fn shape(
+    doc: Map<String, Value>,
+    fields: Option<&[String]>,
+    detail: bool,
+    list_fields: &[&str],
+) -> Value {
+    match (fields, detail) {
+        (Some(f), _) => super::render::select(doc, f),
+        (None, true) => Value::Object(doc),
+        (None, false) => super::render::select(doc, list_fields),
+    }
 }

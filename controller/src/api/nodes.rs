@@ -96,16 +96,6 @@ const FAULTS: &[&str] = &[
     "service failure",
 ];
 
-fn parse_bool(name: &str, v: &str) -> Result<bool, ApiError> {
-    match v.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(ApiError::bad_request(format!(
-            "query parameter {name}={v:?} is not a boolean"
-        ))),
-    }
-}
-
 fn node_query(
     params: &HashMap<String, String>,
     max_limit: usize,
@@ -152,7 +142,7 @@ fn node_query(
         })?);
     }
     if let Some(m) = params.get("maintenance") {
-        q.maintenance = Some(parse_bool("maintenance", m)?);
+        q.maintenance = Some(super::listing::bool_value("maintenance", m)?);
     }
     q.driver = params.get("driver").cloned();
     q.resource_class = params.get("resource_class").cloned();
@@ -168,7 +158,7 @@ fn node_query(
             .collect();
     }
     if let Some(s) = params.get("sharded") {
-        q.sharded = Some(parse_bool("sharded", s)?);
+        q.sharded = Some(super::listing::bool_value("sharded", s)?);
     }
     q.instance_name = params.get("instance_name").cloned();
     q.project = params.get("project").cloned();
@@ -185,15 +175,15 @@ fn node_query(
     }
     q.chassis_uuid = params.get("chassis_uuid").cloned();
     if let Some(r) = params.get("retired") {
-        q.retired = Some(parse_bool("retired", r)?);
+        q.retired = Some(super::listing::bool_value("retired", r)?);
     }
     if let Some(a) = params.get("associated") {
-        q.associated = Some(parse_bool("associated", a)?);
+        q.associated = Some(super::listing::bool_value("associated", a)?);
     }
     // Ironic lists child nodes only when asked: `include_children` (then `parent_node` is
     // not read) or `parent_node`.
     let include_children = match params.get("include_children") {
-        Some(v) => parse_bool("include_children", v)?,
+        Some(v) => super::listing::bool_value("include_children", v)?,
         None => false,
     };
     q.hide_children = !include_children;
@@ -345,7 +335,7 @@ pub(super) async fn list_inner(
     let max = state.conductor.config.api.max_limit;
     let mut q = node_query(&params, max, version)?;
     if let Some(d) = params.get("detail") {
-        detail |= parse_bool("detail", d)?;
+        detail |= super::listing::bool_value("detail", d)?;
     }
     let base = base_url(headers);
     let ring = state.conductor.ring();
@@ -772,7 +762,7 @@ async fn update(
                 "reset_interfaces needs API version 1.45 or later",
             ))
         }
-        Some(r) => parse_bool("reset_interfaces", r)?,
+        Some(r) => super::listing::bool_value("reset_interfaces", r)?,
         None => false,
     };
     if reset_interfaces && !ops.iter().any(|op| patched_field(&op.path) == "driver") {

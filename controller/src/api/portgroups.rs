@@ -7,8 +7,8 @@
 use super::nodes::{ver, Version};
 use super::ports::{
     boolean, check_gated, check_logical_name, check_query_versions, check_uuid,
-    connectivity_editable, detail_param, list_param, mac, next_link, not_acceptable, opt_object,
-    opt_string, patched_fields, refuse_locked, sort_params, vstr, PORTGROUP_SUB_VERSION,
+    connectivity_editable, list_param, mac, next_link, not_acceptable, opt_object, opt_string,
+    patched_fields, refuse_locked, sort_params, vstr, PORTGROUP_SUB_VERSION,
 };
 use super::render::{base_url, links, parse_fields, select, time};
 use super::{listing, patch, ApiError, ApiResult, AppState, JsonBody};
@@ -323,12 +323,7 @@ async fn list_inner(
         FIELD_VERSIONS,
         version,
     )?;
-    let detail = from_detail || detail_param(&params)?;
-    if detail && !from_detail && fields_param.is_some() {
-        return Err(ApiError::bad_request(
-            "Can not specify ?detail=True and fields in the same request.",
-        ));
-    }
+    let detail = listing::detail_param(&params, from_detail)?;
     let mut path = "/v1/portgroups".to_string();
     let node_ident = match parent {
         Some(n) => {
@@ -406,12 +401,12 @@ async fn list_inner(
     let docs: Vec<Value> = found
         .iter()
         .map(|g| {
-            let doc = doc_at(g, &base, version);
-            match (&fields, detail) {
-                (Some(f), _) => select(doc, f),
-                (None, true) => Value::Object(doc),
-                (None, false) => select(doc, LIST_FIELDS),
-            }
+            listing::shape(
+                doc_at(g, &base, version),
+                fields.as_deref(),
+                detail,
+                LIST_FIELDS,
+            )
         })
         .collect();
     let mut body = json!({ "portgroups": docs });

@@ -685,14 +685,6 @@ pub(super) fn list_param(params: &HashMap<String, String>, key: &str) -> Vec<Str
         .unwrap_or_default()
 }
 
-/// `detail=` as Ironic's `args.boolean` reads it.
-pub(super) fn detail_param(params: &HashMap<String, String>) -> Result<bool, ApiError> {
-    match params.get("detail") {
-        None => Ok(false),
-        Some(d) => boolean("detail", &Value::from(d.clone())),
-    }
-}
-
 /// `fields` (1.8, 406 below) and `detail` (1.43, 400 below) as Ironic gates them.
 pub(super) fn check_query_versions(
     params: &HashMap<String, String>,
@@ -735,14 +727,7 @@ pub(super) fn sort_params(
             keys.join(", ")
         )));
     }
-    let sort_dir = match params.get("sort_dir") {
-        Some(d) => Some(listing::sort_dir(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
-            ))
-        })?),
-        None => None,
-    };
+    let sort_dir = listing::sort_dir_param(params)?;
     Ok((sort_key, sort_dir))
 }
 
@@ -806,12 +791,7 @@ async fn list_inner(
         PORT_FIELD_VERSIONS,
         version,
     )?;
-    let detail = from_detail || detail_param(&params)?;
-    if detail && !from_detail && fields_param.is_some() {
-        return Err(ApiError::bad_request(
-            "Can not specify ?detail=True and fields in the same request.",
-        ));
-    }
+    let detail = listing::detail_param(&params, from_detail)?;
     let (mut node_ident, mut pg_ident) = (
         params.get("node").or(params.get("node_uuid")).cloned(),
         params.get("portgroup").cloned(),
@@ -903,12 +883,12 @@ async fn list_inner(
     let docs: Vec<Value> = found
         .iter()
         .map(|p| {
-            let doc = port_doc(p, &base, version);
-            match (&fields, detail) {
-                (Some(f), _) => select(doc, f),
-                (None, true) => Value::Object(doc),
-                (None, false) => select(doc, LIST_FIELDS),
-            }
+            listing::shape(
+                port_doc(p, &base, version),
+                fields.as_deref(),
+                detail,
+                LIST_FIELDS,
+            )
         })
         .collect();
     let mut body = json!({ "ports": docs });

@@ -227,16 +227,7 @@ async fn list(
             LIST_PARAMS.join(", ")
         )));
     }
-    let detail = match params.get("detail").map(|d| d.to_ascii_lowercase()) {
-        None => false,
-        Some(d) if ["true", "1", "yes", "on"].contains(&d.as_str()) => true,
-        Some(d) if ["false", "0", "no", "off"].contains(&d.as_str()) => false,
-        Some(d) => {
-            return Err(ApiError::bad_request(format!(
-                "query parameter detail={d:?} is not a boolean"
-            )))
-        }
-    };
+    let detail = listing::bool_param(&params, "detail")?.unwrap_or(false);
     if detail && params.contains_key("fields") {
         return Err(ApiError::bad_request(
             "Can't fetch a subset of fields with 'detail' set",
@@ -266,14 +257,7 @@ async fn list(
             keys.join(", ")
         )));
     }
-    let sort_dir = match params.get("sort_dir") {
-        Some(d) => listing::sort_dir(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
-            ))
-        })?,
-        None => SortDir::Asc,
-    };
+    let sort_dir = listing::sort_dir_param(&params)?.unwrap_or(SortDir::Asc);
     let marker = params
         .get("marker")
         .map(|m| uuid_arg("marker", m))

@@ -52,16 +52,6 @@ fn gate(version: (u32, u32), need: (u32, u32), what: &str) -> Result<(), ApiErro
     ))
 }
 
-fn bool_param(name: &str, v: &str) -> Result<bool, ApiError> {
-    match v.to_ascii_lowercase().as_str() {
-        "1" | "t" | "true" | "on" | "y" | "yes" => Ok(true),
-        "0" | "f" | "false" | "off" | "n" | "no" => Ok(false),
-        _ => Err(ApiError::bad_request(format!(
-            "Invalid value for {name}: {v:?} is not a boolean"
-        ))),
-    }
-}
-
 /// `fields` and `detail` as Ironic's `get_request_return_fields` reads them: unknown
 /// parameters, both at once, or either below `since` are 400s. `None`: the defaults.
 fn return_fields(
@@ -84,7 +74,7 @@ fn return_fields(
                 "Invalid query parameter ?detail={d} received."
             )))
         }
-        Some(d) => bool_param("detail", d)?,
+        Some(d) => crate::api::listing::bool_value("detail", d)?,
         None => false,
     };
     let fields = match params.get("fields") {
