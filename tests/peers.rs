@@ -735,6 +735,9 @@ pub struct MockState {
     pub bios_pending: Map<String, Value>,
     /// Bios.ResetBios calls.
     pub bios_factory_resets: usize,
+    /// Attributes the BMC stages but silently drops at the next boot (a value its firmware
+    /// refuses), so a reboot leaves them as they were.
+    pub bios_dropped: Vec<String>,
     /// SimpleUpdate request bodies.
     pub updates: Vec<Value>,
     /// Polls of the current task so far.
@@ -799,6 +802,7 @@ impl Default for MockState {
             bios,
             bios_pending: Map::new(),
             bios_factory_resets: 0,
+            bios_dropped: Vec::new(),
             updates: Vec::new(),
             task_polls: 0,
             task_polls_needed: 3,
@@ -1120,7 +1124,8 @@ fn route(
             .into();
             // BIOS settings take effect at the next boot.
             if t != "ForceOff" && t != "GracefulShutdown" {
-                let pending = std::mem::take(&mut s.bios_pending);
+                let mut pending = std::mem::take(&mut s.bios_pending);
+                pending.retain(|k, _| !s.bios_dropped.contains(k));
                 s.bios.extend(pending);
             }
             s.resets.push(t);

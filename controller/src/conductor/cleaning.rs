@@ -151,6 +151,8 @@ impl Conductor {
             }
             if manual {
                 if let Some(plan) = self.plan_without_ramdisk(&node, bmc).await {
+                    let driver_steps = bmc.steps(&uuid, &node.driver_info).await;
+                    super::oob_steps::cache_driver_steps(&mut node, &driver_steps);
                     let run = run_mut(&mut node);
                     run.ramdisk = Some(RamdiskUse::NotNeeded);
                     run.plan = Some(plan);
@@ -272,9 +274,38 @@ impl Conductor {
                     .execute_step(&uuid, &node.driver_info, &step.step, &step.args)
                     .await
                 {
-                    Ok(_) => {
+                    Ok(result) => {
                         let node = self.store.get_node(&uuid).await?;
-                        self.step_done(node, &step, index).await.map(Some)
+                        let mut step = step.clone();
+                        step.step.reboot_requested =
+                            super::oob_steps::reboot_needed(&step, &result);
+                        let node = self.step_done(node, &step, index).await?;
+                        if !step.step.reboot_requested
+                            || node.provision_state != ProvisionState::Cleaning
+                        {
+                            return Ok(Some(node));
+                        }
+                        // step_done rebooted the node: the driver checks the step took effect.
+                        let checked = super::oob_steps::verify_and_refresh(
+                            self.store.as_ref(),
+                            bmc,
+                            &node,
+                            &step,
+                            &result,
+                        )
+                        .await;
+                        match checked {
+                            Ok(()) => Ok(Some(node)),
+                            Err(e) => {
+                                crate::metrics::step_failed("clean", &step, None);
+                                let msg = format!(
+                                    "clean step {} failed on node {}: {e}",
+                                    step.step.step,
+                                    node.ident()
+                                );
+                                self.fail(node, &msg).await.map(Some)
+                            }
+                        }
                     }
                     Err(e) => {
                         crate::metrics::step_failed("clean", &step, None);

@@ -18,6 +18,7 @@ pub mod health;
 mod inspection;
 pub mod inspection_rules;
 mod membership;
+mod oob_steps;
 mod periodic;
 mod power_policy;
 mod power_sync;

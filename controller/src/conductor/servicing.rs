@@ -291,12 +291,36 @@ impl Conductor {
                 put_run(&mut node, &run);
                 let node = self.service_state(node, ProvisionState::Servicing).await?;
                 tracing::info!(node = %uuid, step = %step.step.step, "running out-of-band service step");
-                let done = bmc
+                let done = match bmc
                     .execute_step(&uuid, &node.driver_info, &step.step, &step.args)
                     .await
-                    .map(|_| ());
-                let node = self.store.get_node(&uuid).await?;
-                self.service_step_done(node, &step, done).await
+                {
+                    // BIOS settings and the like apply at the next boot: reboot (back into
+                    // the ramdisk if this run booted it), check, refresh the caches.
+                    Ok(result) => {
+                        let ramdisk = run
+                            .ramdisk_booted
+                            .then(|| super::boot::BootMethod::of(&node).ramdisk_device());
+                        super::oob_steps::reboot_verify_refresh(
+                            self.store.as_ref(),
+                            bmc,
+                            &node,
+                            &step,
+                            &result,
+                            ramdisk,
+                        )
+                        .await
+                        .map(|()| super::oob_steps::reboot_needed(&step, &result))
+                    }
+                    Err(e) => Err(e),
+                };
+                let mut node = self.store.get_node(&uuid).await?;
+                if done.as_ref().is_ok_and(|rebooted| *rebooted) && run.ramdisk_booted {
+                    // The rebooted ramdisk looks up again and gets a new token.
+                    super::agent::forget_agent_token(&mut node);
+                    let _ = self.store.cancel_pending(&node.uuid).await;
+                }
+                self.service_step_done(node, &step, done.map(|_| ())).await
             }
             Source::Agent => {
                 if !run.ramdisk_booted {

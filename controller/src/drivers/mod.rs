@@ -226,6 +226,20 @@ pub trait Bmc: Send + Sync {
         })
     }
 
+    /// Check an out-of-band step's effect once the reboot it requested (`reboot_requested`)
+    /// is done, e.g. that staged BIOS settings now read back; `result` is what
+    /// [`Bmc::execute_step`] returned. Nothing to check by default.
+    async fn verify_step(
+        &self,
+        _node: &str,
+        _driver_info: &Map<String, Value>,
+        _step: &StepDescriptor,
+        _args: &Map<String, Value>,
+        _result: &Value,
+    ) -> Result<(), DriverError> {
+        Ok(())
+    }
+
     /// Insert a virtual-media ISO by URL.
     async fn insert_virtual_media(
         &self,

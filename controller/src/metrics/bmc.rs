@@ -156,6 +156,21 @@ impl Bmc for Metered {
         .await
     }
 
+    async fn verify_step(
+        &self,
+        node: &str,
+        info: &Info,
+        step: &StepDescriptor,
+        args: &Info,
+        result: &Value,
+    ) -> Result<(), DriverError> {
+        self.timed(
+            "verify_step",
+            self.inner.verify_step(node, info, step, args, result),
+        )
+        .await
+    }
+
     async fn insert_virtual_media(
         &self,
         node: &str,

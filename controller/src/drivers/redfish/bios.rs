@@ -4,6 +4,7 @@
 //! boot, and the step descriptors say so with `reboot_requested`.
 
 use super::Ctx;
+use crate::drivers::management::value_text;
 use crate::drivers::DriverError;
 use rivet_protocol::steps::{ArgInfo, StepDescriptor};
 use serde_json::{json, Map, Value};
@@ -103,7 +104,15 @@ pub(crate) async fn attributes(ctx: &Ctx) -> Result<Map<String, Value>, DriverEr
     Ok(bios["Attributes"].as_object().cloned().unwrap_or_default())
 }
 
-/// Stage `settings` in the BIOS settings object; report what is already in effect.
+/// Whether the BMC's value is the requested one. Values are compared as Ironic stores them
+/// (text), so `"5"` asked for an integer attribute that reads back `5` counts as applied.
+fn same_value(now: Option<&Value>, wanted: &Value) -> bool {
+    now.is_some_and(|v| v == wanted || value_text(v) == value_text(wanted))
+}
+
+/// Stage `settings` in the BIOS settings object; report what is already in effect. When
+/// every setting already has its value (and no other value is staged for it), nothing is
+/// staged and `reboot_required` is false, so the conductor skips the reboot (as Ironic does).
 pub(crate) async fn apply(ctx: &Ctx, settings: Vec<(String, Value)>) -> Result<Value, DriverError> {
     let path = bios_path(ctx).await?;
     let bios = ctx.client.get(&path).await?;
@@ -113,6 +122,26 @@ pub(crate) async fn apply(ctx: &Ctx, settings: Vec<(String, Value)>) -> Result<V
         .map(str::to_string)
         .unwrap_or_else(|| format!("{path}/Settings"));
     let wanted: Map<String, Value> = settings.into_iter().collect();
+    let current = bios["Attributes"].as_object().cloned().unwrap_or_default();
+    if wanted.iter().all(|(k, v)| same_value(current.get(k), v)) {
+        // A value staged for another run would still apply at the next boot.
+        let staged = ctx.client.get(&target).await.ok();
+        let conflicting = staged
+            .as_ref()
+            .and_then(|s| s["Attributes"].as_object())
+            .is_some_and(|p| {
+                wanted
+                    .iter()
+                    .any(|(k, v)| p.get(k).is_some_and(|pv| !same_value(Some(pv), v)))
+            });
+        if !conflicting {
+            return Ok(json!({
+                "requested": wanted,
+                "pending": {},
+                "reboot_required": false,
+            }));
+        }
+    }
     let mut body = json!({ "Attributes": wanted });
     let on_reset = settings_obj["SupportedApplyTimes"]
         .as_array()
@@ -134,6 +163,43 @@ pub(crate) async fn apply(ctx: &Ctx, settings: Vec<(String, Value)>) -> Result<V
     }))
 }
 
+/// After the reboot: every requested setting reads back with its value. BMCs refresh
+/// `Bios.Attributes` some time after power on, so this polls up to the power wait before
+/// failing with the settings the BMC did not apply.
+pub(crate) async fn verify(
+    ctx: &Ctx,
+    node: &str,
+    wanted: &[(String, Value)],
+) -> Result<(), DriverError> {
+    let limit = std::time::Duration::from_secs(ctx.cfg.power_wait_s.max(1));
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let now = attributes(ctx).await?;
+        let missing: Vec<String> = wanted
+            .iter()
+            .filter(|(k, v)| !same_value(now.get(k), v))
+            .map(|(k, v)| {
+                let read = now
+                    .get(k)
+                    .map_or_else(|| "absent".to_string(), Value::to_string);
+                format!("{k} (requested {v}, reads {read})")
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(DriverError::Bmc(format!(
+                "Redfish BIOS apply_configuration on node {node}: after the reboot the BMC at {} did not apply {}; \
+                 check the names and values against GET /v1/nodes/{node}/bios and the BMC's attribute registry",
+                ctx.client.address(),
+                missing.join(", ")
+            )));
+        }
+        ctx.pause().await;
+    }
+}
+
 /// `Bios.ResetBios`: defaults at the next boot.
 pub(crate) async fn factory_reset(ctx: &Ctx) -> Result<Value, DriverError> {
     let path = bios_path(ctx).await?;
@@ -152,6 +218,15 @@ mod tests {
 
     fn args(v: Value) -> Map<String, Value> {
         v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn values_compare_as_ironic_stores_them() {
+        assert!(same_value(Some(&json!(5)), &json!("5")));
+        assert!(same_value(Some(&json!(true)), &json!("True")));
+        assert!(same_value(Some(&json!("Disabled")), &json!("Disabled")));
+        assert!(!same_value(Some(&json!("Enabled")), &json!("Disabled")));
+        assert!(!same_value(None, &json!("Disabled")));
     }
 
     #[test]

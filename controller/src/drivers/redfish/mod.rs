@@ -432,6 +432,27 @@ impl Bmc for RedfishBmc {
         ctx.scrub(result)
     }
 
+    async fn verify_step(
+        &self,
+        node: &str,
+        driver_info: &Map<String, Value>,
+        step: &StepDescriptor,
+        args: &Map<String, Value>,
+        result: &Value,
+    ) -> Result<(), DriverError> {
+        if (step.interface.as_str(), step.step.as_str()) != ("bios", "apply_configuration")
+            || result["reboot_required"] == false
+        {
+            return Ok(());
+        }
+        let wanted = bios::parse_settings(args)?;
+        let ctx = self.ctx(driver_info).await?;
+        let result = bios::verify(&ctx, node, &wanted)
+            .instrument(span(node))
+            .await;
+        ctx.scrub(result)
+    }
+
     async fn insert_virtual_media(
         &self,
         node: &str,
