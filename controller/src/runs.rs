@@ -1,5 +1,6 @@
 //! A node's run state: the conductor's bookkeeping of the operation it is driving (the
-//! agent session of the current ramdisk boot, and the cleaning, deploy or inspection run),
+//! agent session of the current ramdisk boot, and the cleaning, deploy, inspection, servicing
+//! or rescue run),
 //! as Rust types kept in the node's own `run_state` column, not as loose keys in
 //! `driver_internal_info`.
 //!
@@ -45,6 +46,12 @@ pub struct Runs {
     /// The in-band inspection run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inspect: Option<InspectRun>,
+    /// The servicing run (1.87).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceRun>,
+    /// The rescue run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescue: Option<RescueRun>,
 }
 
 impl Default for Runs {
@@ -56,6 +63,8 @@ impl Default for Runs {
             deploy_request: None,
             deploy: None,
             inspect: None,
+            service: None,
+            rescue: None,
         }
     }
 }
@@ -147,6 +156,44 @@ pub struct DeployRun {
     /// When `tear_down_agent` asked the agent to power off.
     #[serde(default)]
     pub teardown_since: Option<DateTime<Utc>>,
+}
+
+/// The bookkeeping of one servicing run: steps run on an `active` node in the order given.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceRun {
+    /// The steps asked for.
+    pub requested: Vec<RequestedStep>,
+    /// The plan, once made.
+    #[serde(default)]
+    pub plan: Option<Vec<PlannedStep>>,
+    /// Next step to run.
+    #[serde(default)]
+    pub index: usize,
+    /// Out-of-band only: never boot the ramdisk.
+    #[serde(default)]
+    pub disable_ramdisk: bool,
+    /// The ramdisk was booted (the instance must be booted again at the end).
+    #[serde(default)]
+    pub ramdisk_booted: bool,
+    /// The agent command of the running in-band step.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// The running step (`service_step`).
+    #[serde(default)]
+    pub current: Option<Value>,
+}
+
+/// The bookkeeping of one rescue: the ramdisk boot and the `finalize_rescue` command.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RescueRun {
+    /// The rescue ramdisk was booted for this run.
+    #[serde(default)]
+    pub ramdisk_booted: bool,
+    /// Id of this run's `finalize_rescue` command (written before it is queued).
+    #[serde(default)]
+    pub command: Option<String>,
 }
 
 /// The bookkeeping of one in-band inspection run.
@@ -263,8 +310,25 @@ mod tests {
         };
         let text = serde_json::to_string(&r).expect("encode");
         assert_eq!(serde_json::from_str::<Runs>(&text).expect("decode"), r);
+        let r = Runs {
+            service: Some(ServiceRun {
+                index: 1,
+                ramdisk_booted: true,
+                command: Some("s1".into()),
+                ..Default::default()
+            }),
+            rescue: Some(RescueRun {
+                ramdisk_booted: true,
+                command: Some("r1".into()),
+            }),
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&r).expect("encode");
+        assert_eq!(serde_json::from_str::<Runs>(&text).expect("decode"), r);
         // Wrong type, unknown field, newer version: errors, never a default.
         for bad in [
+            r#"{"v":1,"service":{"requested":[],"index":"one"}}"#,
+            r#"{"v":1,"rescue":{"booted":true}}"#,
             r#"{"v":1,"clean":{"step_index":"two"}}"#,
             r#"{"v":1,"clean":{"stepindex":2}}"#,
             r#"{"v":2}"#,

@@ -334,7 +334,7 @@ impl Conductor {
                 node.instance_info.clear();
                 node.runs.deploy = None;
                 node.driver_internal_info.remove(deploying::IMAGE_KEY);
-                node.driver_internal_info.remove(servicing::RUN_KEY);
+                node.runs.service = None;
                 rescue::clear_run(&mut node);
                 agent::forget_agent_token(&mut node);
                 let _ = self.store.cancel_pending(&node.uuid).await;

@@ -16,6 +16,7 @@
 use super::{Conductor, ConductorError};
 use crate::drivers::{Bmc, BootDevice};
 use crate::fsm::Event;
+use crate::runs::RescueRun;
 use crate::store::Node;
 use rivet_protocol::agent::{Command, CommandKind, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
@@ -24,10 +25,6 @@ use sha2::{Digest, Sha512};
 
 /// `instance_info` key of the rescue password's hash (Ironic's name; masked on output).
 pub(crate) const HASH_KEY: &str = "hashed_rescue_password";
-/// `driver_internal_info`: the rescue ramdisk was booted for this run.
-const BOOTED_KEY: &str = "rescue_ramdisk_booted";
-/// `driver_internal_info`: id of this run's `finalize_rescue` command.
-const COMMAND_KEY: &str = "rescue_command";
 
 /// crypt(3)'s base-64 alphabet.
 const CRYPT_B64: &[u8] = b"./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -131,8 +128,7 @@ pub(crate) fn hash_password(password: &str) -> String {
 
 /// Forget a rescue run's bookkeeping (a new `rescue` starts over).
 pub(crate) fn clear_run(node: &mut Node) {
-    node.driver_internal_info.remove(BOOTED_KEY);
-    node.driver_internal_info.remove(COMMAND_KEY);
+    node.runs.rescue = None;
 }
 
 /// Forget the rescue password's hash (unrescue, abort, tear-down).
@@ -161,11 +157,7 @@ impl Conductor {
             );
             return self.fail(node, &msg).await.map(Some);
         };
-        let booted = node
-            .driver_internal_info
-            .get(BOOTED_KEY)
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let booted = node.runs.rescue.as_ref().is_some_and(|r| r.ramdisk_booted);
         if !booted {
             if node.provision_state != ProvisionState::Rescuing {
                 // A wait with nothing booted (a lost write): boot from rescuing.
@@ -178,9 +170,10 @@ impl Conductor {
                 );
                 return self.fail(node, &msg).await.map(Some);
             }
-            node.driver_internal_info
-                .insert(BOOTED_KEY.into(), Value::Bool(true));
-            node.driver_internal_info.remove(COMMAND_KEY);
+            node.runs.rescue = Some(RescueRun {
+                ramdisk_booted: true,
+                command: None,
+            });
             tracing::info!(node = %uuid, "rescue ramdisk booting; waiting for the agent");
             return self.event(node, Event::Wait, None).await.map(Some);
         }
@@ -193,16 +186,13 @@ impl Conductor {
         let kind = CommandKind::FinalizeRescue {
             rescue_password_hash: hash,
         };
-        let Some(id) = node
-            .driver_internal_info
-            .get(COMMAND_KEY)
-            .and_then(Value::as_str)
-            .map(str::to_string)
-        else {
+        let Some(id) = node.runs.rescue.as_ref().and_then(|r| r.command.clone()) else {
             // Written before it is queued: a crash in between re-queues the same id.
             let id = uuid::Uuid::new_v4().to_string();
-            node.driver_internal_info
-                .insert(COMMAND_KEY.into(), Value::from(id.clone()));
+            node.runs
+                .rescue
+                .get_or_insert_with(RescueRun::default)
+                .command = Some(id.clone());
             let node = self.store.update_node(&node).await?;
             self.queue(&uuid, Command { id, kind }).await?;
             return Ok(Some(node));

@@ -11,71 +11,40 @@
 //! refused unless the step's args carry `"erase_instance_disk": true` (which is removed
 //! before the step runs).
 //!
-//! The run lives in `driver_internal_info.service_run`, the running step is shown as
+//! The run is typed ([`ServiceRun`] in the node's run state); the running step is shown as
 //! `service_step`. Level-triggered like cleaning: each call makes one decision and writes it.
 
 use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use crate::drivers::{Bmc, BootDevice};
 use crate::fsm::Event;
+use crate::runs::ServiceRun;
 use crate::store::Node;
 use rivet_protocol::agent::{Command, CommandKind, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_protocol::steps::RequestedStep;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
 
-/// `driver_internal_info` key of the run.
-pub(crate) const RUN_KEY: &str = "service_run";
 /// The arg that allows a disk-erasing step during servicing.
 const ERASE_OK: &str = "erase_instance_disk";
 
-/// A servicing run.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct ServiceRun {
-    /// The steps asked for.
-    pub requested: Vec<RequestedStep>,
-    /// The plan, once made.
-    #[serde(default)]
-    pub plan: Option<Vec<PlannedStep>>,
-    /// Next step to run.
-    #[serde(default)]
-    pub index: usize,
-    /// Out-of-band only: never boot the ramdisk.
-    #[serde(default)]
-    pub disable_ramdisk: bool,
-    /// The ramdisk was booted (the instance must be booted again at the end).
-    #[serde(default)]
-    pub ramdisk_booted: bool,
-    /// The agent command of the running in-band step.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// The running step (`service_step`).
-    #[serde(default)]
-    pub current: Option<Value>,
-}
-
 /// The node's run, if it has one.
 pub(crate) fn run_of(node: &Node) -> Option<ServiceRun> {
-    node.driver_internal_info
-        .get(RUN_KEY)
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
+    node.runs.service.clone()
 }
 
 fn put_run(node: &mut Node, run: &ServiceRun) {
-    if let Ok(v) = serde_json::to_value(run) {
-        node.driver_internal_info.insert(RUN_KEY.into(), v);
-    }
+    node.runs.service = Some(run.clone());
 }
 
 /// `service_step` as shown: the running step, `{}` between steps and outside servicing.
 pub fn service_step(node: &Node) -> Value {
-    node.driver_internal_info
-        .get(RUN_KEY)
-        .and_then(|r| r.get("current"))
+    node.runs
+        .service
+        .as_ref()
+        .and_then(|r| r.current.clone())
         .filter(|c| !c.is_null())
-        .cloned()
         .unwrap_or_else(|| serde_json::json!({}))
 }
 
@@ -427,7 +396,7 @@ impl Conductor {
                 return self.fail(node, &msg).await;
             }
         }
-        node.driver_internal_info.remove(RUN_KEY);
+        node.runs.service = None;
         tracing::info!(node = %node.uuid, "servicing finished");
         let node = if node.provision_state == ProvisionState::ServiceWait {
             self.event(node, Event::Resume, None).await?
@@ -480,7 +449,7 @@ impl Conductor {
                 tracing::warn!(node = %uuid, error = %e, "could not boot the instance again after servicing was abandoned; power it on from its disk by hand");
             }
         }
-        n.driver_internal_info.remove(RUN_KEY);
+        n.runs.service = None;
         if let Err(e) = self.store.update_node(&n).await {
             tracing::warn!(node = %uuid, error = %e, "could not forget the servicing run");
         }

@@ -404,7 +404,7 @@ impl Conductor {
             let password = req.rescue_password.as_deref().unwrap_or_default();
             super::rescue::clear_run(&mut node);
             // From `service failed`: rescue boots its own ramdisk and unrescue the instance.
-            node.driver_internal_info.remove(super::servicing::RUN_KEY);
+            node.runs.service = None;
             node.instance_info.insert(
                 super::rescue::HASH_KEY.into(),
                 Value::from(super::rescue::hash_password(password)),
