@@ -415,6 +415,9 @@ domain_name() { echo "$DOMAIN_PREFIX$1"; }
 tap_name() { echo "$TAP_PREFIX$1"; }
 domain_mac() { printf '%s:%02x\n' "$MAC_PREFIX" "$1"; }
 serial_log() { echo "$LAB/serial/$(domain_name "$1").log"; }
+# The serial port is also a socket QEMU listens on (what the guest prints still goes to the
+# log): a test types into it, e.g. to log in as the rescue user. Output nobody reads is dropped.
+console_socket() { echo "$LAB/serial/$(domain_name "$1").sock"; }
 
 # Ours: the description we put there. Anything else with our name is left alone.
 is_lab_domain() { [ "$(virsh_q desc "$1" 2>/dev/null)" = "$DOMAIN_TAG" ]; }
@@ -463,14 +466,11 @@ domain_xml() {
       <target dev='$(tap_name "$i")' managed='no'/>
       <model type='virtio'/>
     </interface>
-    <serial type='file'>
-      <source path='$(serial_log "$i")' append='on'/>
+    <serial type='unix'>
+      <source mode='bind' path='$(console_socket "$i")'/>
+      <log file='$(serial_log "$i")' append='on'/>
       <target port='0'/>
     </serial>
-    <console type='file'>
-      <source path='$(serial_log "$i")' append='on'/>
-      <target type='serial' port='0'/>
-    </console>
     <video><model type='none'/></video>
     <memballoon model='none'/>
   </devices>
@@ -498,6 +498,12 @@ guests_up() {
         tap_up "$i"
         if virsh_q dominfo "$name" >/dev/null 2>&1; then
             is_lab_domain "$name" || die "a domain $name exists that scripts/lab.sh did not define; remove or rename it"
+            # A guest defined by an older lab.sh (serial port only a file): redefine it, disk kept.
+            if [[ "$(virsh_q dumpxml --inactive "$name")" != *"$(console_socket "$i")"* ]]; then
+                log "redefining $name (console socket)"
+                domain_xml "$i" > "$RUN/$name.xml"
+                virsh_q define "$RUN/$name.xml" >/dev/null || die "virsh define $name failed"
+            fi
             continue
         fi
         log "defining $name ($(domain_mac "$i"))"
@@ -721,6 +727,8 @@ for k in range(0, len(rest), 5):
         "ipmi": {"address": "127.0.0.1", "port": int(port),
                  "username": "$BMC_USER", "password": password},
         "serial_log": serial,
+        "console_socket": os.path.splitext(serial)[0] + ".sock",
+        "disk": "$LAB/disks/" + name + ".raw",
     })
 lab = {
     "api_url": "$API_URL",

@@ -49,6 +49,12 @@ if ! "$VENV/bin/pip" show prometheus-client 2>/dev/null | grep -qx "Version: $PR
   echo "setup: installing prometheus-client $PROMETHEUS_CLIENT_VERSION into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "prometheus-client==$PROMETHEUS_CLIENT_VERSION"
 fi
+# openapi-spec-validator checks docs/openapi.json (OpenAPI 3.1) in tests/openapi.rs.
+OPENAPI_SPEC_VALIDATOR_VERSION=0.9.0
+if ! "$VENV/bin/pip" show openapi-spec-validator 2>/dev/null | grep -qx "Version: $OPENAPI_SPEC_VALIDATOR_VERSION"; then
+  echo "setup: installing openapi-spec-validator $OPENAPI_SPEC_VALIDATOR_VERSION into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "openapi-spec-validator==$OPENAPI_SPEC_VALIDATOR_VERSION"
+fi
 bash scripts/setup-qemu.sh >/dev/null
 bash scripts/setup-peers.sh
 bash scripts/setup-lab.sh

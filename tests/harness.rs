@@ -4,6 +4,7 @@
 
 pub mod agentproc;
 pub mod clients;
+pub mod faultproxy;
 pub mod fileserver;
 pub mod peers;
 pub mod qemu;

@@ -9,11 +9,24 @@
 //!   from its disk and prints the configdrive's uuid on its serial console → power sync sees
 //!   the instance power itself off → undeploy → cleaning → available, powered off. Then a
 //!   deploy aborted while the ramdisk boots ends in `deploy failed` with the guest off.
-//! - `rivet-lab-1`, ipmi + `ipxe`: the same from manage to active and back, at the same time.
+//! - `rivet-lab-1`, ipmi + `ipxe`: the same from manage to active and back, at the same time,
+//!   and while active: rescue with a password → the ramdisk offers a login on its serial
+//!   console; the test types into the serial port's socket (lab.json `console_socket`): a
+//!   wrong password is refused, the right one gives a shell as `rescue` → unrescue → the
+//!   instance boots again. Then the node is deleted (maintenance) and a redfish node for the
+//!   same instance is adopted (power, disk and console untouched) and serviced with
+//!   `bios.apply_configuration` (ProcTurboMode flipped, read back from sushy-tools' Bios
+//!   resource) before the undeploy.
+//! - Discovery: both nodes deleted, both guests PXE-boot as unknown machines; with
+//!   `[discovery] enabled` rivetd serves them the ramdisk, which enrols one node per guest with
+//!   the domain's MAC and powers it off.
 //! - A redfish node whose BMC does not answer fails verification within 30 s.
 //!
 //! Each phase's duration is printed. One test, because the guests are slow (TCG): the phases
-//! of both nodes run side by side. Needs root, scripts/setup-lab.sh's packages and
+//! of both nodes run side by side. Measured on 2 shared cores: the scenario 190–290 s
+//! depending on load (rescue, adopt and servicing overlap rivet-lab-0's longer inspect path;
+//! discovery ≈ 35 s), plus the lab's bring-up; every wait has its own bound (at most 15 min
+//! for one state). Needs root, scripts/setup-lab.sh's packages and
 //! `cargo build --workspace --bins`; skips without them unless RIVET_REQUIRE_PEERS=1.
 
 use anyhow::{bail, ensure, Context, Result};
@@ -130,6 +143,10 @@ struct Guest {
     mac: String,
     disk_bytes: u64,
     serial_log: PathBuf,
+    /// The serial port's socket: what the test types into the guest.
+    console_socket: PathBuf,
+    /// The domain's disk file.
+    disk: PathBuf,
     node: Value,
     /// The guest's Redfish BMC, to check what Rivet did through it.
     redfish: Redfish,
@@ -152,6 +169,45 @@ impl Redfish {
             .send()?;
         ensure!(r.status().is_success(), "GET {path}: {}", r.status());
         Ok(r.json()?)
+    }
+
+    fn send(&self, method: reqwest::Method, path: &str, body: Value) -> Result<()> {
+        let r = reqwest::blocking::Client::new()
+            .request(method.clone(), format!("{}{path}", self.address))
+            .basic_auth(&self.username, Some(&self.password))
+            .json(&body)
+            .timeout(Duration::from_secs(30))
+            .send()?;
+        ensure!(
+            r.status().is_success(),
+            "{method} {path} {body}: {}",
+            r.status()
+        );
+        Ok(())
+    }
+
+    /// Boot from the network and power on, as an operator racking a new machine would.
+    fn pxe_boot(&self) -> Result<()> {
+        self.send(
+            reqwest::Method::PATCH,
+            &self.system,
+            json!({"Boot": {"BootSourceOverrideTarget": "Pxe",
+                            "BootSourceOverrideEnabled": "Continuous"}}),
+        )?;
+        self.send(
+            reqwest::Method::POST,
+            &format!("{}/Actions/ComputerSystem.Reset", self.system),
+            json!({"ResetType": "On"}),
+        )
+    }
+
+    /// The BIOS attributes the BMC reports.
+    fn bios(&self) -> Result<Value> {
+        let sys = self.get(&self.system)?;
+        let path = sys["Bios"]["@odata.id"]
+            .as_str()
+            .context("the system has no Bios link")?;
+        Ok(self.get(path)?["Attributes"].clone())
     }
 
     fn power(&self) -> Result<String> {
@@ -275,7 +331,16 @@ enum Start {
 
 /// enroll → manage → (inspect) → provide → deploy → the instance boots → power sync →
 /// undeploy.
-fn lifecycle(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, start: Start) -> Result<String> {
+/// With `more`, the active node is also rescued, adopted and serviced before its undeploy
+/// (see [`rescue_adopt_service`]).
+fn lifecycle(
+    d: &Rivetd,
+    clock: &Clock,
+    g: &Guest,
+    image: &Image,
+    start: Start,
+    more: bool,
+) -> Result<String> {
     let name = g.name.as_str();
     let inspect = start == Start::Inspect;
     let uuid = if inspect {
@@ -376,6 +441,12 @@ fn lifecycle(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, start: Start) 
         })
     })?;
 
+    let uuid = if more {
+        rescue_adopt_service(d, clock, g, image, &uuid)?
+    } else {
+        uuid
+    };
+
     clock.phase(name, "undeploy → cleaning → available", || {
         let since = g.serial_len();
         verb(d, &uuid, json!({"target": "deleted"}))?;
@@ -388,6 +459,281 @@ fn lifecycle(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, start: Start) 
         Ok(())
     })?;
     Ok(uuid)
+}
+
+/// A connection to a guest's serial port: what is written reaches the guest's ttyS0; what
+/// the guest prints is read (and dropped) by a thread, so QEMU never blocks on us; the log
+/// file keeps it all.
+struct Console {
+    stream: std::os::unix::net::UnixStream,
+    drain: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Console {
+    fn connect(g: &Guest) -> Result<Console> {
+        let stream = std::os::unix::net::UnixStream::connect(&g.console_socket)
+            .with_context(|| format!("connect {}", g.console_socket.display()))?;
+        let mut reader = stream.try_clone()?;
+        let drain = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+        });
+        Ok(Console {
+            stream,
+            drain: Some(drain),
+        })
+    }
+
+    /// Type a line (a serial terminal's Enter is a carriage return).
+    fn line(&mut self, text: &str) -> Result<()> {
+        use std::io::Write;
+        self.stream.write_all(format!("{text}\r").as_bytes())?;
+        Ok(self.stream.flush()?)
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.drain.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Log in on the rescue ramdisk's serial console: a wrong password is refused, the right
+/// one gives a shell that runs as `rescue`.
+fn rescue_login(g: &Guest, password: &str, since: u64) -> Result<()> {
+    wait_console(g, "login:", since, 120)?;
+    let mut c = Console::connect(g)?;
+    let mark = g.serial_len();
+    c.line("rescue")?;
+    wait_console(g, "Password:", mark, 60)?;
+    let mark = g.serial_len();
+    c.line("not-the-rescue-password")?;
+    wait_console(g, "Login incorrect", mark, 60)?;
+    wait_console(g, "login:", mark, 60)?;
+    let mark = g.serial_len();
+    c.line("rescue")?;
+    wait_console(g, "Password:", mark, 60)?;
+    c.line(password)?;
+    // The echo of the command differs from its output; typed again until a shell answers.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        c.line("echo rivet-$((6*7))-$LOGNAME-$(id -u)")?;
+        if wait_console(g, "rivet-42-rescue-0", mark, 5).is_ok() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{}: no shell as rescue after the password; console tail:\n{}",
+            g.name,
+            g.serial_tail(mark, 30)
+        );
+    }
+    ensure!(
+        !g.serial_since(mark).contains(password),
+        "{}: the password was echoed on the console",
+        g.name
+    );
+    c.line("exit")?;
+    Ok(())
+}
+
+/// Delete a node in any state (maintenance first, as Ironic allows); the machine is left as
+/// it is.
+fn forget(d: &Rivetd, uuid: &str) -> Result<()> {
+    let (s, v) = d.call(
+        "PUT",
+        &format!("/v1/nodes/{uuid}/maintenance"),
+        Some(json!({"reason": "lab: the record goes, the machine stays"})),
+    )?;
+    ensure!(s == 202, "maintenance on {uuid}: {s} {v}");
+    let (s, v) = d.call("DELETE", &format!("/v1/nodes/{uuid}"), None)?;
+    ensure!(s == 204, "delete {uuid} in maintenance: {s} {v}");
+    Ok(())
+}
+
+/// The first bytes of a guest's disk (the instance image is smaller): unchanged means the
+/// disk was not written.
+fn disk_head(g: &Guest) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = vec![0u8; 64 << 20];
+    let mut f = std::fs::File::open(&g.disk).with_context(|| g.disk.display().to_string())?;
+    f.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// While the node is active: rescue (the rescue login works on the serial console) →
+/// unrescue (the instance boots again); then the node is replaced by an adopted redfish node
+/// for the same running instance (nothing booted, the disk untouched) and serviced with a
+/// BIOS step that sushy-tools reads back. Returns the adopted node's UUID.
+fn rescue_adopt_service(
+    d: &Rivetd,
+    clock: &Clock,
+    g: &Guest,
+    image: &Image,
+    uuid: &str,
+) -> Result<String> {
+    let name = g.name.as_str();
+    let password = "lab-rescue-Pw-42";
+    let since = g.serial_len();
+    clock.phase(name, "rescue → ramdisk → rescue", || {
+        verb(
+            d,
+            uuid,
+            json!({"target": "rescue", "rescue_password": password}),
+        )?;
+        wait_state(d, g, uuid, "rescue", 900, since)
+    })?;
+    clock.phase(name, "rescue login on the serial console", || {
+        rescue_login(g, password, since)
+    })?;
+    let since = g.serial_len();
+    clock.phase(name, "unrescue → instance boots again", || {
+        verb(d, uuid, json!({"target": "unrescue"}))?;
+        wait_state(d, g, uuid, "active", 900, since)?;
+        let line = wait_console(g, rivet_image_build::testimage::MARKER, since, 300)?;
+        ensure!(
+            line.ends_with(&format!("uuid={uuid}")),
+            "{name}: after unrescue the console shows {line:?}"
+        );
+        d.wait_node(uuid, Duration::from_secs(60), |n| {
+            n["power_state"] == "power off"
+        })
+    })?;
+
+    // The instance stays; the node record goes (maintenance lets an active node be deleted)
+    // and a redfish node for the same machine adopts it.
+    forget(d, uuid)?;
+    let r = &g.redfish;
+    let adopted = d.create_node_with_port(
+        json!({"driver": "redfish", "name": format!("{name}-adopted"), "boot_interface": "ipxe",
+               "bios_interface": "redfish", "automated_clean": true,
+               "driver_info": {"redfish_address": r.address, "redfish_system_id": r.system,
+                               "redfish_username": r.username, "redfish_password": r.password},
+               "properties": {"root_device": {"name": "/dev/vda"}}}),
+        &g.mac,
+    )?;
+    let adopted = adopted.as_str();
+    clock.phase(name, "adopt the running instance → active", || {
+        verb(d, adopted, json!({"target": "manage"}))?;
+        wait_state(d, g, adopted, "manageable", 60, g.serial_len())?;
+        set_image(d, adopted, image)?;
+        let (power, head, mark) = (r.power()?, disk_head(g)?, g.serial_len());
+        verb(d, adopted, json!({"target": "adopt"}))?;
+        let n = wait_state(d, g, adopted, "active", 60, mark)?;
+        ensure!(
+            r.power()? == power,
+            "{name}: adoption changed the power state"
+        );
+        ensure!(disk_head(g)? == head, "{name}: adoption wrote to the disk");
+        ensure!(
+            g.serial_len() == mark,
+            "{name}: the guest printed during adoption (it was booted):\n{}",
+            g.serial_tail(mark, 20)
+        );
+        Ok(n)
+    })?;
+
+    let before = r.bios()?;
+    let want = if before["ProcTurboMode"] == "Disabled" {
+        "Enabled"
+    } else {
+        "Disabled"
+    };
+    let since = g.serial_len();
+    clock.phase(name, "service: bios.apply_configuration", || {
+        verb(
+            d,
+            adopted,
+            json!({"target": "service", "disable_ramdisk": true, "service_steps": [
+                {"interface": "bios", "step": "apply_configuration",
+                 "args": {"settings": [{"name": "ProcTurboMode", "value": want}]}}]}),
+        )?;
+        let n = wait_state(d, g, adopted, "active", 600, since)?;
+        ensure!(n["last_error"].is_null(), "{name}: {n}");
+        Ok(())
+    })?;
+    let after = r.bios()?;
+    ensure!(
+        after["ProcTurboMode"] == want,
+        "{name}: the BMC reports ProcTurboMode {} after servicing, not {want} (before: {})",
+        after["ProcTurboMode"],
+        before["ProcTurboMode"]
+    );
+    // Rivet's cache of the node's BIOS settings shows it too. (sushy-tools applies settings
+    // at once, so the step reports nothing pending and no reboot is needed, as in Ironic.)
+    let (s, v) = d.call(
+        "GET",
+        &format!("/v1/nodes/{adopted}/bios/ProcTurboMode"),
+        None,
+    )?;
+    ensure!(s == 200, "GET bios setting: {s} {v}");
+    ensure!(
+        v["ProcTurboMode"]["value"] == want,
+        "{name}: node BIOS cache {v}"
+    );
+    Ok(adopted.to_string())
+}
+
+/// Two machines nobody enrolled boot from the network: the ramdisk's discovery enrols each
+/// as a node with its domain's MAC, then powers it off.
+fn discover(d: &Rivetd, guests: &[&Guest]) -> Result<()> {
+    for g in guests {
+        g.redfish.pxe_boot()?;
+    }
+    let want: std::collections::BTreeSet<String> = guests.iter().map(|g| g.mac.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let (s, v) = d.call("GET", "/v1/nodes/detail", None)?;
+        ensure!(s == 200, "{v}");
+        let mut found = std::collections::BTreeSet::new();
+        let mut count = 0;
+        for n in v["nodes"].as_array().into_iter().flatten() {
+            if n["driver_internal_info"]["auto_discovered"] != true {
+                continue;
+            }
+            count += 1;
+            let uuid = n["uuid"].as_str().unwrap_or_default();
+            let (_, ports) = d.call("GET", &format!("/v1/ports?node={uuid}"), None)?;
+            for p in ports["ports"].as_array().into_iter().flatten() {
+                if let Some(m) = p["address"].as_str() {
+                    found.insert(m.to_lowercase());
+                }
+            }
+        }
+        if found == want {
+            ensure!(
+                count == guests.len(),
+                "{count} nodes discovered for {want:?}"
+            );
+            break;
+        }
+        if Instant::now() > deadline {
+            let tails: Vec<String> = guests
+                .iter()
+                .map(|g| format!("--- {}:\n{}", g.name, g.serial_tail(0, 25)))
+                .collect();
+            bail!(
+                "discovered MACs {found:?} ({count} nodes), want {want:?}\n{}",
+                tails.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // `[discovery] end = poweroff`: each ramdisk powers its machine off.
+    for g in guests {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while g.redfish.power()? != "Off" {
+            ensure!(
+                Instant::now() < deadline,
+                "{} is still on after discovery",
+                g.name
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    Ok(())
 }
 
 /// instance_info for a deploy of `image` (undeploy clears it).
@@ -416,6 +762,8 @@ fn guest(lab: &Value, i: usize, node: Value) -> Result<Guest> {
         mac: n["macs"][0].as_str().context("mac")?.to_lowercase(),
         disk_bytes: n["disk_bytes"].as_u64().context("disk_bytes")?,
         serial_log: PathBuf::from(n["serial_log"].as_str().context("serial_log")?),
+        console_socket: PathBuf::from(n["console_socket"].as_str().context("console_socket")?),
+        disk: PathBuf::from(n["disk"].as_str().context("disk")?),
         node,
         redfish: Redfish {
             address: n["redfish"]["address"]
@@ -481,7 +829,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
         &cfg,
         format!(
             "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
-             [power_sync]\ninterval_s = 2\n\
+             [power_sync]\ninterval_s = 2\n[discovery]\nenabled = true\n\
              [cleaning]\npriority_overrides = {{\"deploy.erase_devices\" = 0}}\n\
              [boot]\nartefact_dir = {artefacts:?}\npublic_url = \"{PUBLIC_URL}\"\n\
              external_http_url = \"http://127.0.0.1:{RIVETD_PORT}\"\n"
@@ -510,7 +858,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
     let ipxe = guest(
         lab,
         1,
-        json!({"driver": "ipmi", "name": n1["name"], "boot_interface": "ipxe",
+        json!({"driver": "ipmi", "name": n1["name"], "boot_interface": "ipxe", "rescue_interface": "agent",
                "driver_info": {"ipmi_address": n1["ipmi"]["address"], "ipmi_port": n1["ipmi"]["port"],
                                "ipmi_username": n1["ipmi"]["username"], "ipmi_password": n1["ipmi"]["password"]},
                "automated_clean": true,
@@ -519,16 +867,14 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
 
     let (vmedia_uuid, ipxe_result) = std::thread::scope(|s| {
         // Side by side: each guest keeps one of the two cores busy while it boots.
-        let other = s.spawn(|| lifecycle(&d, &clock, &ipxe, &image, Start::WithPort));
-        let first = lifecycle(&d, &clock, &vmedia, &image, Start::Inspect);
+        let other = s.spawn(|| lifecycle(&d, &clock, &ipxe, &image, Start::WithPort, true));
+        let first = lifecycle(&d, &clock, &vmedia, &image, Start::Inspect, false);
         (first, other.join())
     });
-    match ipxe_result {
-        Ok(r) => {
-            r?;
-        }
+    let ipxe_uuid = match ipxe_result {
+        Ok(r) => r?,
         Err(_) => bail!("the ipxe node's thread panicked"),
-    }
+    };
     let vmedia_uuid = vmedia_uuid?;
 
     // Abort while the ramdisk boots: deploy failed, the guest off.
@@ -586,6 +932,15 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
         ensure!(err.contains("dead-bmc") || err.contains("127.0.0.1"), "{n}");
         eprintln!("lab: dead BMC reported after {:.1?}: {err}", t.elapsed());
         Ok(())
+    })?;
+
+    // Both machines become unknown to Rivet (their nodes deleted) and boot from the network:
+    // discovery enrols them again.
+    clock.phase("both guests", "discovery of two unknown machines", || {
+        for uuid in [&vmedia_uuid, &ipxe_uuid] {
+            forget(&d, uuid)?;
+        }
+        discover(&d, &[&vmedia, &ipxe])
     })?;
 
     eprintln!("lab: whole scenario {:.1?}", started.elapsed());

@@ -363,6 +363,59 @@ pub struct Config {
     pub image_port: Option<u16>,
 }
 
+/// A drive beside the virtio disks of [`Config::disks`], for [`Qemu::start_with`].
+#[derive(Debug, Clone)]
+pub enum Drive {
+    /// `-device nvme` with one namespace backed by a raw file.
+    Nvme {
+        /// Backing file.
+        file: PathBuf,
+        /// Controller serial (Identify Controller SN; sysfs `device/serial`).
+        serial: String,
+    },
+    /// `-device ide-hd` on an AHCI controller (a SATA disk to libata) backed by a raw file.
+    Sata {
+        /// Backing file.
+        file: PathBuf,
+        /// Drive serial (IDENTIFY DEVICE words 10-19).
+        serial: String,
+        /// Drive model (IDENTIFY DEVICE words 27-46).
+        model: String,
+    },
+}
+
+impl Drive {
+    /// QEMU arguments for drive number `i` (ids stay unique across drives).
+    fn args(&self, i: usize) -> Vec<String> {
+        match self {
+            Drive::Nvme { file, serial } => vec![
+                "-drive".into(),
+                format!(
+                    "file={},format=raw,if=none,id=xnvme{i},cache=writeback",
+                    file.display()
+                ),
+                "-device".into(),
+                format!("nvme,drive=xnvme{i},serial={serial}"),
+            ],
+            Drive::Sata {
+                file,
+                serial,
+                model,
+            } => vec![
+                "-device".into(),
+                format!("ahci,id=xahci{i}"),
+                "-drive".into(),
+                format!(
+                    "file={},format=raw,if=none,id=xsata{i},cache=writeback",
+                    file.display()
+                ),
+                "-device".into(),
+                format!("ide-hd,drive=xsata{i},bus=xahci{i}.0,serial={serial},model={model}"),
+            ],
+        }
+    }
+}
+
 /// OVMF's firmware code image (Debian `ovmf`), if installed.
 pub fn ovmf_code() -> Option<PathBuf> {
     [
@@ -401,6 +454,12 @@ pub struct Qemu {
 impl Qemu {
     /// Start the guest.
     pub fn start(cfg: &Config) -> Result<Qemu> {
+        Qemu::start_with(cfg, &[])
+    }
+
+    /// Start the guest with `drives` attached after the virtio disks (a separate argument
+    /// rather than a `Config` field, so existing `Config { .. }` literals keep compiling).
+    pub fn start_with(cfg: &Config, drives: &[Drive]) -> Result<Qemu> {
         std::fs::create_dir_all(&cfg.log_dir)?;
         let console = cfg.log_dir.join("console.log");
         let stderr = cfg.log_dir.join("qemu.stderr");
@@ -468,6 +527,9 @@ impl Qemu {
                 "file={},format=raw,if=virtio,cache=writeback",
                 d.display()
             ));
+        }
+        for (i, d) in drives.iter().enumerate() {
+            cmd.args(d.args(i));
         }
         let mut netdev = format!(
             "user,id=n0,restrict=on,guestfwd=tcp:{GUEST_CONTROLLER_IP}:{GUEST_CONTROLLER_PORT}-cmd:socat - TCP:127.0.0.1:{}",

@@ -236,6 +236,12 @@ impl<T: Transport> Agent<T> {
             };
             let pause = match answer {
                 Ok(resp) => {
+                    if backoff.attempts() > 0 {
+                        tracing::info!(
+                            node = %node, controller = %base, failed = backoff.attempts(),
+                            "heartbeat answered again after failures"
+                        );
+                    }
                     backoff.reset();
                     self.executor.ack(&resp.acks);
                     let quiet = resp.command.is_none() && resp.acks.is_empty();
@@ -262,6 +268,19 @@ impl<T: Transport> Agent<T> {
                     );
                     backoff.next_delay().max(asked)
                 }
+                Err(e)
+                    if matches!(e.status(), Some(401) | Some(404))
+                        && crate::rescue::in_rescue() =>
+                {
+                    // Rescue finalized: the controller revoked the token as Ironic's does, and
+                    // nothing more is expected from this agent (unrescue reboots the machine).
+                    tracing::info!(
+                        node = %node, error = %e,
+                        "rescue finalized; no more heartbeats, the ramdisk stays up for the rescue user"
+                    );
+                    shutdown.as_mut().await;
+                    return Phase::Stop;
+                }
                 Err(e) if matches!(e.status(), Some(401) | Some(404)) => {
                     tracing::warn!(
                         node = %node, error = %e,
@@ -270,12 +289,18 @@ impl<T: Transport> Agent<T> {
                     return Phase::Relookup;
                 }
                 Err(e) => {
+                    // The delay doubles up to the cap (`BackoffConfig`, 30 s by default), so
+                    // an agent cut off for minutes is back within one cap of the link
+                    // returning; a running step goes on meanwhile and its result is kept.
+                    let delay = backoff.next_delay();
                     tracing::warn!(
-                        node = %node, controller = %base, error = %e, "heartbeat failed"
+                        node = %node, controller = %base, error = %e,
+                        attempt = backoff.attempts(), retry_in_ms = delay.as_millis() as u64,
+                        busy = self.executor.is_busy(), "heartbeat failed"
                     );
                     // The next attempt goes to the next controller URL.
                     self.current = (self.current + 1) % self.opts.controllers.len();
-                    backoff.next_delay()
+                    delay
                 }
             };
             if pause.is_zero() {

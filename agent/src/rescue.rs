@@ -176,10 +176,21 @@ pub fn consoles(cmdline: &str) -> Vec<(String, String)> {
     out
 }
 
+/// Set once this ramdisk is in rescue: the controller stops accepting its token then, and the
+/// agent must neither look up again nor discover (a known machine's discovery answer is
+/// "power off", which would end the rescue). The ramdisk stays up for the rescue user.
+static IN_RESCUE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process finalized a rescue in the ramdisk (see [`start_logins`]).
+pub fn in_rescue() -> bool {
+    IN_RESCUE.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// In the ramdisk (the agent owns the machine): start a login prompt on each console, so
 /// the `rescue` user can log in; each prompt comes back after a logout. Returns the consoles
 /// a prompt was started on. Never called for a local agent.
 pub fn start_logins(root: &Path) -> Vec<String> {
+    IN_RESCUE.store(true, std::sync::atomic::Ordering::SeqCst);
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let getty = ["sbin/getty", "bin/getty", "usr/sbin/getty"]
         .iter()

@@ -5,7 +5,9 @@
 //! - `clean-fleet`: automated cleaning of N nodes whose agents offer no-op steps;
 //! - `api`: node listing and GET latency with N nodes in the store, rivetd RSS;
 //! - `agent`: static agent size, inventory time and peak RSS;
-//! - `deploy`: the static agent's `write_image` against `curl | dd` on a loop device (root).
+//! - `deploy`: the static agent's `write_image` against `curl | dd` on a loop device (root);
+//! - `soak`: N agents cycling clean → deploy → undeploy with agent crashes and rivetd
+//!   restarts; checks resting states, no step run twice, rivetd RSS (see soak.rs).
 //!
 //! rivetd runs as a child (`target/release/rivetd` next to this binary, or `--rivetd`) on a
 //! free 127.0.0.1 port with a SQLite file in a temporary directory; it is killed at the end.
@@ -20,6 +22,7 @@ mod fleet;
 mod procstat;
 mod rivetd;
 mod sim;
+mod soak;
 mod stats;
 
 use anyhow::Result;
@@ -148,6 +151,51 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         runs: usize,
     },
+    /// Chaos soak: N agents cycle clean → deploy → undeploy while agents crash and rivetd
+    /// restarts; exits non-zero when a node does not rest, a step ran twice or RSS grew.
+    Soak {
+        /// Minutes of chaos (settling comes on top).
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+        /// Nodes, one simulated agent each.
+        #[arg(long, default_value_t = 1000)]
+        agents: usize,
+        /// RNG seed (default: from the clock; printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Admin API requests in flight during enrollment.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Mean agent crashes per minute, fleet-wide (0: none).
+        #[arg(long, default_value_t = 10.0)]
+        crashes_per_min: f64,
+        /// Seconds between rivetd restarts, MIN,MAX (0,0: none).
+        #[arg(long, value_delimiter = ',', default_value = "30,120")]
+        restart_every_s: Vec<u64>,
+        /// Percent of restarts done with SIGKILL (the rest SIGTERM).
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=100))]
+        sigkill_percent: u32,
+        /// Duration of one agent step in milliseconds, MIN,MAX.
+        #[arg(long, value_delimiter = ',', default_value = "300,2000")]
+        step_ms: Vec<u64>,
+        /// Seconds a node rests between operations, MIN,MAX.
+        #[arg(long, value_delimiter = ',', default_value = "10,60")]
+        idle_s: Vec<u64>,
+        /// Seconds after each rivetd start before its RSS counts as steady.
+        #[arg(long, default_value_t = 30)]
+        rss_warmup_s: u64,
+        /// Allowed RSS growth within one rivetd lifetime after the warm-up, percent.
+        #[arg(long, default_value_t = 20.0)]
+        rss_limit_pct: f64,
+        /// Upper bound of the settle phase after the chaos, seconds.
+        #[arg(long, default_value_t = 180)]
+        settle_s: u64,
+        /// rivetd's `[agent] heartbeat_timeout_s` (how soon a crashed agent's node fails).
+        #[arg(long, default_value_t = 30)]
+        heartbeat_timeout_s: u64,
+        #[command(flatten)]
+        common: Common,
+    },
     /// `write_image` (raw, qcow2, zstd) against `curl | dd` on a loop device (needs root).
     Deploy {
         /// Image size in GiB.
@@ -164,6 +212,9 @@ enum Cmd {
         dir: Option<PathBuf>,
     },
 }
+
+/// The soak's heartbeat timeout must outlast its long poll (5 s) and a restart's downtime.
+const LONG_POLL_FLOOR_S: u64 = 20;
 
 fn fleet_opts(f: &FleetArgs) -> fleet::FleetOpts {
     fleet::FleetOpts {
@@ -237,6 +288,44 @@ fn main() -> Result<()> {
             rivetd: common.rivetd,
             keep: common.keep,
         }))?,
+        Cmd::Soak {
+            minutes,
+            agents,
+            seed,
+            concurrency,
+            crashes_per_min,
+            restart_every_s,
+            sigkill_percent,
+            step_ms,
+            idle_s,
+            rss_warmup_s,
+            rss_limit_pct,
+            settle_s,
+            heartbeat_timeout_s,
+            common,
+        } => {
+            let pair = |name: &str, v: &[u64]| match v {
+                [lo, hi] if lo <= hi => Ok((*lo, *hi)),
+                _ => Err(anyhow::anyhow!("--{name} takes MIN,MAX with MIN <= MAX")),
+            };
+            runtime(common.threads)?.block_on(soak::run(soak::SoakOpts {
+                minutes: minutes.max(0.0),
+                agents: agents.max(1),
+                seed,
+                rivetd: common.rivetd,
+                keep: common.keep,
+                concurrency: concurrency.max(1),
+                crashes_per_min,
+                restart_every_s: pair("restart-every-s", &restart_every_s)?,
+                sigkill_percent,
+                step_ms: pair("step-ms", &step_ms)?,
+                idle_s: pair("idle-s", &idle_s)?,
+                rss_warmup_s,
+                rss_limit_pct,
+                settle_s,
+                heartbeat_timeout_s: heartbeat_timeout_s.max(LONG_POLL_FLOOR_S),
+            }))?
+        }
         Cmd::Agent { agent_bin, runs } => agent::run(agent::AgentOpts { agent_bin, runs })?,
         Cmd::Deploy {
             size_gib,

@@ -113,12 +113,27 @@ impl Rivetd {
         settings: &Settings,
     ) -> Result<Rivetd> {
         let port = free_port()?;
-        let config = dir.join("rivetd.toml");
-        std::fs::write(&config, settings.toml())?;
         let log = match conductor_id {
             Some(id) => dir.join(format!("rivetd-{id}.log")),
             None => dir.join("rivetd.log"),
         };
+        Self::start_at(exe, dir, db_url, conductor_id, port, &log, settings).await
+    }
+
+    /// Start rivetd on `127.0.0.1:port` (the soak restarts it where its agents expect it),
+    /// logging to `log`; waits until `/v1` answers.
+    pub async fn start_at(
+        exe: &Path,
+        dir: &Path,
+        db_url: &str,
+        conductor_id: Option<&str>,
+        port: u16,
+        log: &Path,
+        settings: &Settings,
+    ) -> Result<Rivetd> {
+        let config = dir.join("rivetd.toml");
+        std::fs::write(&config, settings.toml())?;
+        let log = log.to_path_buf();
         let mut cmd = Command::new(exe);
         if let Some(id) = conductor_id {
             cmd.arg("--conductor-id").arg(id);
@@ -175,6 +190,28 @@ impl Rivetd {
     /// Peak resident memory so far (KiB).
     pub fn hwm_kib(&self) -> u64 {
         crate::procstat::vm_kib(self.pid(), "VmHWM").unwrap_or(0)
+    }
+
+    /// SIGTERM, then wait up to `grace` for it to exit; SIGKILL after that. Whether it
+    /// exited by itself within `grace`.
+    pub async fn terminate(&mut self, grace: Duration) -> bool {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return true;
+        }
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) on our own unreaped child's pid; it cannot have been reused.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.stop();
+        false
     }
 
     /// Stop it now (SIGKILL) and reap it.

@@ -72,6 +72,8 @@ enum Command {
         #[command(subcommand)]
         command: SecretsCommand,
     },
+    /// Print the OpenAPI 3.1 document of the API (what docs/openapi.json holds).
+    Openapi,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {
         /// The shell.
@@ -234,6 +236,10 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Secrets { command }) => return secrets(&cli, command),
+        Some(Command::Openapi) => {
+            print!("{}", rivet_controller::api::openapi::json());
+            return Ok(());
+        }
         Some(Command::Completion { shell }) => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "rivetd", &mut std::io::stdout());

@@ -65,6 +65,8 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
             )
         })?;
     let conductor = Conductor::new(store, config);
+    // Two live processes under one id would both drive its nodes: refuse before registering.
+    conductor.claim_id().await?;
     // Register first, so recovery already knows which nodes are this controller's.
     conductor.refresh_membership(true).await?;
     let others: Vec<String> = conductor
@@ -84,6 +86,8 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
             conductor.config.conductor.dead_after_s
         );
     }
+    // The check above cannot see a second rivetd under this same id on SQLite.
+    conductor.lock_sqlite_file().await?;
     let resumed = conductor.recover().await?;
     if resumed > 0 {
         tracing::warn!(count = resumed, "resumed nodes left in transient states");

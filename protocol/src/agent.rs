@@ -17,6 +17,7 @@ pub const HEARTBEAT_PATH: &str = "/agent/v1/heartbeat";
 
 /// `POST /agent/v1/lookup`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LookupRequest {
     /// MAC addresses of every NIC, lower case `aa:bb:cc:dd:ee:ff`.
@@ -45,6 +46,7 @@ pub const MAX_BOOT_ID_LEN: usize = 64;
 
 /// Timing and behaviour the controller hands the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentConfig {
     /// How long the controller holds a heartbeat open when it has nothing to send.
     pub long_poll_s: u64,
@@ -54,6 +56,7 @@ pub struct AgentConfig {
 
 /// Answer to a lookup.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LookupResponse {
     /// The node's UUID.
     pub node_uuid: String,
@@ -69,6 +72,7 @@ pub struct LookupResponse {
 
 /// Progress of a running command.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Progress {
     /// Units done (bytes for erase).
     pub done: u64,
@@ -84,6 +88,7 @@ pub struct Progress {
 
 /// What the agent runs right now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunningCommand {
     /// Command id.
     pub id: String,
@@ -99,6 +104,7 @@ pub struct RunningCommand {
 
 /// How a command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum CommandStatus {
     /// Done.
@@ -111,6 +117,7 @@ pub enum CommandStatus {
 
 /// Result of a finished command, kept by the agent until the controller acks it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommandResult {
     /// Command id.
     pub id: String,
@@ -131,6 +138,7 @@ pub struct CommandResult {
 
 /// `POST /agent/v1/heartbeat/{node}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
     /// Agent version.
@@ -155,6 +163,7 @@ fn default_true() -> bool {
 
 /// Answer to a heartbeat.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     /// At most one command to run.
     #[serde(default)]
@@ -166,6 +175,7 @@ pub struct HeartbeatResponse {
 
 /// A command for the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Command {
     /// Unique id; the agent ignores a repeated one.
     pub id: String,
@@ -176,6 +186,7 @@ pub struct Command {
 
 /// The commands an agent understands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "name", content = "params", rename_all = "snake_case")]
 pub enum CommandKind {
     /// Collect and return the inventory.
@@ -192,6 +203,7 @@ pub enum CommandKind {
         step: String,
         /// Arguments.
         #[serde(default)]
+        #[cfg_attr(feature = "openapi", schema(value_type = Object))]
         args: Map<String, Value>,
     },
     /// Cancel a running command.

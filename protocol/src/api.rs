@@ -245,6 +245,7 @@ fn default_true() -> bool {
 
 /// One RFC 6902 operation of a PATCH body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PatchOp {
     /// `add`, `replace`, `remove` (and `test`).
@@ -268,6 +269,7 @@ fn present_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>
 
 /// Ironic's error body: `error_message` holds a JSON string with `faultstring`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// JSON-encoded `{"faultstring", "faultcode", "debuginfo"}`.
     pub error_message: String,

@@ -11,8 +11,10 @@ pub const DISCOVER_PATH: &str = "/agent/v1/discover";
 
 /// What the ramdisk sends.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DiscoverRequest {
     /// The whole inventory; its interfaces' MACs become the node's ports.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub inventory: Inventory,
     /// Agent version.
     #[serde(default)]
@@ -31,6 +33,7 @@ impl Limited for DiscoverRequest {
 
 /// What the ramdisk does once its node exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum DiscoveryEnd {
     /// Power the machine off.
@@ -42,6 +45,7 @@ pub enum DiscoveryEnd {
 
 /// The controller's answer (201 when it created the node, 200 when one already had a MAC).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DiscoverResponse {
     /// The node for this machine.
     pub node_uuid: String,

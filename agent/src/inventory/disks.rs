@@ -1,5 +1,10 @@
 //! Block devices: the whole disks `lsblk -d` shows, with attributes from sysfs, the udev
 //! database and /dev/disk/by-path.
+//!
+//! The ramdisk runs no udev, so neither its database nor /dev/disk/by-path exist there:
+//! `by_path` is then derived from the sysfs path the way udev's `path_id` names it
+//! (`pci-0000:00:04.0-nvme-1`, `pci-0000:00:1f.2-ata-1`, `pci-0000:00:05.0`), and a SCSI/SATA
+//! disk's serial is read from its VPD page 0x80 (what udev's `ID_SCSI_SERIAL` comes from).
 
 use super::{link_name, read_trimmed, read_u64, Root};
 use rivet_protocol::inventory::Disk;
@@ -144,14 +149,76 @@ fn from_sysfs(
             .or_else(|| udev.get("ID_WWN").cloned()),
         serial: attr(device.join("serial"))
             .or_else(|| udev.get("ID_SERIAL_SHORT").cloned())
-            .or_else(|| udev.get("ID_SCSI_SERIAL").cloned()),
+            .or_else(|| udev.get("ID_SCSI_SERIAL").cloned())
+            .or_else(|| vpd_serial(&device.join("vpd_pg80"))),
         vendor: attr(device.join("vendor")).or_else(|| udev.get("ID_VENDOR").cloned()),
         hctl: link_hctl(&device),
-        by_path: by_path.get(kname).cloned(),
+        by_path: by_path
+            .get(kname)
+            .cloned()
+            .or_else(|| path_id(root, &disk_dir, kname, &real)),
         logical_sectors: read_u64(&disk_dir.join("queue/logical_block_size")),
         physical_sectors: read_u64(&disk_dir.join("queue/physical_block_size")),
         tran: transport(kname, &real),
     }
+}
+
+/// The serial number in a SCSI Unit Serial Number VPD page (0x80): a 4-byte header whose
+/// bytes 2..4 give the length, then ASCII padded with spaces.
+fn vpd_serial(path: &Path) -> Option<String> {
+    let page = std::fs::read(path).ok()?;
+    if page.len() < 4 || page[1] != 0x80 {
+        return None;
+    }
+    let len = usize::from(u16::from_be_bytes([page[2], page[3]]));
+    let raw = page.get(4..4 + len).or_else(|| page.get(4..))?;
+    let text = String::from_utf8_lossy(raw);
+    let t = text.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+    (!t.is_empty() && t.chars().all(|c| c.is_ascii_graphic() || c == ' ')).then(|| t.to_string())
+}
+
+/// Whether a sysfs path component is a PCI address (`0000:00:1f.2`).
+fn is_pci_address(c: &str) -> bool {
+    let b = c.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && c.chars()
+            .enumerate()
+            .all(|(i, ch)| matches!(i, 4 | 7 | 10) || ch.is_ascii_hexdigit())
+}
+
+/// The by-path name udev's `path_id` gives a disk on a PCI controller, from the disk's real
+/// sysfs path: NVMe namespaces `pci-ADDR-nvme-NSID`, libata disks `pci-ADDR-ata-PORT` (the
+/// compatibility link, first in name order among udev's), virtio disks `pci-ADDR`. Other
+/// transports (SCSI HBAs, USB) are left to udev: `None`.
+fn path_id(root: &Root, disk_dir: &Path, kname: &str, real: &str) -> Option<String> {
+    let parts: Vec<&str> = real.split('/').collect();
+    let pci_at = parts.iter().rposition(|c| is_pci_address(c))?;
+    let pci = parts[pci_at];
+    let below = &parts[pci_at + 1..];
+    if kname.starts_with("nvme") && below.first() == Some(&"nvme") {
+        let nsid = read_u64(&disk_dir.join("nsid"))
+            .or_else(|| kname.rsplit_once('n').and_then(|(_, n)| n.parse().ok()))?;
+        return Some(format!("/dev/disk/by-path/pci-{pci}-nvme-{nsid}"));
+    }
+    if let Some(port) = below.iter().find_map(|c| {
+        c.strip_prefix("ata")
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    }) {
+        let port_no = read_u64(&root.path(format!("/sys/class/ata_port/ata{port}/port_no")))
+            .map_or_else(|| port.to_string(), |n| n.to_string());
+        return Some(format!("/dev/disk/by-path/pci-{pci}-ata-{port_no}"));
+    }
+    if below.first().is_some_and(|c| {
+        c.strip_prefix("virtio")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    }) && below.get(1) == Some(&"block")
+    {
+        return Some(format!("/dev/disk/by-path/pci-{pci}"));
+    }
+    None
 }
 
 /// SCSI address from the `device` link (`…/0:0:1:0`), if it is one.
@@ -265,6 +332,92 @@ mod tests {
         assert_eq!(sda.logical_sectors, Some(512));
         assert_eq!(sda.physical_sectors, Some(4096));
         assert_eq!(disks[0].tran, None);
+    }
+
+    /// The sysfs layout of QEMU's `-device nvme` namespace and an AHCI `ide-hd`, as the
+    /// Debian 6.1 kernel shows them, without udev (the ramdisk).
+    #[test]
+    fn nvme_and_sata_without_udev() {
+        let t = TempTree::new("disks-noudev");
+        let nvme = "pci0000:00/0000:00:04.0/nvme/nvme0";
+        fake_disk(&t, "nvme0n1", nvme, "259:0\n", "131072\n");
+        t.file(
+            &format!("/sys/devices/{nvme}/model"),
+            "QEMU NVMe Ctrl                          \n",
+        )
+        .file(
+            &format!("/sys/devices/{nvme}/serial"),
+            "RIVETNVME01         \n",
+        )
+        .file(&format!("/sys/devices/{nvme}/block/nvme0n1/nsid"), "2\n")
+        .link(
+            &format!("/sys/devices/{nvme}/block/nvme0n1/device"),
+            &t.path()
+                .join(format!("sys/devices/{nvme}"))
+                .to_string_lossy(),
+        );
+        let sata = "pci0000:00/0000:00:05.0/ata3/host2/target2:0:0/2:0:0:0";
+        fake_disk(&t, "sda", sata, "8:0\n", "131072\n");
+        let mut pg80 = vec![0x00, 0x80, 0x00, 0x14];
+        pg80.extend_from_slice(b"RIVETSATA01         ");
+        t.file(&format!("/sys/devices/{sata}/model"), "RIVET SATA\n")
+            .file(&format!("/sys/devices/{sata}/vendor"), "ATA     \n")
+            .file(&format!("/sys/devices/{sata}/vpd_pg80"), pg80)
+            .file("/sys/class/ata_port/ata3/port_no", "1\n")
+            .link(
+                &format!("/sys/devices/{sata}/block/sda/device"),
+                &t.path()
+                    .join(format!("sys/devices/{sata}"))
+                    .to_string_lossy(),
+            );
+        fake_disk(
+            &t,
+            "vda",
+            "pci0000:00/0000:00:06.0/virtio2",
+            "254:0\n",
+            "32768\n",
+        );
+        let disks = collect_disks(&Root::new(t.path()));
+        let by_name = |n: &str| {
+            disks
+                .iter()
+                .find(|d| d.name == n)
+                .unwrap_or_else(|| panic!("{n} missing from {disks:?}"))
+        };
+        let n = by_name("/dev/nvme0n1");
+        assert_eq!(n.model, "QEMU NVMe Ctrl");
+        assert_eq!(n.serial.as_deref(), Some("RIVETNVME01"));
+        assert_eq!(n.size, 64 << 20);
+        assert_eq!(n.tran.as_deref(), Some("nvme"));
+        assert_eq!(
+            n.by_path.as_deref(),
+            Some("/dev/disk/by-path/pci-0000:00:04.0-nvme-2")
+        );
+        let s = by_name("/dev/sda");
+        assert_eq!(s.serial.as_deref(), Some("RIVETSATA01"));
+        assert_eq!(s.tran.as_deref(), Some("sata"));
+        assert_eq!(
+            s.by_path.as_deref(),
+            Some("/dev/disk/by-path/pci-0000:00:05.0-ata-1")
+        );
+        assert_eq!(
+            by_name("/dev/vda").by_path.as_deref(),
+            Some("/dev/disk/by-path/pci-0000:00:06.0")
+        );
+    }
+
+    #[test]
+    fn vpd_and_pci_parsing() {
+        let t = TempTree::new("disks-vpd");
+        t.file("/a", vec![0x00, 0x80, 0x00, 0x40, b'S', b'1'])
+            .file("/b", vec![0x00, 0x83, 0x00, 0x02, b'S', b'1'])
+            .file("/c", vec![0x00, 0x80]);
+        assert_eq!(vpd_serial(&t.path().join("a")).as_deref(), Some("S1"));
+        assert_eq!(vpd_serial(&t.path().join("b")), None);
+        assert_eq!(vpd_serial(&t.path().join("c")), None);
+        assert!(is_pci_address("0000:00:1f.2"));
+        assert!(!is_pci_address("pci0000:00"));
+        assert!(!is_pci_address("0000:00:1g.2"));
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! - `GET /boot/ipxe/{node}` and `GET /boot/ipxe?mac=aa:bb:…`: an iPXE script chaining the
 //!   kernel and the initramfs with `rivet.controller=<public_url> rivet.node=<uuid>` when the
 //!   node expects a ramdisk (cleaning, inspection, deployment, rescue), else a script that
-//!   `exit`s so the firmware boots the next device (its disk).
+//!   `exit`s so the firmware boots the next device (its disk). With `[discovery] enabled`, a
+//!   MAC no node has gets the ramdisk without `rivet.node` (its lookup finds nothing, so the
+//!   agent sends its inventory to discovery), as Ironic's inspector serves unknown machines.
 
 use super::{ApiError, AppState};
 use crate::conductor::agent::LOOKUP_ALLOWED;
@@ -190,12 +192,22 @@ async fn ipxe_by_mac(
         .as_deref()
         .and_then(|m| normalize_mac(&m.replace('-', ":")))
         .ok_or_else(not_found)?;
-    let uuid = state
+    let Some(uuid) = state
         .conductor
         .store
-        .node_by_macs(&[mac])
+        .node_by_macs(std::slice::from_ref(&mac))
         .await?
-        .ok_or_else(not_found)?;
+    else {
+        if state.conductor.config.discovery.enabled {
+            tracing::info!(%mac, "iPXE: unknown MAC, serving the ramdisk for discovery");
+            return Ok(text_response(ipxe_script(
+                &public_base(&state, &headers),
+                &state.conductor.config.boot.kernel_append,
+                "",
+            )));
+        }
+        return Err(not_found());
+    };
     let node = known(state.conductor.store.get_node(&uuid).await)?;
     Ok(script_response(&state, &headers, &node))
 }
@@ -217,9 +229,9 @@ fn known(r: Result<Node, StoreError>) -> Result<Node, ApiError> {
     }
 }
 
-fn script_response(state: &AppState, headers: &HeaderMap, node: &Node) -> Response {
-    let boot = &state.conductor.config.boot;
-    let base = match &boot.public_url {
+/// The URL the machine reaches this controller at: `[boot] public_url`, else the Host header.
+fn public_base(state: &AppState, headers: &HeaderMap) -> String {
+    match &state.conductor.config.boot.public_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => format!(
             "http://{}",
@@ -228,7 +240,12 @@ fn script_response(state: &AppState, headers: &HeaderMap, node: &Node) -> Respon
                 .and_then(|h| h.to_str().ok())
                 .unwrap_or("127.0.0.1:6385")
         ),
-    };
+    }
+}
+
+fn script_response(state: &AppState, headers: &HeaderMap, node: &Node) -> Response {
+    let boot = &state.conductor.config.boot;
+    let base = public_base(state, headers);
     let body = if LOOKUP_ALLOWED.contains(&node.provision_state) {
         tracing::info!(node = %node.uuid, state = %node.provision_state, "serving iPXE ramdisk script");
         ipxe_script(&base, &boot.kernel_append, &node.uuid)
@@ -237,6 +254,10 @@ fn script_response(state: &AppState, headers: &HeaderMap, node: &Node) -> Respon
         "#!ipxe\necho Rivet: no ramdisk is expected for this machine now; booting the next device\nexit\n"
             .to_string()
     };
+    text_response(body)
+}
+
+fn text_response(body: String) -> Response {
     let mut resp = (StatusCode::OK, body).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -245,15 +266,24 @@ fn script_response(state: &AppState, headers: &HeaderMap, node: &Node) -> Respon
     resp
 }
 
-/// The per-node script: absolute URLs under `base`, the node's UUID for lookup, and the boot
-/// interface's MAC as `BOOTIF` (`netX` is the device iPXE booted through).
+/// The per-node script: absolute URLs under `base`, the node's UUID for lookup (none for
+/// discovery: `node` empty), and the boot interface's MAC as `BOOTIF` (`netX` is the device
+/// iPXE booted through).
 pub fn ipxe_script(base: &str, append: &str, node: &str) -> String {
     let append = append.trim();
     let sep = if append.is_empty() { "" } else { " " };
+    let (node_arg, what) = if node.is_empty() {
+        (
+            String::new(),
+            "discovery (no node has this MAC)".to_string(),
+        )
+    } else {
+        (format!(" rivet.node={node}"), format!("node {node}"))
+    };
     format!(
         "#!ipxe\n\
-         # Rivet ramdisk for node {node}\n\
-         kernel {base}/boot/vmlinuz initrd=rivet.initramfs BOOTIF=01-${{netX/mac:hexhyp}}{sep}{append} rivet.controller={base} rivet.node={node}\n\
+         # Rivet ramdisk for {what}\n\
+         kernel {base}/boot/vmlinuz initrd=rivet.initramfs BOOTIF=01-${{netX/mac:hexhyp}}{sep}{append} rivet.controller={base}{node_arg}\n\
          initrd --name rivet.initramfs {base}/boot/rivet.initramfs\n\
          boot\n"
     )
@@ -276,5 +306,7 @@ mod tests {
         assert!(s.ends_with("boot\n"));
         let s = ipxe_script("http://h", "", "n");
         assert!(s.contains("hexhyp} rivet.controller=http://h rivet.node=n\n"));
+        let s = ipxe_script("http://h", "", "");
+        assert!(s.contains("hexhyp} rivet.controller=http://h\n"), "{s}");
     }
 }

@@ -44,6 +44,9 @@ struct Entry {
     state: String,
     target: Option<String>,
     duration_seconds: Option<i64>,
+    /// Recorded inside a provision state (health change, finished step): durations of
+    /// later entries still run from the last transition.
+    within_state: bool,
 }
 
 /// The stable UUID of audit row `seq` of `node` (version 8: SHA-256 of both, namespaced).
@@ -90,6 +93,12 @@ fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Op
     if row.action == crate::conductor::health::HEALTH_ACTION {
         return health_entry_of(node, row, previous);
     }
+    // Erase reports (conductor/step_report.rs) have the same shape as finished steps.
+    if row.action == crate::conductor::step_record::CLEAN_STEP_ACTION
+        || row.action == crate::conductor::step_report::STEP_REPORT_ACTION
+    {
+        return step_entry_of(node, row, previous);
+    }
     if row.action != "transition" {
         return None;
     }
@@ -131,6 +140,7 @@ fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Op
         state: to.to_string(),
         target,
         duration_seconds: previous.map(|p| (row.created_at - p).num_seconds().max(0)),
+        within_state: false,
     })
 }
 
@@ -149,6 +159,27 @@ fn health_entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>
         state: state.to_string(),
         target: None,
         duration_seconds: previous.map(|p| (row.created_at - p).num_seconds().max(0)),
+        within_state: true,
+    })
+}
+
+/// A finished clean step or a step report (`EVENT; state: STATE`, written by the
+/// conductor) as an INFO entry of the activity it ran in (`cleaning`, `servicing`…); its
+/// duration is the time in the provision state so far.
+fn step_entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Option<Entry> {
+    let (event, state) = crate::conductor::step_record::parse_detail(row.detail.as_deref()?)?;
+    Some(Entry {
+        uuid: entry_uuid(node, row.seq),
+        created_at: row.created_at,
+        severity: "INFO",
+        event_type: activity(state).unwrap_or("cleaning"),
+        event: event.to_string(),
+        conductor: row.actor.strip_prefix("conductor:").map(str::to_string),
+        user: None,
+        state: state.to_string(),
+        target: None,
+        duration_seconds: previous.map(|p| (row.created_at - p).num_seconds().max(0)),
+        within_state: true,
     })
 }
 
@@ -170,7 +201,7 @@ async fn entries(state: &AppState, uuid: &str) -> ApiResult<Vec<Entry>> {
             let previous = out
                 .iter()
                 .rev()
-                .find(|e| e.event_type != "monitoring")
+                .find(|e| !e.within_state)
                 .map(|e| e.created_at);
             out.extend(entry_of(uuid, row, previous));
         }

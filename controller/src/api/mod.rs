@@ -23,6 +23,7 @@ mod network_data;
 mod node_actions;
 mod node_logs;
 mod nodes;
+pub mod openapi;
 mod patch;
 mod portgroups;
 mod ports;
@@ -74,6 +75,8 @@ pub struct ApiError {
     pub status: StatusCode,
     /// Human message.
     pub message: String,
+    /// Seconds for a `Retry-After` header (a 503 the client should simply retry).
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -82,6 +85,16 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 503 with `Retry-After: secs`: a passing fault (the database is unavailable), not
+    /// a problem with the request.
+    pub fn unavailable(message: impl Into<String>, secs: u32) -> Self {
+        ApiError {
+            retry_after: Some(secs),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
         }
     }
 
@@ -102,18 +115,31 @@ impl IntoResponse for ApiError {
             axum::http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         resp
     }
 }
 
+/// `Retry-After` of a 503 for an unavailable database: a PostgreSQL restart takes seconds;
+/// a full disk needs an operator, and clients retrying every few seconds cost little.
+const STORE_RETRY_AFTER_S: u32 = 5;
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        if let StoreError::Unavailable(why) = &e {
+            return ApiError::unavailable(why.clone(), STORE_RETRY_AFTER_S);
+        }
         let status = match &e {
             StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
             StoreError::Duplicate(_) | StoreError::Conflict { .. } | StoreError::Corrupt { .. } => {
                 StatusCode::CONFLICT
             }
-            StoreError::Backend(_) | StoreError::Secrets(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            StoreError::Backend(_) | StoreError::Secrets(_) | StoreError::Unavailable(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         ApiError::new(status, e.to_string())
     }
@@ -126,7 +152,9 @@ impl From<ConductorError> for ApiError {
             ConductorError::InvalidState { .. } | ConductorError::BadRequest(_) => {
                 ApiError::bad_request(e.to_string())
             }
-            ConductorError::Locked { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            ConductorError::Locked { .. } | ConductorError::NotAbortable { .. } => {
+                ApiError::new(StatusCode::CONFLICT, e.to_string())
+            }
             ConductorError::Protected { .. } => ApiError::new(StatusCode::FORBIDDEN, e.to_string()),
             ConductorError::Driver { .. } => ApiError::bad_request(e.to_string()),
         }
@@ -136,7 +164,8 @@ impl From<ConductorError> for ApiError {
 /// Result of a handler.
 pub type ApiResult<T> = Result<T, ApiError>;
 
-/// Build the whole router.
+/// Build the whole router. Every route needs its row in [`openapi::OPERATIONS`] (the
+/// OpenAPI document; tests/openapi.rs fails on a route without one).
 pub fn router(state: AppState) -> Router {
     let max_body = state.conductor.config.api.max_body_bytes;
     let admin = Router::new()
@@ -166,6 +195,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(version::root))
         .route("/v1", get(version::v1))
         .route("/v1/", get(version::v1))
+        .route("/v1/openapi.json", get(openapi::serve))
         .merge(admin)
         .merge(agent::routes(&state.conductor.config.agent))
         .merge(ipa::routes())

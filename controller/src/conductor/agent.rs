@@ -191,20 +191,25 @@ impl Conductor {
                 // it before the token is written: once it is, the conductor may queue this
                 // boot's first commands, which must not be cancelled with the old ones.
                 self.store.cancel_pending(&uuid).await?;
+                // The lookup that gets the token is the agent's first sign of life on this
+                // boot: the heartbeat timeout counts from here, not from an earlier boot's
+                // last heartbeat. Written before the token: in between, the periodic scan
+                // saw a token with the last boot's liveness and failed the node at once
+                // (found by rivet-bench soak). A lookup that gets no token (an agent process
+                // restarted without it, retrying for ever) is no sign of life: counting it
+                // kept the node waiting for ever instead of failing on the timeout.
+                let liveness = crate::store::Liveness {
+                    last_heartbeat: Some(Utc::now()),
+                    agent_version: Some(req.agent_version.clone()),
+                    progress: None,
+                };
+                self.store.record_liveness(&uuid, &liveness).await?;
             }
             match self.store.update_node(&node).await {
                 Ok(_) => {}
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
-            // A lookup is the agent's first sign of life on this boot: the heartbeat timeout
-            // counts from here, not from an earlier boot's last heartbeat.
-            let liveness = crate::store::Liveness {
-                last_heartbeat: Some(Utc::now()),
-                agent_version: Some(req.agent_version.clone()),
-                progress: None,
-            };
-            self.store.record_liveness(&uuid, &liveness).await?;
             if token.is_some() {
                 // Start the conversation with the inventory.
                 self.send_command(&uuid, CommandKind::GetInventory).await?;

@@ -397,7 +397,11 @@ impl Conductor {
             return Ok(None);
         };
         match result.status {
-            CommandStatus::Succeeded => self.step_done(node, step, index).await.map(Some),
+            CommandStatus::Succeeded => {
+                self.record_step_report(&node, "clean", &step.step.step, &result.result)
+                    .await;
+                self.step_done(node, step, index).await.map(Some)
+            }
             CommandStatus::Failed | CommandStatus::Aborted => {
                 let started = node.runs.clean.as_ref().and_then(|r| r.step_started_at);
                 crate::metrics::step_failed("clean", step, started);
@@ -441,6 +445,7 @@ impl Conductor {
         let started = node.runs.clean.as_ref().and_then(|r| r.step_started_at);
         crate::metrics::step_finished("clean", step, started);
         tracing::info!(node = %node.uuid, step = %step.step.step, index, "clean step succeeded");
+        self.record_clean_step(&node, step).await;
         let run = run_mut(&mut node);
         run.step_index = index + 1;
         run.command = None;

@@ -551,11 +551,14 @@ impl Conductor {
         }
     }
 
-    async fn finish_deploy(&self, mut node: Node) -> Result<Node, ConductorError> {
+    async fn finish_deploy(&self, node: Node) -> Result<Node, ConductorError> {
+        tracing::info!(node = %node.uuid, "deploy finished");
+        // The run is forgotten in the same write that makes the node active: stored in
+        // `deploying` without its run (the second write failing, the database restarting
+        // or the controller killed in between), the node would deploy again from scratch.
+        let mut node = self.ensure_state(node, ProvisionState::Deploying).await?;
         node.runs.deploy = None;
         node.deploy_step = None;
-        tracing::info!(node = %node.uuid, "deploy finished");
-        let node = self.ensure_state(node, ProvisionState::Deploying).await?;
         self.event(node, Event::Done, None).await
     }
 

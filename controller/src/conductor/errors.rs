@@ -31,6 +31,16 @@ pub enum ConductorError {
         /// Its state.
         state: ProvisionState,
     },
+    /// `abort` while the conductor runs a clean step that must not be interrupted (409).
+    #[error("node {node} is running clean step {step} in \"{state}\", which cannot be aborted (a step that is not abortable, such as a firmware update, always runs to the end); the cleaning continues: wait for it to finish")]
+    NotAbortable {
+        /// Node name or UUID.
+        node: String,
+        /// `interface.step`.
+        step: String,
+        /// Its state.
+        state: ProvisionState,
+    },
     /// The request is malformed or not allowed as asked.
     #[error("{0}")]
     BadRequest(String),

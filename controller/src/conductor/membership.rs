@@ -24,10 +24,18 @@ const LEASED: &[ProvisionState] = &[
     ProvisionState::CleanWait,
     ProvisionState::CleanHold,
     ProvisionState::Deploying,
+    // A deploy (or rescue, or servicing) waiting for its agent is leased too: without
+    // these, a controller killed mid-`write_image` left the node to nobody.
+    ProvisionState::WaitCallBack,
+    ProvisionState::DeployHold,
     ProvisionState::Deleting,
     ProvisionState::Adopting,
     ProvisionState::Rescuing,
+    ProvisionState::RescueWait,
     ProvisionState::Unrescuing,
+    ProvisionState::Servicing,
+    ProvisionState::ServiceWait,
+    ProvisionState::ServiceHold,
 ];
 
 impl Conductor {
@@ -138,7 +146,13 @@ impl Conductor {
                         "taking the node over from another controller");
                     taken += 1;
                 }
-                if !node.maintenance && node.provision_state != ProvisionState::CleanHold {
+                let held = matches!(
+                    node.provision_state,
+                    ProvisionState::CleanHold
+                        | ProvisionState::DeployHold
+                        | ProvisionState::ServiceHold
+                );
+                if !node.maintenance && !held {
                     self.kick(&node.uuid);
                 }
             } else if node.reservation.as_deref() == Some(self.id())

@@ -15,6 +15,7 @@ mod deploying;
 pub mod discovery;
 mod errors;
 pub mod health;
+mod identity;
 mod inspection;
 pub mod inspection_rules;
 mod membership;
@@ -24,6 +25,8 @@ mod power_policy;
 mod power_sync;
 mod rescue;
 pub mod servicing;
+pub mod step_record;
+pub mod step_report;
 pub mod steps;
 pub mod supervisor;
 mod templates;
@@ -41,6 +44,10 @@ use chrono::Utc;
 use rivet_protocol::states::ProvisionState;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// How long a node task waits before driving the node again when the database is
+/// unavailable (a restart takes seconds; a full disk waits for an operator).
+const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The conductor and everything it needs.
 pub struct Conductor {
@@ -154,6 +161,18 @@ impl Conductor {
                     .await
                 {
                     Ok(Ok(())) => {}
+                    Ok(Err(ConductorError::Store(StoreError::Unavailable(why))))
+                        if !this.shutdown.is_cancelled() =>
+                    {
+                        // The database is out for a while (restarting, disk full): resume
+                        // once it answers; the agent or timer that kicked the node may not
+                        // come again.
+                        tracing::warn!(node = %uuid, error = %why, "database unavailable; driving the node again in {STORE_RETRY:?}");
+                        tokio::select! {
+                            _ = this.shutdown.cancelled() => {}
+                            _ = tokio::time::sleep(STORE_RETRY) => continue,
+                        }
+                    }
                     Ok(Err(e)) => {
                         tracing::error!(node = %uuid, error = %e, "conductor task failed")
                     }

@@ -7,13 +7,18 @@
 //! with a power action in progress. On a mismatch the policy decides: `record` writes what
 //! the BMC says; `enforce` sets the BMC back to the recorded state. Writes use the node's
 //! optimistic version and are decided again on a fresh copy after a conflict. A BMC that
-//! cannot be read is logged (with the node's UUID) and nothing else changes.
+//! cannot be read (timeout, 5xx, dropped connection — after the driver's own retries) is
+//! logged (with the node's UUID) and never changes `power_state`: the last known value is
+//! kept, as a failed read says nothing about the server's power. After
+//! [`FAILURES_BEFORE_ERROR`] failed passes in a row the failure is recorded in the node's
+//! `last_error`, and cleared by the first pass that reads the BMC again.
 
 use super::{Conductor, ConductorError};
 use crate::config::PowerSyncPolicy;
 use crate::store::{Node, StoreError};
 use rivet_protocol::states::{PowerState, ProvisionState};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// States whose power belongs to the conductor or the ramdisk (or is not known yet).
@@ -37,6 +42,44 @@ const NOT_SYNCED: &[ProvisionState] = &[
 
 /// Attempts at a write that keeps meeting a concurrent change.
 const WRITE_ATTEMPTS: usize = 5;
+
+/// Failed reads in a row before the failure goes to `last_error` (Ironic's default
+/// `power_state_sync_max_retries`). Fewer would turn a single BMC hiccup into an error an
+/// operator has to look at.
+pub const FAILURES_BEFORE_ERROR: u32 = 3;
+
+/// How the `last_error` this sync writes starts: only such an error is cleared again by it.
+const SYNC_ERROR_PREFIX: &str = "power sync cannot read the power state of node ";
+
+/// Failed reads in a row per node UUID, in this process (a restart counts afresh, which
+/// only delays the `last_error`). An entry goes when its node's BMC answers again.
+fn failures() -> &'static Mutex<HashMap<String, u32>> {
+    static F: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
+    F.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Count one more failed read of `uuid`'s BMC; the streak's length.
+fn note_failure(uuid: &str) -> u32 {
+    let Ok(mut f) = failures().lock() else {
+        return 1;
+    };
+    let n = f.entry(uuid.to_string()).or_insert(0);
+    *n = n.saturating_add(1);
+    *n
+}
+
+/// The BMC answered: the streak is over.
+fn forget_failures(uuid: &str) {
+    if let Ok(mut f) = failures().lock() {
+        f.remove(uuid);
+    }
+}
+
+fn is_sync_error(node: &Node) -> bool {
+    node.last_error
+        .as_deref()
+        .is_some_and(|e| e.starts_with(SYNC_ERROR_PREFIX))
+}
 
 /// What one pass did (for logs and tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -176,10 +219,36 @@ impl Conductor {
         {
             Ok(read) => read,
             Err(e) => {
-                tracing::warn!(node = %uuid, error = %e, "power sync: cannot read the power state");
+                // Never guess: power_state keeps its last known value.
+                let streak = note_failure(&uuid);
+                tracing::warn!(node = %uuid, error = %e, failed_passes = streak, "power sync: cannot read the power state; keeping the recorded one");
+                if streak >= FAILURES_BEFORE_ERROR && !is_sync_error(&node) {
+                    self.record_failure(&node, streak, &e).await;
+                }
                 return Outcome::Failed;
             }
         };
+        forget_failures(&uuid);
+        if is_sync_error(&node) {
+            let cleared = self
+                .update_fresh(&uuid, |n| {
+                    if !eligible(n) || !is_sync_error(n) {
+                        return false;
+                    }
+                    n.last_error = None;
+                    true
+                })
+                .await;
+            match cleared {
+                Ok(Some(_)) => {
+                    tracing::info!(node = %uuid, "power sync: the BMC answers again; its error is cleared")
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(node = %uuid, error = %e, "power sync: cannot clear the node's error")
+                }
+            }
+        }
         // As Ironic: the health is kept on every sync, whatever the power state does.
         if node.health.as_deref() != health.map(crate::drivers::Health::as_str) {
             self.cache_health(&uuid, health).await;
@@ -194,6 +263,27 @@ impl Conductor {
                 self.enforce(&uuid, want, actual, bmc.as_ref()).await
             }
             _ => self.record(&uuid, recorded, actual).await,
+        }
+    }
+
+    /// Put a streak of failed reads into the node's `last_error` (nothing else changes).
+    async fn record_failure(&self, node: &Node, streak: u32, error: &crate::drivers::DriverError) {
+        let kept = node.power_state.map(|p| p.as_str()).unwrap_or("unknown");
+        let msg = format!(
+            "{SYNC_ERROR_PREFIX}{} from its BMC ({streak} passes in a row); power_state keeps its last known value \"{kept}\" and this error clears itself once the BMC answers again. {error}",
+            node.ident()
+        );
+        let written = self
+            .update_fresh(&node.uuid, |n| {
+                if !eligible(n) || is_sync_error(n) {
+                    return false;
+                }
+                n.last_error = Some(msg.clone());
+                true
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(node = %node.uuid, error = %e, "power sync: cannot record the BMC failure");
         }
     }
 
@@ -410,5 +500,56 @@ mod tests {
         assert_eq!(after.power_state, Some(PowerState::On));
         assert_eq!(after.last_error, None);
         assert_eq!(after.version, n.version);
+    }
+
+    #[tokio::test]
+    async fn failed_reads_keep_the_power_state_and_are_recorded_after_a_streak() {
+        let (c, _dir) = conductor(PowerSyncPolicy::Record).await;
+        let mut n = node(&c, "flaky", ProvisionState::Available, Some(PowerState::On)).await;
+        n.driver_info
+            .insert("fake_fail".into(), "BMC at 192.0.2.7 timed out".into());
+        let n = c.store.update_node(&n).await.expect("update");
+        for pass in 1..=FAILURES_BEFORE_ERROR + 1 {
+            let stats = c.power_sync_once().await.expect("pass");
+            assert_eq!(stats.failed, 1, "{stats:?}");
+            let after = c.store.get_node(&n.uuid).await.expect("get");
+            assert_eq!(after.power_state, Some(PowerState::On), "pass {pass}");
+            let err = after.last_error.unwrap_or_default();
+            if pass < FAILURES_BEFORE_ERROR {
+                assert!(err.is_empty(), "pass {pass}: {err}");
+            } else {
+                assert!(err.contains("flaky") && err.contains("192.0.2.7"), "{err}");
+                assert!(
+                    err.contains("keeps its last known value \"power on\""),
+                    "{err}"
+                );
+            }
+        }
+        // Written once per streak, not on every failed pass.
+        let recorded = c.store.get_node(&n.uuid).await.expect("get");
+        assert_eq!(recorded.version, n.version + 1);
+
+        // The BMC answers again (and reports off): the error goes, the state is recorded.
+        let mut fixed = recorded;
+        fixed.driver_info.remove("fake_fail");
+        let fixed = c.store.update_node(&fixed).await.expect("update");
+        c.power_sync_once().await.expect("pass");
+        let after = c.store.get_node(&fixed.uuid).await.expect("get");
+        assert_eq!(after.last_error, None);
+        assert_eq!(after.power_state, Some(PowerState::Off));
+    }
+
+    #[tokio::test]
+    async fn other_errors_are_not_cleared_by_the_sync() {
+        let (c, _dir) = conductor(PowerSyncPolicy::Record).await;
+        let mut n = node(&c, "e", ProvisionState::Manageable, Some(PowerState::Off)).await;
+        n.last_error = Some("clean step power_on failed".into());
+        let n = c.store.update_node(&n).await.expect("update");
+        c.power_sync_once().await.expect("pass");
+        let after = c.store.get_node(&n.uuid).await.expect("get");
+        assert_eq!(
+            after.last_error.as_deref(),
+            Some("clean step power_on failed")
+        );
     }
 }

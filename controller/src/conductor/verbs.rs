@@ -266,6 +266,11 @@ impl Conductor {
                 "a configdrive given as a JSON object needs API version 1.56 or later; send X-OpenStack-Ironic-API-Version: 1.56".into(),
             ));
         }
+        if verb == Verb::Abort {
+            if let Some(refusal) = super::step_record::abort_refusal(&node) {
+                return Err(refusal);
+            }
+        }
         let to = fsm::next_for_verb(state, verb).ok_or_else(|| ConductorError::InvalidState {
             node: node.ident().to_string(),
             state,
@@ -563,6 +568,9 @@ impl Conductor {
             .get_node(ident)
             .await
             .map_err(|e| AbortRefusal::Other(e.into()))?;
+        if let Some(refusal) = super::step_record::abort_refusal(&node) {
+            return Err(AbortRefusal::Other(refusal));
+        }
         let state = node.provision_state;
         let running_step = match state {
             ProvisionState::WaitCallBack | ProvisionState::DeployHold => {

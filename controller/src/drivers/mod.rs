@@ -439,7 +439,8 @@ pub struct DriversConfig {
     pub redfish_connect_timeout_s: u64,
     /// Redfish: whole-request timeout.
     pub redfish_request_timeout_s: u64,
-    /// Redfish: extra attempts after a connection error or a 5xx answer.
+    /// Redfish: extra attempts after a connection error or a 5xx answer (GETs also after
+    /// a dropped connection or a timeout; see `redfish/client.rs`).
     pub redfish_retries: u32,
     /// Redfish: first back-off between attempts (doubles each time).
     pub redfish_retry_backoff_ms: u64,

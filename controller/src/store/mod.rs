@@ -61,6 +61,11 @@ pub enum StoreError {
     /// The database failed.
     #[error("database error: {0}")]
     Backend(String),
+    /// The database cannot take requests for now (its disk is full, its server restarts or
+    /// is out of reach): nothing was written, the same request may succeed later, and
+    /// rivetd recovers by itself once the cause is gone. The message names the cause.
+    #[error("{0}")]
+    Unavailable(String),
     /// A sealed driver_info secret could not be opened (wrong key, altered value).
     #[error(transparent)]
     Secrets(#[from] crate::secrets::SecretsError),

@@ -528,15 +528,24 @@ impl PostgresEngine {
     /// A pooled connection, with what failed named.
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(|e| {
+            let passing = match &e {
+                deadpool_postgres::PoolError::Backend(e) => unreachable_server(e),
+                _ => true,
+            };
             let why = match &e {
                 deadpool_postgres::PoolError::Backend(e) => db_message(e),
                 other => other.to_string(),
             };
             let why = why.strip_prefix("PostgreSQL: ").unwrap_or(&why).to_string();
-            StoreError::Backend(format!(
-                "cannot connect to PostgreSQL {}: {why}",
-                self.target
-            ))
+            let message = format!("cannot connect to PostgreSQL {}: {why}", self.target);
+            if passing {
+                StoreError::Unavailable(format!(
+                    "{message}; nothing was changed. rivetd reconnects by itself once the \
+                     server answers again: retry"
+                ))
+            } else {
+                StoreError::Backend(message)
+            }
         })
     }
 }
@@ -643,9 +652,42 @@ fn db_message(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// A database error as a store error.
+/// A database error as a store error: a lost or refused connection (a restarting server)
+/// is [`StoreError::Unavailable`]; the pool replaces the connection on its next checkout.
 fn db(e: tokio_postgres::Error) -> StoreError {
-    StoreError::Backend(db_message(&e))
+    let message = db_message(&e);
+    if unreachable_server(&e) {
+        StoreError::Unavailable(format!(
+            "the PostgreSQL server is unavailable ({message}); the request may not have been \
+             carried out. rivetd reconnects by itself once the server answers again: retry"
+        ))
+    } else {
+        StoreError::Backend(message)
+    }
+}
+
+/// Whether `e` says the server is gone or not yet back (closed connection, I/O or
+/// connection error, shutdown or start-up in progress) rather than refusing the query.
+fn unreachable_server(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        Some(code) => {
+            let c = code.code();
+            // Class 08: connection exception; 57P01-57P03: admin/crash shutdown, starting.
+            c.starts_with("08") || c.starts_with("57P0")
+        }
+        None => {
+            e.is_closed()
+                || e.as_db_error().is_none() && {
+                    let mut source = std::error::Error::source(e);
+                    let mut io = false;
+                    while let Some(s) = source {
+                        io |= s.is::<std::io::Error>();
+                        source = s.source();
+                    }
+                    io
+                }
+        }
+    }
 }
 
 /// `user@host:port/db` of a connection config, for messages.

@@ -347,6 +347,8 @@ pub struct SqliteEngine {
     pub(crate) readers: Vec<Mutex<Connection>>,
     /// Where the next read starts looking for a free reader.
     next_reader: std::sync::atomic::AtomicUsize,
+    /// The database file, for messages.
+    path: String,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -439,6 +441,43 @@ impl SqlRow for SqliteRow {
     }
 }
 
+/// A failed statement as a store error: a full disk or a failing one is
+/// [`StoreError::Unavailable`] (nothing was written; once space is freed the same connection
+/// writes again), naming the file and what to do.
+fn fault(path: &str, e: rusqlite::Error) -> StoreError {
+    let code = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => f.code,
+        _ => return backend(e),
+    };
+    let dir = std::path::Path::new(path)
+        .parent()
+        .map(|d| d.display().to_string())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| ".".into());
+    match code {
+        rusqlite::ErrorCode::DiskFull => StoreError::Unavailable(format!(
+            "the database's disk is full: SQLite cannot write to {path} ({e}); nothing was \
+             changed. Free space on the filesystem holding {dir} and retry; rivetd writes \
+             again without a restart"
+        )),
+        rusqlite::ErrorCode::SystemIoFailure => StoreError::Unavailable(format!(
+            "disk I/O error on the database {path} ({e}); nothing was changed. Check the disk \
+             and the filesystem holding {dir} (full, read-only, failing) and retry"
+        )),
+        _ => backend(e),
+    }
+}
+
+/// After a failed statement: SQLite ends the statement, but an I/O error may leave a
+/// transaction open on the writer, and every later write would then fail; end it.
+fn settle(c: &Connection) {
+    if !c.is_autocommit() {
+        if let Err(e) = c.execute_batch("ROLLBACK") {
+            tracing::warn!(error = %e, "cannot roll back after a failed SQLite write");
+        }
+    }
+}
+
 fn unique_violation(e: &rusqlite::Error) -> Option<String> {
     match e {
         rusqlite::Error::SqliteFailure(f, Some(msg))
@@ -482,6 +521,7 @@ impl SqlStore<SqliteEngine> {
             conn: Mutex::new(conn),
             readers,
             next_reader: std::sync::atomic::AtomicUsize::new(0),
+            path: path.to_string(),
         };
         Ok(SqlStore::new(engine, secrets))
     }
@@ -540,18 +580,15 @@ impl SqliteEngine {
 }
 
 /// Run `sql` on `c` and collect its rows.
-fn query(c: &mut Connection, sql: &str, args: Vec<Arg>) -> Result<Vec<SqliteRow>, StoreError> {
-    let mut st = c.prepare_cached(&numbered(sql)).map_err(backend)?;
+fn query(c: &mut Connection, sql: &str, args: Vec<Arg>) -> Result<Vec<SqliteRow>, rusqlite::Error> {
+    let mut st = c.prepare_cached(&numbered(sql))?;
     let width = st.column_count();
-    let mut rows = st
-        .query(rusqlite::params_from_iter(args.into_iter().map(cell)))
-        .map_err(backend)?;
+    let mut rows = st.query(rusqlite::params_from_iter(args.into_iter().map(cell)))?;
     let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(backend)? {
+    while let Some(r) = rows.next()? {
         let values = (0..width)
             .map(|i| r.get::<_, Cell>(i))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(backend)?;
+            .collect::<Result<Vec<_>, _>>()?;
         out.push(SqliteRow(values));
     }
     Ok(out)
@@ -571,26 +608,32 @@ impl Engine for SqliteEngine {
         sql: &str,
         args: Vec<Arg>,
     ) -> Result<Vec<SqliteRow>, StoreError> {
-        match access {
+        let r = match access {
             Access::Read => self.read(|c| query(c, sql, args)).await,
             Access::Scan => self.read_long(|c| query(c, sql, args)).await,
-            Access::Write => self.with(|c| query(c, sql, args)).await,
-        }
+            Access::Write => {
+                self.with(|c| query(c, sql, args).inspect_err(|_| settle(c)))
+                    .await
+            }
+        };
+        r.map_err(|e| fault(&self.path, e))
     }
 
     async fn execute(&self, sql: &str, args: Vec<Arg>) -> Result<u64, ExecError> {
         let r = self
             .with(|c| {
-                c.prepare_cached(&numbered(sql)).and_then(|mut st| {
-                    st.execute(rusqlite::params_from_iter(args.into_iter().map(cell)))
-                })
+                c.prepare_cached(&numbered(sql))
+                    .and_then(|mut st| {
+                        st.execute(rusqlite::params_from_iter(args.into_iter().map(cell)))
+                    })
+                    .inspect_err(|_| settle(c))
             })
             .await;
         match r {
             Ok(n) => Ok(n as u64),
             Err(e) => Err(match unique_violation(&e) {
                 Some(msg) => ExecError::Unique(msg),
-                None => ExecError::Store(backend(e)),
+                None => ExecError::Store(fault(&self.path, e)),
             }),
         }
     }

@@ -38,8 +38,13 @@ pub struct AtaSecurity {
 }
 
 impl AtaSecurity {
-    /// Decode from the 256 little-endian words of IDENTIFY DEVICE.
+    /// Decode from the 256 little-endian words of IDENTIFY DEVICE; `None` when the data
+    /// carries the integrity signature (word 255 low byte 0xA5) but its checksum is wrong
+    /// (a bridge that mangled the transfer: nothing in it can be trusted).
     pub fn from_identify(id: &[u8]) -> Option<AtaSecurity> {
+        if !identify_checksum_ok(id) {
+            return None;
+        }
         let word = |n: usize| -> Option<u16> {
             Some(u16::from_le_bytes([*id.get(2 * n)?, *id.get(2 * n + 1)?]))
         };
@@ -61,6 +66,16 @@ impl AtaSecurity {
             enhanced: w128 & 0x20 != 0,
             minutes: (est(word(89)?), est(word(90)?)),
         })
+    }
+}
+
+/// ACS integrity word: when word 255's low byte is the signature 0xA5, all 512 bytes sum
+/// to 0 modulo 256. Data without the signature (older drives, emulations) passes.
+pub fn identify_checksum_ok(id: &[u8]) -> bool {
+    match id.get(..512) {
+        Some(block) if block[510] == 0xA5 => block.iter().fold(0u8, |a, b| a.wrapping_add(*b)) == 0,
+        Some(_) => true,
+        None => false,
     }
 }
 
@@ -133,7 +148,15 @@ fn run(
 pub fn probe(f: &File, device: &str) -> Option<AtaSecurity> {
     let mut id = vec![0u8; 512];
     run(f, device, ATA_IDENTIFY, Dir::In, &mut id, 10_000).ok()?;
-    AtaSecurity::from_identify(&id)
+    let sec = AtaSecurity::from_identify(&id);
+    // Word 128 raw, so the agent log shows why security erase was (not) tried.
+    tracing::info!(
+        device,
+        word128 = format!("{:#06x}", u16::from_le_bytes([id[256], id[257]])),
+        ?sec,
+        "ATA IDENTIFY DEVICE"
+    );
+    sec
 }
 
 fn password_block(enhanced: bool, password: &[u8]) -> Vec<u8> {
@@ -252,6 +275,144 @@ mod tests {
         let s = AtaSecurity::from_identify(&id).expect("sec");
         assert!(s.supported && s.frozen && s.enhanced && !s.locked && !s.enabled);
         assert_eq!(s.minutes, (20, 10));
+    }
+
+    /// `hdparm --Istdout` of a Seagate ST3160023AS (SATA, security feature set supported,
+    /// not enabled, not frozen, no time estimate), as posted to linux-ide: 256 words in
+    /// host order, 8 per line, word 255 = 0x7ea5 (checksum, signature).
+    const SEAGATE_ST3160023AS: &str = "
+        0c5a 3fff c837 0010 0000 0000 003f 0000 0000 0000 334a 5332 4b53 4c33 2020 2020
+        2020 2020 2020 2020 0000 4000 0004 332e 3138 2020 2020 5354 3331 3630 3032 3341
+        5320 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 8010
+        0000 2f00 0000 0200 0200 0007 3fff 0010 003f fc10 00fb 0110 ffff 0fff 0000 0007
+        0003 0078 0078 00f0 0078 0000 0000 0000 0000 0000 0000 0000 0002 0000 0000 0000
+        007e 001b 346b 7d01 4003 3468 3c01 4003 407f 0000 0000 fefe 0000 0000 fe00 0000
+        0000 0000 0000 0000 9eb0 12a1 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0001 9eb0 12a1 9eb0 12a1 2020 0002 42b6 8000 008a 3c06 3c0a ffff 07c6 0100 0800
+        0ff0 1000 0002 0030 0000 0000 0000 fe06 0000 0002 0050 008a 954f 0000 0023 000b
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 7ea5";
+
+    /// `hdparm --Istdout` of a Maxtor 6B200M0 (same thread): security supported, word
+    /// 255 without the integrity signature.
+    const MAXTOR_6B200M0: &str = "
+        0040 3fff c837 0010 0000 0000 003f 0000 0000 0000 4234 3152 5643 3248 2020 2020
+        2020 2020 2020 2020 0003 4000 0004 4241 4e43 3142 5930 4d61 7874 6f72 2036 4232
+        3030 4d30 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 2020 8010
+        0000 2f00 4000 0200 0000 0007 3fff 0010 003f fc10 00fb 0110 ffff 0fff 0000 0007
+        0003 0078 0078 0078 0078 0000 0000 0000 0000 0000 0000 001f 0102 0000 0000 0000
+        00fe 001e 7c6b 7f09 4063 7c68 3e01 4063 407f 0000 0000 0000 fffe 0000 c0fe 0000
+        0000 0000 0000 0000 8800 17bd 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0001 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0113 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000
+        0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 0000 a6a5";
+
+    /// The 512 bytes the drive sent (words little-endian, as SG_IO returns them).
+    fn identify_bytes(dump: &str) -> Vec<u8> {
+        let words: Vec<u16> = dump
+            .split_whitespace()
+            .map(|w| u16::from_str_radix(w, 16).expect("hex word"))
+            .collect();
+        assert_eq!(words.len(), 256);
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// ATA strings: two characters per word, high byte first.
+    fn ata_string(id: &[u8], words: std::ops::Range<usize>) -> String {
+        words
+            .flat_map(|w| [id[2 * w + 1], id[2 * w]])
+            .map(char::from)
+            .collect::<String>()
+            .trim()
+            .to_string()
+    }
+
+    /// Set word `n` and fix the integrity checksum, as the drive would report that state.
+    fn with_word(mut id: Vec<u8>, n: usize, value: u16) -> Vec<u8> {
+        id[2 * n..2 * n + 2].copy_from_slice(&value.to_le_bytes());
+        if id[510] == 0xA5 {
+            let sum = id[..511].iter().fold(0u8, |a, b| a.wrapping_add(*b));
+            id[511] = sum.wrapping_neg();
+        }
+        id
+    }
+
+    #[test]
+    fn recorded_identify_seagate() {
+        let id = identify_bytes(SEAGATE_ST3160023AS);
+        assert_eq!(ata_string(&id, 27..47), "ST3160023AS");
+        assert_eq!(ata_string(&id, 10..20), "3JS2KSL3");
+        assert!(identify_checksum_ok(&id));
+        let s = AtaSecurity::from_identify(&id).expect("sec");
+        assert_eq!(
+            s,
+            AtaSecurity {
+                supported: true,
+                ..AtaSecurity::default()
+            }
+        );
+        // What choose() gets for it: security erase, not enhanced.
+        let caps = super::super::Caps {
+            ata: Some(s),
+            ..Default::default()
+        };
+        let plan = super::super::choose(
+            &caps,
+            super::super::Mode::Full,
+            &super::super::EraseOptions::default(),
+        );
+        assert_eq!(plan, Ok(vec![super::super::Method::AtaErase]));
+        // A transfer error anywhere breaks the checksum: the data is refused.
+        let mut bad = id.clone();
+        bad[256] ^= 0x08;
+        assert!(!identify_checksum_ok(&bad));
+        assert_eq!(AtaSecurity::from_identify(&bad), None);
+    }
+
+    #[test]
+    fn recorded_identify_seagate_frozen_and_locked_states() {
+        let id = identify_bytes(SEAGATE_ST3160023AS);
+        // The same drive after a BIOS SECURITY FREEZE LOCK (word 128 bit 3).
+        let frozen =
+            AtaSecurity::from_identify(&with_word(id.clone(), 128, 0x0009)).expect("frozen");
+        assert!(frozen.supported && frozen.frozen && !frozen.locked);
+        // Left locked by an interrupted erase: enabled + locked, high security.
+        let locked =
+            AtaSecurity::from_identify(&with_word(id.clone(), 128, 0x0007)).expect("locked");
+        assert!(locked.enabled && locked.locked && !locked.frozen);
+        // Erase time estimates (words 89/90) in the extended format: 0x8000 | units.
+        let timed = with_word(with_word(id, 89, 0x801e), 90, 0x0005);
+        let timed = AtaSecurity::from_identify(&timed).expect("timed");
+        assert_eq!(timed.minutes, (60, 10));
+    }
+
+    #[test]
+    fn recorded_identify_maxtor() {
+        let id = identify_bytes(MAXTOR_6B200M0);
+        assert_eq!(ata_string(&id, 27..47), "Maxtor 6B200M0");
+        // Word 82 bit 1 (security feature set supported) agrees with word 128 bit 0.
+        assert_eq!(u16::from_le_bytes([id[164], id[165]]) & 0x2, 0x2);
+        assert!(identify_checksum_ok(&id));
+        let s = AtaSecurity::from_identify(&id).expect("sec");
+        assert!(s.supported && !s.enabled && !s.locked && !s.frozen && !s.enhanced);
+        assert_eq!(s.minutes, (0, 0));
+    }
+
+    #[test]
+    fn short_identify_is_refused() {
+        assert!(!identify_checksum_ok(&[0u8; 100]));
+        assert_eq!(AtaSecurity::from_identify(&[0u8; 100]), None);
     }
 
     #[test]

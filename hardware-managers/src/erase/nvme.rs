@@ -96,8 +96,21 @@ fn identify(f: &File, cns: u32, nsid: u32) -> Option<Vec<u8>> {
 /// Probe a namespace block device; `None` if it is not NVMe or does not answer.
 pub fn probe(f: &File) -> Option<NvmeDevice> {
     let nsid = ioctl::nvme_namespace_id(f).ok().filter(|n| *n != 0)?;
-    let caps = NvmeCaps::from_identify(&identify(f, 1, 0)?)?;
+    let id = identify(f, 1, 0)?;
+    let caps = NvmeCaps::from_identify(&id)?;
     let lbaf = current_lbaf(&identify(f, 0, nsid)?)?;
+    // The raw fields, so the agent log shows why a method was (not) chosen.
+    tracing::info!(
+        nsid,
+        oacs = format!("{:#06x}", u16::from_le_bytes([id[256], id[257]])),
+        sanicap = format!(
+            "{:#010x}",
+            u32::from_le_bytes([id[328], id[329], id[330], id[331]])
+        ),
+        fna = format!("{:#04x}", id[524]),
+        ?caps,
+        "NVMe Identify Controller"
+    );
     Some(NvmeDevice { nsid, caps, lbaf })
 }
 
@@ -207,6 +220,41 @@ mod tests {
         assert!(c.format && c.crypto_format && c.format_all_namespaces && c.sanitize_block);
         assert!(!c.sanitize_crypto);
         assert_eq!(NvmeCaps::from_identify(&id[..100]), None);
+    }
+
+    /// Identify Controller of Debian 12's QEMU 7.2 `-device nvme`, as the agent logged it in
+    /// tests/qemu_nvme.rs: OACS 0x010a (Format NVM, namespace management, doorbell buffer
+    /// config), SANICAP 0 (no sanitize), FNA 0 (per-namespace format, no crypto erase).
+    #[test]
+    fn qemu_7_2_controller_gets_format_with_user_data_erase() {
+        let mut id = vec![0u8; 4096];
+        id[256..258].copy_from_slice(&0x010au16.to_le_bytes());
+        let caps = NvmeCaps::from_identify(&id).expect("caps");
+        assert_eq!(
+            caps,
+            NvmeCaps {
+                format: true,
+                ..NvmeCaps::default()
+            }
+        );
+        let dev = NvmeDevice {
+            nsid: 1,
+            caps,
+            lbaf: 0,
+        };
+        let c = super::super::Caps {
+            nvme: Some(dev),
+            ..Default::default()
+        };
+        let o = super::super::EraseOptions::default();
+        for mode in [super::super::Mode::Full, super::super::Mode::Express] {
+            assert_eq!(
+                super::super::choose(&c, mode, &o),
+                Ok(vec![super::super::Method::NvmeFormat])
+            );
+        }
+        // SES 1 (user data erase) on LBA format 0 of namespace 1.
+        assert_eq!(format_cdw10(dev.lbaf, 1), 0x200);
     }
 
     #[test]

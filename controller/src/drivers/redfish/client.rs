@@ -1,6 +1,7 @@
 //! The Redfish HTTP client: `get`/`patch`/`post` with authentication (basic or a Redfish
 //! session, re-created on 401), per-request timeouts, bounded retries with back-off on
-//! connection errors and 5xx answers, and errors that carry the BMC's own messages
+//! connection errors and 5xx answers (GETs also on dropped connections and timeouts), and
+//! errors that say how often they tried and what to check, carrying the BMC's own messages
 //! (`error.@Message.ExtendedInfo[].Message`) so they reach `last_error`.
 //!
 //! HTTP clients (one per TLS setting) and sessions (one per BMC and user) are shared by the
@@ -205,7 +206,8 @@ impl RedfishClient {
         let mut relogged = false;
         loop {
             let auth = self.auth_state().await?;
-            let (status, resp) = self.send_with_retries(&method, &url, body, &auth).await?;
+            let (status, resp, attempts) =
+                self.send_with_retries(&method, &url, body, &auth).await?;
             if status == StatusCode::UNAUTHORIZED {
                 if let (SessionState::Token(_), false) = (&auth, relogged) {
                     // The session expired or was deleted on the BMC: log in again, once.
@@ -215,7 +217,7 @@ impl RedfishClient {
                     continue;
                 }
             }
-            return self.finish(&method, path, status, resp).await;
+            return self.finish(&method, path, status, resp, attempts).await;
         }
     }
 
@@ -226,6 +228,7 @@ impl RedfishClient {
         path: &str,
         status: StatusCode,
         resp: reqwest::Response,
+        attempts: u32,
     ) -> Result<Response, DriverError> {
         let location = resp
             .headers()
@@ -241,7 +244,7 @@ impl RedfishClient {
                 body,
             });
         }
-        Err(self.status_error(method, path, status, &body, &text))
+        Err(self.status_error(method, path, status, &body, &text, attempts))
     }
 
     fn status_error(
@@ -251,6 +254,7 @@ impl RedfishClient {
         status: StatusCode,
         body: &Value,
         text: &str,
+        attempts: u32,
     ) -> DriverError {
         let mut detail = error_messages(body).join("; ");
         if detail.is_empty() {
@@ -271,6 +275,14 @@ impl RedfishClient {
                 "Redfish BMC at {} refused {method} {path} for user {user:?} (HTTP 403 Forbidden{detail}); the account may lack the privilege",
                 self.address()
             ),
+            // A server error means the BMC itself is in trouble (busy, rebooting, a
+            // crashed service): say how often we tried and what to look at.
+            s if s.is_server_error() => format!(
+                "Redfish {method} {path} at {} failed with HTTP {status}{detail}{}; check that the BMC at {} is healthy (it may be busy or rebooting; reset the BMC if it keeps failing)",
+                self.address(),
+                tries(attempts),
+                self.address()
+            ),
             _ => format!(
                 "Redfish {method} {path} at {} failed with HTTP {status}{detail}",
                 self.address()
@@ -282,24 +294,25 @@ impl RedfishClient {
         ))
     }
 
-    /// Send, retrying connection errors (not TLS failures, not timeouts: a request that
-    /// timed out may have been applied) and 5xx answers: any but 501 for GET, only 503
-    /// (not processed) for requests that change something, so an action such as a firmware
-    /// update is never sent twice.
+    /// Send, retrying with a doubling back-off ([`is_retryable_error`],
+    /// [`is_retryable_status`]): a GET on any transport failure but TLS and on any 5xx but
+    /// 501; a request that changes something only when it cannot have been applied (the
+    /// connection never opened, or 503), so an action such as a firmware update or a power
+    /// reset is never sent twice. Also returns how many attempts were made.
     async fn send_with_retries(
         &self,
         method: &Method,
         url: &Url,
         body: Option<&Value>,
         auth: &SessionState,
-    ) -> Result<(StatusCode, reqwest::Response), DriverError> {
+    ) -> Result<(StatusCode, reqwest::Response, u32), DriverError> {
         let mut delay = self.backoff;
         let mut attempt = 0;
         loop {
             let result = self.send_once(method, url, body, auth).await;
             let retry = match &result {
                 Ok(r) => is_retryable_status(method, r.status()),
-                Err(e) => is_retryable_error(e),
+                Err(e) => is_retryable_error(method, e),
             };
             if retry && attempt < self.retries {
                 attempt += 1;
@@ -309,8 +322,8 @@ impl RedfishClient {
                 continue;
             }
             return match result {
-                Ok(r) => Ok((r.status(), r)),
-                Err(e) => Err(self.transport_error(method, url, &e, attempt)),
+                Ok(r) => Ok((r.status(), r, attempt + 1)),
+                Err(e) => Err(self.transport_error(method, url, &e, attempt + 1)),
             };
         }
     }
@@ -345,14 +358,10 @@ impl RedfishClient {
         method: &Method,
         url: &Url,
         e: &reqwest::Error,
-        retries: u32,
+        attempts: u32,
     ) -> DriverError {
         let chain = error_chain(e);
-        let tries = if retries > 0 {
-            format!(" (after {} attempts)", retries + 1)
-        } else {
-            String::new()
-        };
+        let tries = tries(attempts);
         let msg = if is_tls_error(e) {
             format!(
                 "TLS failure talking to the Redfish BMC at {}: {chain}; check redfish_address (http or https) and redfish_verify_ca (a CA bundle path, or false to skip verification)",
@@ -360,7 +369,7 @@ impl RedfishClient {
             )
         } else if e.is_timeout() {
             format!(
-                "Redfish BMC at {} did not answer {method} {} in time{tries}: {chain}",
+                "Redfish BMC at {} did not answer {method} {} in time{tries}: {chain}; check that the BMC is up and not overloaded (raise [drivers] redfish_request_timeout_s for a slow BMC)",
                 self.address(),
                 url.path()
             )
@@ -371,8 +380,9 @@ impl RedfishClient {
             )
         } else {
             format!(
-                "Redfish {method} {} at {} failed{tries}: {chain}",
+                "Redfish {method} {} at {} failed{tries}: {chain}; check that the BMC at {} is up and reachable from this controller",
                 url.path(),
+                self.address(),
                 self.address()
             )
         };
@@ -427,7 +437,7 @@ impl RedfishClient {
             "Password": self.password.as_ref().map(|p| p.0.as_str()).unwrap_or(""),
         });
         let url = self.url(&sessions_path)?;
-        let (status, resp) = self
+        let (status, resp, attempts) = self
             .send_with_retries(&Method::POST, &url, Some(&body), &SessionState::Basic)
             .await?;
         if auto
@@ -446,7 +456,7 @@ impl RedfishClient {
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         let answer = self
-            .finish(&Method::POST, &sessions_path, status, resp)
+            .finish(&Method::POST, &sessions_path, status, resp, attempts)
             .await?;
         match token {
             Some(t) => Ok(SessionState::Token(t)),
@@ -464,11 +474,11 @@ impl RedfishClient {
     /// Where sessions are created, from the (unauthenticated) service root.
     async fn sessions_path(&self) -> Result<Option<String>, DriverError> {
         let url = self.url("/redfish/v1/")?;
-        let (status, resp) = self
+        let (status, resp, attempts) = self
             .send_with_retries(&Method::GET, &url, None, &SessionState::Basic)
             .await?;
         let root = self
-            .finish(&Method::GET, "/redfish/v1/", status, resp)
+            .finish(&Method::GET, "/redfish/v1/", status, resp, attempts)
             .await?;
         let link = root.body["Links"]["Sessions"]["@odata.id"]
             .as_str()
@@ -490,8 +500,24 @@ fn is_retryable_status(method: &Method, s: StatusCode) -> bool {
     }
 }
 
-fn is_retryable_error(e: &reqwest::Error) -> bool {
-    e.is_connect() && !e.is_timeout() && !is_tls_error(e)
+/// Transport failures worth another attempt. A TLS failure never heals by itself. A GET
+/// changes nothing, so a dropped connection or a timed-out answer (a BMC that hiccups or
+/// is briefly overloaded) is retried; anything else only when the connection never opened
+/// (refused, or the connect timed out), since a request that was sent may have been applied.
+fn is_retryable_error(method: &Method, e: &reqwest::Error) -> bool {
+    if is_tls_error(e) {
+        return false;
+    }
+    *method == Method::GET || e.is_connect()
+}
+
+/// ` (after N attempts)` when there was more than one.
+fn tries(attempts: u32) -> String {
+    if attempts > 1 {
+        format!(" (after {attempts} attempts)")
+    } else {
+        String::new()
+    }
 }
 
 /// Whether the failure happened in the TLS layer (a handshake with a plain-HTTP port, an

@@ -240,7 +240,15 @@ async fn set_power(ctx: &Ctx, target: PowerState) -> Result<(), DriverError> {
     let Some((reset_type, want)) = reset_plan(current, target)? else {
         return Ok(());
     };
-    reset(ctx, reset_type).await?;
+    if let Err(e) = reset(ctx, reset_type).await {
+        // A machine that turned itself off meanwhile (the agent powering off in
+        // tear_down_agent races the BMC's ForceOff, which some BMCs then refuse as "not
+        // running") is where it was asked to be.
+        if want == PowerState::Off && matches!(read_power(ctx).await, Ok(PowerState::Off)) {
+            return Ok(());
+        }
+        return Err(e);
+    }
     wait_power(ctx, want, reset_type).await
 }
 
