@@ -863,3 +863,33 @@ pub fn boot_config(dir: &Path, artefact_dir: &Path) -> Result<PathBuf> {
     )?;
     Ok(path)
 }
+
+/// A fake-hardware node with a port for `mac`, moved to "clean wait" (a ramdisk is expected;
+/// the fake driver powers nothing, the test starts QEMU itself). Returns its UUID.
+pub fn node_in_clean_wait(d: &crate::Rivetd, name: &str, mac: &str) -> Result<String> {
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(serde_json::json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
+    )?;
+    anyhow::ensure!(s == 201, "create node: {s} {v}");
+    let uuid = v["uuid"].as_str().context("node uuid")?.to_string();
+    let (s, v) = d.call(
+        "POST",
+        "/v1/ports",
+        Some(serde_json::json!({"node_uuid": uuid, "address": mac})),
+    )?;
+    anyhow::ensure!(s == 201, "create port: {s} {v}");
+    for (verb, state) in [("manage", "manageable"), ("provide", "clean wait")] {
+        let (s, v) = d.call(
+            "PUT",
+            &format!("/v1/nodes/{uuid}/states/provision"),
+            Some(serde_json::json!({"target": verb})),
+        )?;
+        anyhow::ensure!(s == 202, "{verb}: {s} {v}");
+        d.wait_node(&uuid, Duration::from_secs(20), |v| {
+            v["provision_state"] == state
+        })?;
+    }
+    Ok(uuid)
+}

@@ -33,36 +33,6 @@ fn ready() -> bool {
     )
 }
 
-/// A fake-hardware node with a port for `mac`, moved to "clean wait" (a ramdisk is expected;
-/// the fake driver powers nothing, the test starts QEMU itself). Returns its UUID.
-fn node_in_clean_wait(d: &Rivetd, name: &str, mac: &str) -> Result<String> {
-    let (s, v) = d.call(
-        "POST",
-        "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": name})),
-    )?;
-    ensure!(s == 201, "create node: {s} {v}");
-    let uuid = v["uuid"].as_str().context("node uuid")?.to_string();
-    let (s, v) = d.call(
-        "POST",
-        "/v1/ports",
-        Some(json!({"node_uuid": uuid, "address": mac})),
-    )?;
-    ensure!(s == 201, "create port: {s} {v}");
-    for (verb, state) in [("manage", "manageable"), ("provide", "clean wait")] {
-        let (s, v) = d.call(
-            "PUT",
-            &format!("/v1/nodes/{uuid}/states/provision"),
-            Some(json!({"target": verb})),
-        )?;
-        ensure!(s == 202, "{verb}: {s} {v}");
-        d.wait_node(&uuid, Duration::from_secs(20), |v| {
-            v["provision_state"] == state
-        })?;
-    }
-    Ok(uuid)
-}
-
 /// Wait for the node's inventory (the agent looked up and answered get_inventory).
 fn wait_inventory(d: &Rivetd, vm: &mut Qemu, uuid: &str, timeout: Duration) -> Result<Value> {
     let deadline = Instant::now() + timeout;
@@ -168,7 +138,7 @@ fn direct_boot_looks_up_reports_inventory_and_cleans_both_disks() -> Result<()> 
     }
 
     let mac = "52:54:00:e2:e0:01";
-    let uuid = node_in_clean_wait(&d, "qemu-direct", mac)?;
+    let uuid = qemu::node_in_clean_wait(&d, "qemu-direct", mac)?;
     let mut vm = Qemu::start(&Config {
         boot: Boot::Kernel {
             vmlinuz: art.vmlinuz.clone(),
@@ -297,7 +267,7 @@ fn iso_boot(uefi: bool, mac: &str) -> Result<()> {
     let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &[])?;
     let disk = dir.path().join("disk.raw");
     qemu::make_disk(&disk, 16, &[("ext4", 0)])?;
-    let uuid = node_in_clean_wait(
+    let uuid = qemu::node_in_clean_wait(
         &d,
         if uefi {
             "qemu-iso-uefi"
@@ -367,7 +337,7 @@ fn pxe_chain_through_rivetd_boot_endpoints() -> Result<()> {
     let cfg = cfg.display().to_string();
     let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg])?;
     let mac = "52:54:00:e2:e0:03";
-    let uuid = node_in_clean_wait(&d, "qemu-pxe", mac)?;
+    let uuid = qemu::node_in_clean_wait(&d, "qemu-pxe", mac)?;
 
     // The DHCP boot file is rivetd's per-node script; iPXE fetches it, then the kernel and
     // the initramfs, all through the guestfwd relay.
@@ -449,7 +419,7 @@ fn boot_endpoints_serve_artefacts_and_per_node_scripts() -> Result<()> {
     }
 
     let mac = "52:54:00:e2:e0:04";
-    let uuid = node_in_clean_wait(&d, "pxe-http", mac)?;
+    let uuid = qemu::node_in_clean_wait(&d, "pxe-http", mac)?;
     let base = qemu::guest_controller_url();
     for path in [
         format!("/boot/ipxe/{uuid}"),

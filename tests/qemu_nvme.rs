@@ -17,7 +17,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use rivet_tests::qemu::{self, Boot, Config, Drive, Qemu};
 use rivet_tests::{clients, prerequisite, Rivetd};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -106,30 +106,7 @@ fn nvme_namespace_and_sata_disk_inventoried_and_erased() -> Result<()> {
     }
 
     let mac = "52:54:00:e2:e0:31";
-    let (s, v) = d.call(
-        "POST",
-        "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "qemu-nvme"})),
-    )?;
-    ensure!(s == 201, "create node: {s} {v}");
-    let uuid = v["uuid"].as_str().context("node uuid")?.to_string();
-    let (s, v) = d.call(
-        "POST",
-        "/v1/ports",
-        Some(json!({"node_uuid": uuid, "address": mac})),
-    )?;
-    ensure!(s == 201, "create port: {s} {v}");
-    for (verb, state) in [("manage", "manageable"), ("provide", "clean wait")] {
-        let (s, v) = d.call(
-            "PUT",
-            &format!("/v1/nodes/{uuid}/states/provision"),
-            Some(json!({"target": verb})),
-        )?;
-        ensure!(s == 202, "{verb}: {s} {v}");
-        d.wait_node(&uuid, Duration::from_secs(20), |v| {
-            v["provision_state"] == state
-        })?;
-    }
+    let uuid = qemu::node_in_clean_wait(&d, "qemu-nvme", mac)?;
 
     let mut vm = Qemu::start_with(
         &Config {

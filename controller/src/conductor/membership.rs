@@ -197,8 +197,13 @@ impl Conductor {
                         dead_after.as_secs()
                     ));
                 }
-                Err(e) => {
+                // Only a shared database has other controllers to take the nodes over; on
+                // SQLite (one controller) the failure is the store's (a full disk, say).
+                Err(e) if self.store.is_shared() => {
                     tracing::error!(error = %e, "controller heartbeat failed; other controllers will count this one dead and take its nodes")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot write this controller's registration heartbeat to the database")
                 }
             }
         }
