@@ -61,7 +61,7 @@ total_start=$SECONDS
 run clean-fleet --nodes 1000
 run fleet --nodes 1000
 if ! $quick; then
-    run fleet --nodes 10000 --rates 2500,5000,7500,10000 --seconds 20
+    run fleet --nodes 10000 --rates 2500,5000,7500,10000 --seconds 20 --long-poll-phase
     pg_url="${RIVET_BENCH_POSTGRES:-}"
     if [ -z "$pg_url" ] && bash scripts/setup-postgres.sh >&2; then
         pg_url="postgres://rivet:rivet@127.0.0.1:55432/rivet"

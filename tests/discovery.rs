@@ -257,6 +257,15 @@ fn rule_sets_driver_from_bmc_address_and_concurrent_discoveries_make_one_node() 
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["node_uuid"], resp.node_uuid.as_str());
     assert_eq!(v["created"], false);
+    // Still a discovered node in `enroll`: the configured end again.
+    assert_eq!(v["end"], "poweroff", "{v}");
+    // A node the operator enrolled is the operator's: its machine booting the ramdisk on its
+    // own is told to wait, never powered off behind the operator's back.
+    let own = d.create_node_with_port(json!({"driver": "fake-hardware"}), "52:54:00:d1:5c:0f")?;
+    let (s, v) = post(&d, &inventory(&["52:54:00:d1:5c:0f"], None))?;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["node_uuid"], own.as_str(), "{v}");
+    assert_eq!(v["end"], "wait", "{v}");
     // No MAC at all: 400.
     let (s, v) = post(&d, &inventory(&[], None))?;
     assert_eq!(s, 400, "{v}");
@@ -285,7 +294,7 @@ fn rule_sets_driver_from_bmc_address_and_concurrent_discoveries_make_one_node() 
     assert_eq!(uuids.len(), 1, "{answers:?}");
     assert_eq!(discovered(&d)?.len(), 2);
     let (_, all) = d.call("GET", "/v1/nodes", None)?;
-    assert_eq!(all["nodes"].as_array().map(Vec::len), Some(2), "{all}");
+    assert_eq!(all["nodes"].as_array().map(Vec::len), Some(3), "{all}");
     Ok(())
 }
 

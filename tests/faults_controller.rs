@@ -773,8 +773,41 @@ fn duplicate_conductor_id_is_refused_while_alive_and_taken_over_when_dead() -> R
         "{}",
         tail(&again.log_text())
     );
+
+    // A clean stop marks the id offline: the other controller sees it dead at once, and a
+    // restart under the id does not wait for the heartbeat to age (dead_after_s = 3 here;
+    // the default is 10).
+    let mut again = again;
+    let status = again.terminate(Duration::from_secs(20))?;
+    ensure!(
+        status.map(|s| s.success()) == Some(true),
+        "SIGTERM: {status:?}\n{}",
+        tail(&again.log_text())
+    );
+    let (code, body) = other.call("GET", "/v1/conductors/host-a", None)?;
+    ensure!(
+        code == 200 && body["alive"] == json!(false),
+        "host-a after a clean stop: {code} {body}"
+    );
+    // The controllers in `dir` share one log file: look at the restart's part only.
+    let seen = again.log_text().len();
+    let t = Instant::now();
+    let restarted = Rivetd::start_url(db.url(), dir.path(), "host-a", 0, &["--config", &cfg])?;
+    let restart = t.elapsed();
+    let log = restarted.log_text();
+    let log = log.get(seen..).unwrap_or(&log);
+    ensure!(
+        !log.contains("waiting to see whether it is still alive"),
+        "a restart after a clean stop waited for the old heartbeat:\n{}",
+        tail(log)
+    );
+    let (code, body) = other.call("GET", "/v1/conductors/host-a", None)?;
+    ensure!(
+        code == 200 && body["alive"] == json!(true),
+        "host-a after the restart: {code} {body}"
+    );
     eprintln!(
-        "duplicate id scenario took {:?} (takeover {took:?})",
+        "duplicate id scenario took {:?} (takeover {took:?}, restart after SIGTERM {restart:?})",
         started.elapsed()
     );
     Ok(())

@@ -22,16 +22,14 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use rivet_controller::store::postgres::ScratchDatabase;
-use rivet_protocol::agent::{
-    Command, CommandKind, CommandResult, CommandStatus, HeartbeatRequest, HeartbeatResponse,
-    LookupRequest, LookupResponse, HEARTBEAT_PATH, LOOKUP_PATH,
-};
+use rivet_protocol::agent::{Command, CommandKind};
 use rivet_protocol::deploy::{WRITE_IMAGE, WRITE_IMAGE_PRIORITY};
 use rivet_protocol::steps::StepDescriptor;
 use rivet_tests::agentproc::{have, is_root};
+use rivet_tests::simagent::{SimAgent, Steps};
 use rivet_tests::{fault, free_port, prerequisite, run_tool, Rivetd};
 use serde_json::{json, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command as Cmd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -316,82 +314,14 @@ struct Ledger {
     unavailable: u32,
 }
 
-struct Agent {
-    node: String,
-    urls: Vec<String>,
-    current: usize,
-    token: Option<String>,
-    results: Vec<CommandResult>,
-    seen: HashSet<String>,
-    http: reqwest::Client,
+/// The deploy agents' steps: `write_image` counted in the ledger and taking [`WRITE_TIME`];
+/// a 503 (or any other passing answer) is noted and retried, as the real agent does.
+struct Deployer {
     ledger: Arc<Mutex<Ledger>>,
 }
 
-impl Agent {
-    fn new(node: &str, urls: Vec<String>, ledger: Arc<Mutex<Ledger>>) -> Result<Agent> {
-        Ok(Agent {
-            node: node.to_string(),
-            urls,
-            current: 0,
-            token: None,
-            results: Vec::new(),
-            seen: HashSet::new(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(15))
-                .build()?,
-            ledger,
-        })
-    }
-
-    fn url(&self) -> String {
-        self.urls[self.current % self.urls.len()].clone()
-    }
-
-    fn note(&self, status: u16, what: &str) {
-        if let Ok(mut l) = self.ledger.lock() {
-            if status == 503 {
-                l.unavailable += 1;
-            } else {
-                l.bad.push(format!("{what}: {status}"));
-            }
-        }
-    }
-
-    /// Look up until a token comes; `false` when the node expects no ramdisk (any more).
-    async fn look_up(&mut self, deadline: Instant) -> Result<bool> {
-        while Instant::now() < deadline {
-            let req = LookupRequest {
-                node_uuid: Some(self.node.clone()),
-                agent_version: "faults-test".into(),
-                ..Default::default()
-            };
-            match self
-                .http
-                .post(format!("{}{LOOKUP_PATH}", self.url()))
-                .json(&req)
-                .send()
-                .await
-            {
-                Err(_) => self.current += 1,
-                Ok(r) => match r.status().as_u16() {
-                    200 => {
-                        if let Ok(body) = r.json::<LookupResponse>().await {
-                            self.token = body.agent_token;
-                            if self.token.is_some() {
-                                return Ok(true);
-                            }
-                        }
-                    }
-                    404 => return Ok(false),
-                    s => self.note(s, "lookup"),
-                },
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        bail!("node {}: no token before the deadline", self.node)
-    }
-
-    async fn execute(&mut self, cmd: &Command) -> Value {
+impl Steps for Deployer {
+    async fn execute(&mut self, node: &str, cmd: &Command) -> Value {
         match &cmd.kind {
             CommandKind::GetDeploySteps => json!({
                 "deploy_steps": [StepDescriptor::in_band(WRITE_IMAGE, WRITE_IMAGE_PRIORITY)],
@@ -399,7 +329,7 @@ impl Agent {
             }),
             CommandKind::ExecuteStep { step, .. } if step == WRITE_IMAGE => {
                 if let Ok(mut l) = self.ledger.lock() {
-                    *l.writes.entry(self.node.clone()).or_default() += 1;
+                    *l.writes.entry(node.to_string()).or_default() += 1;
                 }
                 tokio::time::sleep(WRITE_TIME).await;
                 json!({"written_by": "faults-test", "command": cmd.id})
@@ -408,72 +338,34 @@ impl Agent {
         }
     }
 
-    /// Converse until the node no longer expects this ramdisk.
-    async fn run(mut self, deadline: Instant) -> Result<()> {
-        if !self.look_up(deadline).await? {
-            bail!("node {} expects no ramdisk", self.node);
-        }
-        while Instant::now() < deadline {
-            let req = HeartbeatRequest {
-                agent_version: "faults-test".into(),
-                running: None,
-                results: self.results.clone(),
-                wait: true,
-                boot_id: None,
-            };
-            let sent = self
-                .http
-                .post(format!("{}{HEARTBEAT_PATH}/{}", self.url(), self.node))
-                .bearer_auth(self.token.clone().unwrap_or_default())
-                .json(&req)
-                .send()
-                .await;
-            let resp = match sent {
-                Ok(r) => r,
-                Err(_) => {
-                    self.current += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            match resp.status().as_u16() {
-                200 => {}
-                401 => {
-                    if !self.look_up(deadline).await? {
-                        return Ok(());
-                    }
-                    continue;
-                }
-                s => {
-                    self.note(s, "heartbeat");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            }
-            let Ok(answer) = resp.json::<HeartbeatResponse>().await else {
-                self.current += 1;
-                continue;
-            };
-            self.results.retain(|r| !answer.acks.contains(&r.id));
-            if let Some(cmd) = answer.command {
-                if self.seen.insert(cmd.id.clone()) {
-                    let result = self.execute(&cmd).await;
-                    self.results.push(CommandResult {
-                        id: cmd.id.clone(),
-                        name: cmd.kind.name().into(),
-                        status: CommandStatus::Succeeded,
-                        result,
-                        error: None,
-                        log_tail: None,
-                    });
-                }
+    fn unexpected(&mut self, _node: &str, what: &str, status: u16, _body: &str) -> Result<()> {
+        if let Ok(mut l) = self.ledger.lock() {
+            if status == 503 {
+                l.unavailable += 1;
+            } else {
+                l.bad.push(format!("{what}: {status}"));
             }
         }
-        bail!(
-            "node {}: the deploy did not end before the deadline",
-            self.node
-        )
+        Ok(())
     }
+}
+
+/// A simulated deploy agent for `node`, trying `urls` in order.
+fn deploy_agent(
+    node: &str,
+    urls: Vec<String>,
+    ledger: Arc<Mutex<Ledger>>,
+) -> Result<SimAgent<Deployer>> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()?;
+    Ok(SimAgent::new(
+        node,
+        urls,
+        "faults-test",
+        http,
+        Deployer { ledger },
+    ))
 }
 
 /// Enrol a fake-hardware node that deploys with the agent, make it `available` (no
@@ -601,7 +493,7 @@ fn postgres_controller_killed_mid_deploy() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let agent = Agent::new(
+    let agent = deploy_agent(
         &uuid,
         vec![ctl[victim].url.clone(), ctl[other].url.clone()],
         ledger.clone(),
@@ -834,7 +726,7 @@ fn postgres_restart_under_load() -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(45);
     let agents: Vec<_> = deploys
         .iter()
-        .map(|u| Agent::new(u, vec![d.url.clone()], ledger.clone()))
+        .map(|u| deploy_agent(u, vec![d.url.clone()], ledger.clone()))
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         .map(|a| rt.spawn(a.run(deadline)))

@@ -8,6 +8,7 @@ pub mod faultproxy;
 pub mod fileserver;
 pub mod peers;
 pub mod qemu;
+pub mod simagent;
 pub mod workcheck;
 
 use anyhow::{bail, Context, Result};

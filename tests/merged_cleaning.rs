@@ -401,6 +401,18 @@ fn executed_steps(d: &Rivetd, node: &str, from: usize) -> Result<(Vec<String>, u
     )?;
     ensure!(s == 200, "history: {s} {v}");
     let entries = v["history"].as_array().cloned().unwrap_or_default();
+    // A finished step carries the user whose verb started the cleaning.
+    for e in entries.iter().skip(from) {
+        if e["event"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("clean step "))
+        {
+            ensure!(
+                e["user"].is_string(),
+                "a clean step entry without its user: {e}"
+            );
+        }
+    }
     let steps = entries
         .iter()
         .skip(from)

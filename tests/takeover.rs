@@ -9,14 +9,12 @@
 
 use anyhow::{bail, Context, Result};
 use rivet_controller::store::postgres::ScratchDatabase;
-use rivet_protocol::agent::{
-    Command, CommandKind, CommandResult, CommandStatus, HeartbeatRequest, HeartbeatResponse,
-    LookupRequest, LookupResponse, HEARTBEAT_PATH, LOOKUP_PATH,
-};
+use rivet_protocol::agent::{Command, CommandKind};
 use rivet_protocol::steps::StepDescriptor;
+use rivet_tests::simagent::{SimAgent, Steps};
 use rivet_tests::{prerequisite, Rivetd};
 use serde_json::{json, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,86 +30,14 @@ struct Ledger {
     started: usize,
 }
 
-enum Lookup {
-    Token,
-    NotExpected,
-    Retry,
-}
-
-struct Agent {
-    node: String,
-    /// Controllers in the order this agent tries them.
-    urls: Vec<String>,
-    current: usize,
-    token: Option<String>,
-    results: Vec<CommandResult>,
-    seen: HashSet<String>,
-    http: reqwest::Client,
+/// The takeover agents' steps: the clean steps of [`STEPS`], each counted in the ledger and
+/// taking [`STEP_TIME`]. Any unexpected answer fails the test.
+struct Cleaner {
     ledger: Arc<Mutex<Ledger>>,
 }
 
-impl Agent {
-    fn url(&self) -> &str {
-        &self.urls[self.current % self.urls.len()]
-    }
-
-    /// The controller did not answer: try the next one, as the real agent does.
-    fn fail_over(&mut self) {
-        self.current += 1;
-    }
-
-    async fn lookup(&mut self) -> Result<Lookup> {
-        let req = LookupRequest {
-            node_uuid: Some(self.node.clone()),
-            agent_version: "takeover-test".into(),
-            ..Default::default()
-        };
-        let resp = match self
-            .http
-            .post(format!("{}{LOOKUP_PATH}", self.url()))
-            .json(&req)
-            .send()
-            .await
-        {
-            Ok(r) => r,
-            Err(_) => {
-                self.fail_over();
-                return Ok(Lookup::Retry);
-            }
-        };
-        match resp.status().as_u16() {
-            200 => {
-                let body: LookupResponse = resp.json().await?;
-                self.token = body.agent_token;
-                Ok(if self.token.is_some() {
-                    Lookup::Token
-                } else {
-                    Lookup::Retry
-                })
-            }
-            404 => Ok(Lookup::NotExpected),
-            s => bail!("lookup of {}: {s} {}", self.node, resp.text().await?),
-        }
-    }
-
-    /// Look up until a token comes; `false` when the node expects no ramdisk any more.
-    async fn look_up_until(&mut self, deadline: Instant, started: bool) -> Result<bool> {
-        loop {
-            match self.lookup().await? {
-                Lookup::Token => return Ok(true),
-                // Before cleaning starts the node may not expect us yet; after, 404 means
-                // it finished.
-                Lookup::NotExpected if started => return Ok(false),
-                _ => {}
-            }
-            if Instant::now() > deadline {
-                bail!("node {}: no token before the deadline", self.node);
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn execute(&mut self, cmd: &Command) -> Value {
+impl Steps for Cleaner {
+    async fn execute(&mut self, node: &str, cmd: &Command) -> Value {
         match &cmd.kind {
             CommandKind::GetCleanSteps => {
                 let steps: Vec<StepDescriptor> = STEPS
@@ -122,7 +48,7 @@ impl Agent {
             }
             CommandKind::ExecuteStep { step, .. } => {
                 if let Ok(mut l) = self.ledger.lock() {
-                    *l.runs.entry((self.node.clone(), step.clone())).or_default() += 1;
+                    *l.runs.entry((node.to_string(), step.clone())).or_default() += 1;
                     l.started += 1;
                 }
                 // One step at a time, as the agent runs them; the controller sees no
@@ -134,73 +60,8 @@ impl Agent {
         }
     }
 
-    /// Converse until the node no longer expects this ramdisk.
-    async fn run(mut self, deadline: Instant) -> Result<()> {
-        self.look_up_until(deadline, false).await?;
-        while Instant::now() < deadline {
-            let req = HeartbeatRequest {
-                agent_version: "takeover-test".into(),
-                running: None,
-                results: self.results.clone(),
-                wait: true,
-                boot_id: None,
-            };
-            let sent = self
-                .http
-                .post(format!("{}{HEARTBEAT_PATH}/{}", self.url(), self.node))
-                .bearer_auth(self.token.as_deref().unwrap_or_default())
-                .json(&req)
-                .send()
-                .await;
-            let resp = match sent {
-                Ok(r) => r,
-                Err(_) => {
-                    self.fail_over();
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            match resp.status().as_u16() {
-                200 => {}
-                // The token is gone: the node rests (lookup says 404), or the conductor
-                // rebooted the node and a new boot earns a new token — what the real agent
-                // finds out by looking up again.
-                401 => {
-                    if !self.look_up_until(deadline, true).await? {
-                        return Ok(());
-                    }
-                    continue;
-                }
-                s => bail!("heartbeat of {}: {s} {}", self.node, resp.text().await?),
-            }
-            let answer: HeartbeatResponse = match resp.json().await {
-                Ok(a) => a,
-                Err(_) => {
-                    // The controller died mid-answer: the results are still held, resend.
-                    self.fail_over();
-                    continue;
-                }
-            };
-            self.results.retain(|r| !answer.acks.contains(&r.id));
-            if let Some(cmd) = answer.command {
-                // A repeated command id is ignored: its result is still held until acked.
-                if self.seen.insert(cmd.id.clone()) {
-                    let result = self.execute(&cmd).await;
-                    self.results.push(CommandResult {
-                        id: cmd.id.clone(),
-                        name: cmd.kind.name().into(),
-                        status: CommandStatus::Succeeded,
-                        result,
-                        error: None,
-                        log_tail: None,
-                    });
-                }
-            }
-        }
-        bail!(
-            "node {}: cleaning did not end before the deadline",
-            self.node
-        )
+    fn unexpected(&mut self, node: &str, what: &str, status: u16, body: &str) -> Result<()> {
+        bail!("{what} of {node}: {status} {body}")
     }
 }
 
@@ -392,16 +253,15 @@ fn killed_controller_is_taken_over_and_no_step_runs_twice() -> Result<()> {
     for (i, uuid) in uuids.iter().enumerate() {
         let mut order = urls.clone();
         order.rotate_left(i % 3);
-        let agent = Agent {
-            node: uuid.clone(),
-            urls: order,
-            current: 0,
-            token: None,
-            results: Vec::new(),
-            seen: HashSet::new(),
-            http: http.clone(),
-            ledger: ledger.clone(),
-        };
+        let agent = SimAgent::new(
+            uuid,
+            order,
+            "takeover-test",
+            http.clone(),
+            Cleaner {
+                ledger: ledger.clone(),
+            },
+        );
         agents.push(rt.spawn(agent.run(deadline)));
     }
 

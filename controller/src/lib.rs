@@ -14,6 +14,7 @@ pub mod config;
 pub mod configdrive;
 pub mod drivers;
 pub mod fsm;
+pub mod http1;
 pub mod inspection;
 pub mod interfaces;
 pub mod metrics;

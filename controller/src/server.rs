@@ -159,25 +159,34 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         connections.spawn(async move {
             let _ = tcp.set_nodelay(true);
             match tls {
+                // Boxed: the TLS and hyper state is large, and inline it would size every
+                // plain connection's task too (10,000 held agent polls).
                 Some(acceptor) => {
-                    match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            serve_connection(
-                                stream,
-                                peer,
-                                app,
-                                header_timeout,
-                                max_requests,
-                                stopping,
-                            )
-                            .await
+                    Box::pin(async move {
+                        match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => {
+                                serve_connection(
+                                    stream,
+                                    peer,
+                                    app,
+                                    header_timeout,
+                                    max_requests,
+                                    stopping,
+                                )
+                                .await
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed")
+                            }
+                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                         }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
+                    })
+                    .await
                 }
+                // Plain TCP: the lean server, so that held long polls own no hyper buffers.
                 None => {
-                    serve_connection(tcp, peer, app, header_timeout, max_requests, stopping).await
+                    crate::http1::serve(tcp, peer, app, header_timeout, max_requests, stopping)
+                        .await
                 }
             }
         });
@@ -216,7 +225,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 /// `max_requests`-th answer on the connection carries `Connection: close` (hyper then closes
 /// it after that answer), so a client reconnects now and then: one client cannot hold a
 /// connection forever, and behind a load balancer its requests spread. 0 = no limit.
-async fn serve_connection<S>(
+pub(crate) async fn serve_connection<S>(
     io: S,
     peer: SocketAddr,
     app: axum::Router,

@@ -42,6 +42,8 @@ on_every_backend!(
     rivetd_db_upgrade_serve_and_refuse,
     conductors_and_leases,
     liveness_is_outside_the_version,
+    liveness_in_batches,
+    summary_and_pending_in_one_read,
     upgrade_from_the_first_schema,
 );
 
@@ -1285,6 +1287,102 @@ async fn liveness_is_outside_the_version(db: TestDb) {
     }
 }
 
+/// Liveness of many nodes in one statement: each node gets its own record (absent fields
+/// clear the column, as `record_liveness` does), unknown nodes are skipped, others are not
+/// touched, and versions do not move.
+async fn liveness_in_batches(db: TestDb) {
+    let s = db.open(secrets());
+    let n1 = s.create_node(&node("n1", None)).await.expect("create");
+    s.create_node(&node("n2", None)).await.expect("create");
+    s.create_node(&node("n3", None)).await.expect("create");
+    let at = micros(Utc::now());
+    let one = store::Liveness {
+        last_heartbeat: Some(at),
+        agent_version: Some("1.2.3".into()),
+        progress: Some(
+            json!({"command_id": "c1", "step": "erase_devices", "progress": {"done": 3, "total": 10}, "note": "it's \"quoted\""}),
+        ),
+    };
+    s.record_liveness("n2", &one).await.expect("liveness");
+    let two = store::Liveness {
+        last_heartbeat: Some(at + chrono::Duration::microseconds(7)),
+        agent_version: None,
+        progress: None,
+    };
+    assert_eq!(s.record_liveness_many(&[]).await.expect("empty batch"), 0);
+    let n = s
+        .record_liveness_many(&[
+            ("n1".into(), one.clone()),
+            ("ghost".into(), one.clone()),
+            ("n2".into(), two.clone()),
+        ])
+        .await
+        .expect("batch");
+    assert_eq!(n, 2, "the unknown node was counted");
+    let r1 = s.get_node("n1").await.expect("read");
+    assert_eq!(r1.liveness, one);
+    assert_eq!(r1.version, n1.version, "liveness moved the version");
+    assert_eq!(s.node_summary("n2").await.expect("read").liveness, two);
+    assert_eq!(
+        s.get_node("n3").await.expect("read").liveness,
+        store::Liveness::default(),
+        "a node outside the batch was written"
+    );
+}
+
+/// A heartbeat's one read: the node's summary and exactly what `pending_commands` returns
+/// (queue order; answered, cancelled and other nodes' commands left out), by UUID or name.
+async fn summary_and_pending_in_one_read(db: TestDb) {
+    let s = db.open(secrets());
+    s.create_node(&node("p1", Some("first"))).await.expect("p1");
+    s.create_node(&node("p2", None)).await.expect("p2");
+    let (summary, pending) = s.node_summary_and_pending("p1").await.expect("read");
+    assert_eq!(summary, s.node_summary("p1").await.expect("summary"));
+    assert!(pending.is_empty(), "{pending:?}");
+    let step = CommandKind::ExecuteStep {
+        interface: "deploy".into(),
+        step: "erase_devices".into(),
+        args: obj(json!({"label": "ü \"q\""})),
+    };
+    for (id, kind) in [
+        ("a", CommandKind::GetInventory),
+        ("b", step),
+        ("c", CommandKind::Reboot),
+    ] {
+        s.enqueue_command("p1", &cmd(id, kind))
+            .await
+            .expect("enqueue");
+    }
+    s.enqueue_command("p2", &cmd("other", CommandKind::PowerOff))
+        .await
+        .expect("enqueue");
+    assert!(s
+        .record_result("p1", &result("a", CommandStatus::Succeeded))
+        .await
+        .expect("result"));
+    let expected = s.pending_commands("p1").await.expect("pending");
+    assert_eq!(
+        expected.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        ["b", "c"]
+    );
+    for ident in ["p1", "first"] {
+        let (summary, pending) = s.node_summary_and_pending(ident).await.expect("read");
+        assert_eq!(summary.uuid, "p1");
+        assert_eq!(pending, expected, "by {ident}");
+    }
+    s.cancel_pending("p1").await.expect("cancel");
+    assert!(s
+        .node_summary_and_pending("p1")
+        .await
+        .expect("read")
+        .1
+        .is_empty());
+    match s.node_summary_and_pending("nope").await {
+        Err(StoreError::NotFound { .. }) => {}
+        other => panic!("an unknown node: {other:?}"),
+    }
+}
+
 /// A database made by the first released schema (migration 1 alone, a node written with its
 /// columns) is brought to the current schema by `rivetd db upgrade`'s code path, and the node
 /// reads back whole and is writable.
@@ -1303,9 +1401,8 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
         c.batch_execute("CREATE TABLE schema_version (version BIGINT NOT NULL)")
             .await
             .expect("schema_version");
-        c.batch_execute(store::postgres::MIGRATIONS[0])
-            .await
-            .expect("migration 1");
+        let first = store::migrations::sql(0, store::sql::Dialect::Postgres).expect("migration 1");
+        c.batch_execute(&first).await.expect("migration 1");
         c.batch_execute("INSERT INTO schema_version (version) VALUES (1)")
             .await
             .expect("version");
@@ -1314,8 +1411,8 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
         let c = rusqlite::Connection::open(db.sqlite_file()).expect("sqlite");
         c.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
             .expect("schema_version");
-        c.execute_batch(store::sqlite::MIGRATIONS[0])
-            .expect("migration 1");
+        let first = store::migrations::sql(0, store::sql::Dialect::Sqlite).expect("migration 1");
+        c.execute_batch(&first).expect("migration 1");
         c.execute_batch("INSERT INTO schema_version (version) VALUES (1)")
             .expect("version");
         c.execute_batch(insert).expect("old node");

@@ -1,4 +1,4 @@
-//! `nodes.health` (migration 16, API 1.109) on both backends (SQLite always, PostgreSQL
+//! `nodes.health` (migration 15, API 1.109) on both backends (SQLite always, PostgreSQL
 //! with `RIVET_TEST_POSTGRES`): created null, written and cleared by a node update, read
 //! back by get and list, and the columns read after it (liveness, allocation) still in place.
 

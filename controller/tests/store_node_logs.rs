@@ -1,4 +1,4 @@
-//! The agent logs kept with a node (migration 17) on both backends (SQLite always,
+//! The agent logs kept with a node (migration 16) on both backends (SQLite always,
 //! PostgreSQL with `RIVET_TEST_POSTGRES`): newest first, only the newest few kept, per node,
 //! gone with the node.
 

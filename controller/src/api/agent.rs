@@ -121,12 +121,18 @@ async fn heartbeat(
     Path(node): Path<String>,
     JsonBody(req): JsonBody<HeartbeatRequest>,
 ) -> Response {
+    // Owned, so that the header map is freed now rather than held for the long poll.
     let token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let err = match state.conductor.heartbeat(&node, token, req).await {
+        .map(|t| t.trim().to_owned());
+    drop(headers);
+    let err = match state
+        .conductor
+        .heartbeat(&node, token.as_deref(), req)
+        .await
+    {
         Ok(resp) => return Json(resp).into_response(),
         Err(e) => e,
     };

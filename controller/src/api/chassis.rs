@@ -327,7 +327,7 @@ async fn nodes_of(
     uuid: String,
     mut params: HashMap<String, String>,
     detail: bool,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<super::node_json::JsonBytes> {
     let chassis = fetch(&state, &uuid).await?;
     if params.contains_key("chassis_uuid") {
         return Err(ApiError::bad_request(
@@ -344,7 +344,7 @@ async fn chassis_nodes(
     version: Version,
     Path(uuid): Path<String>,
     Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<super::node_json::JsonBytes> {
     nodes_of(state, headers, version, uuid, params, false).await
 }
 
@@ -354,7 +354,7 @@ async fn chassis_nodes_detail(
     version: Version,
     Path(uuid): Path<String>,
     Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<super::node_json::JsonBytes> {
     nodes_of(state, headers, version, uuid, params, true).await
 }
 

@@ -3,7 +3,8 @@
 //! Each row becomes one entry: a UUID derived from the node and the row's `seq`, severity
 //! ERROR for a failure (a `fail` event or a failed state) else INFO, the event type named
 //! after the activity as Ironic names it (cleaning, deploying, verifying, introspection…),
-//! the conductor that wrote it and the user whose verb started the operation. `project`
+//! the conductor that wrote it and the user whose verb started the operation (entries within
+//! a state, such as a finished clean step, carry the user of the operation they belong to). `project`
 //! (1.113) is always null (Rivet has no projects); `state`, `target_provision_state` and
 //! `duration_seconds` (time spent in the previous state) come at 1.115.
 
@@ -203,10 +204,30 @@ async fn entries(state: &AppState, uuid: &str) -> ApiResult<Vec<Entry>> {
                 .rev()
                 .find(|e| !e.within_state)
                 .map(|e| e.created_at);
-            out.extend(entry_of(uuid, row, previous));
+            let mut entry = entry_of(uuid, row, previous);
+            // A finished step belongs to the operation; a health change (monitoring) does not.
+            if let Some(e) = entry
+                .as_mut()
+                .filter(|e| e.within_state && e.user.is_none() && e.event_type != "monitoring")
+            {
+                e.user = operation_user(&out);
+            }
+            out.extend(entry);
         }
     }
     Ok(out)
+}
+
+/// The user of the operation an entry within a state belongs to: the nearest earlier
+/// transition that names one (the verb that started it; the conductor's own transitions in
+/// between name none). Step rows are written by the conductor, which does not know who
+/// asked.
+fn operation_user(before: &[Entry]) -> Option<String> {
+    before
+        .iter()
+        .rev()
+        .filter(|e| !e.within_state)
+        .find_map(|e| e.user.clone())
 }
 
 fn render(e: &Entry, node: &str, detail: bool, version: (u32, u32), base: &str) -> Value {
@@ -432,6 +453,42 @@ mod tests {
         let mut other = row(6, "x");
         other.action = "node:create".into();
         assert_eq!(entry_of("n", &other, None), None);
+    }
+
+    #[test]
+    fn entries_within_a_state_carry_the_user_of_their_operation() {
+        let started = entry_of(
+            "n",
+            &row(
+                1,
+                "manageable -> cleaning (verb: clean; target: manageable; cause: clean by alice (role admin))",
+            ),
+            None,
+        )
+        .expect("entry");
+        let waiting = entry_of(
+            "n",
+            &row(2, "cleaning -> clean wait (event: wait; cause: conductor)"),
+            None,
+        )
+        .expect("entry");
+        assert_eq!(operation_user(&[]), None);
+        assert_eq!(
+            operation_user(std::slice::from_ref(&started)).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            operation_user(&[started.clone(), waiting.clone()]).as_deref(),
+            Some("alice")
+        );
+        let mut within = waiting.clone();
+        within.within_state = true;
+        within.user = Some("bob".into());
+        // Only transitions speak for the operation.
+        assert_eq!(
+            operation_user(&[started, waiting, within]).as_deref(),
+            Some("alice")
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod ipa;
 mod listing;
 mod network_data;
 mod node_actions;
+mod node_json;
 mod node_logs;
 mod nodes;
 pub mod openapi;

@@ -121,16 +121,7 @@ pub fn gate_node(doc: &mut Map<String, Value>, version: (u32, u32)) {
 
 pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
     let mut internal = mask_secrets(&n.driver_internal_info);
-    // The run state lives in its own column; the parts Ironic shows in
-    // driver_internal_info are shown there (never the token hash).
-    runs_shown(n, &mut internal);
-    // Liveness lives outside the versioned record; shown where Ironic shows it.
-    if let Some(t) = &n.liveness.last_heartbeat {
-        internal.insert("agent_last_heartbeat".into(), time(&Some(*t)));
-    }
-    if let Some(v) = &n.liveness.agent_version {
-        internal.insert("agent_version".into(), Value::from(v.clone()));
-    }
+    internal.extend(internal_shown(n));
     let (clean_step, deploy_step) = steps_with_progress(n);
     let v = json!({
         "uuid": n.uuid,
@@ -210,6 +201,22 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
     m
 }
 
+/// What `driver_internal_info` shows besides the stored (masked) document, each key replacing
+/// a stored one of that name: the run state, which lives in its own column (the parts Ironic
+/// shows there, never the token hash), and the liveness, which lives outside the versioned
+/// record.
+pub(super) fn internal_shown(n: &Node) -> Map<String, Value> {
+    let mut shown = Map::new();
+    runs_shown(n, &mut shown);
+    if let Some(t) = &n.liveness.last_heartbeat {
+        shown.insert("agent_last_heartbeat".into(), time(&Some(*t)));
+    }
+    if let Some(v) = &n.liveness.agent_version {
+        shown.insert("agent_version".into(), Value::from(v.clone()));
+    }
+    shown
+}
+
 /// The run state in `driver_internal_info`: whole under `run_state` (without the agent
 /// token's hash), and the parts Ironic keeps there under its names (the plan and index of a
 /// cleaning or deploy run); the boot the agent token belongs to as `agent_boot_id`.
@@ -237,7 +244,7 @@ fn runs_shown(n: &Node, internal: &mut Map<String, Value>) {
 
 /// `clean_step` and `deploy_step` as shown: the running step with the progress its agent
 /// last reported for that very command (an earlier command's progress is not shown).
-fn steps_with_progress(n: &Node) -> (Value, Value) {
+pub(super) fn steps_with_progress(n: &Node) -> (Value, Value) {
     let running = n.runs.running_command().map(str::to_string);
     let progress = n.liveness.progress.as_ref().filter(|p| {
         running.is_some() && p.get("command_id").and_then(Value::as_str) == running.as_deref()

@@ -203,7 +203,9 @@ impl Conductor {
                     agent_version: Some(req.agent_version.clone()),
                     progress: None,
                 };
-                self.store.record_liveness(&uuid, &liveness).await?;
+                // Directly, not batched: it must be in the store before the token, and no
+                // older heartbeat still queued may land after it.
+                self.liveness.write_now(&uuid, liveness).await?;
             }
             match self.store.update_node(&node).await {
                 Ok(_) => {}
@@ -297,17 +299,22 @@ impl Conductor {
         req: &HeartbeatRequest,
     ) -> Result<Option<Command>, AgentError> {
         let pending = self.store.pending_commands(uuid).await?;
+        Ok(Self::choose_command(pending, req))
+    }
+
+    /// Of a node's `pending` commands, the one to hand the agent now, if any.
+    fn choose_command(pending: Vec<Command>, req: &HeartbeatRequest) -> Option<Command> {
         let reported: Vec<&str> = req.results.iter().map(|r| r.id.as_str()).collect();
         let running = req.running.as_ref().map(|r| r.id.as_str());
         // Aborts may overtake a running step; anything else waits for the agent to be idle.
         if running.is_some() {
-            return Ok(pending.into_iter().find(|c| {
+            return pending.into_iter().find(|c| {
                 matches!(c.kind, CommandKind::Abort { .. }) && Some(c.id.as_str()) != running
-            }));
+            });
         }
-        Ok(pending
+        pending
             .into_iter()
-            .find(|c| !reported.contains(&c.id.as_str())))
+            .find(|c| !reported.contains(&c.id.as_str()))
     }
 
     /// `POST /agent/v1/heartbeat/{node}`: record, ack, and hand out at most one command,
@@ -319,8 +326,8 @@ impl Conductor {
         req: HeartbeatRequest,
     ) -> Result<HeartbeatResponse, AgentError> {
         // The narrow read: a heartbeat needs the agent session and the liveness, not the
-        // node's documents.
-        let node = match self.store.node_summary(ident).await {
+        // node's documents, and the node's queued commands come in the same statement.
+        let (node, pending) = match self.store.node_summary_and_pending(ident).await {
             Ok(n) => n,
             Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
             Err(e) => return Err(e.into()),
@@ -362,11 +369,8 @@ impl Conductor {
                 agent_version: Some(req.agent_version.clone()),
                 progress: progress.or_else(|| node.liveness.progress.clone()),
             };
-            match self.store.record_liveness(&uuid, &liveness).await {
-                Ok(()) => {}
-                Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
-                Err(e) => return Err(e.into()),
-            }
+            // Batched with other nodes' heartbeats, written within liveness::FLUSH_EVERY.
+            self.liveness.record(&uuid, liveness);
         }
 
         drop(node);
@@ -374,7 +378,15 @@ impl Conductor {
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if let Some(cmd) = self.next_command(&uuid, &req).await? {
+        // The commands read with the node serve unless results just came in: those may
+        // have had the conductor queue more, so read again as before.
+        let from_snapshot = acks.is_empty();
+        let command = if from_snapshot {
+            Self::choose_command(pending, &req)
+        } else {
+            self.next_command(&uuid, &req).await?
+        };
+        if let Some(cmd) = command {
             return Ok(HeartbeatResponse {
                 command: Some(cmd),
                 acks,
@@ -385,6 +397,16 @@ impl Conductor {
                 command: None,
                 acks,
             });
+        }
+        // About to hold the poll: a command queued after the snapshot but before the
+        // wake-up above was armed would not wake it, so look once more now that it is.
+        if from_snapshot {
+            if let Some(cmd) = self.next_command(&uuid, &req).await? {
+                return Ok(HeartbeatResponse {
+                    command: Some(cmd),
+                    acks,
+                });
+            }
         }
         let long_poll = Duration::from_secs(self.config.agent.long_poll_s);
         // Shutdown answers held polls at once; the agent comes back to whoever serves next.

@@ -6,6 +6,10 @@
 //! Discovered nodes are marked `driver_internal_info.auto_discovered = true` (Ironic puts the
 //! same flag in the plugin data of discovered nodes) with `discovered_at`.
 //!
+//! A machine whose MACs already belong to a node gets that node back, and the configured end
+//! only while the node is a discovered one still in `enroll`; any other node's machine is
+//! told to wait, never powered off (`end_for_known`).
+//!
 //! The same machine never gets two nodes: port addresses are unique in the store, so of two
 //! concurrent discoveries of one MAC only one creates its ports; the other removes the node it
 //! had just created and answers with the winner's.
@@ -15,6 +19,7 @@ use crate::inspection::derive;
 use crate::store::{Port, PortQuery, StoreError};
 use chrono::Utc;
 use rivet_protocol::discovery::{DiscoverRequest, DiscoverResponse, DiscoveryEnd};
+use rivet_protocol::states::ProvisionState;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -121,8 +126,13 @@ impl Conductor {
             end: cfg.end,
         };
         if let Some(existing) = self.node_with_mac(&macs).await? {
-            tracing::info!(node = %existing, ?macs, "discovery: these MACs already belong to a node; none created");
-            return Ok(answer(existing, false));
+            let end = self.end_for_known(&existing).await?;
+            tracing::info!(node = %existing, ?macs, ?end, "discovery: these MACs already belong to a node; none created");
+            return Ok(DiscoverResponse {
+                node_uuid: existing,
+                created: false,
+                end,
+            });
         }
 
         let inventory = serde_json::to_value(&req.inventory).unwrap_or(Value::Null);
@@ -204,6 +214,32 @@ impl Conductor {
             "discovery: node enrolled"
         );
         Ok(answer(node.uuid, true))
+    }
+
+    /// What a machine whose MACs already belong to node `uuid` should do. The configured end
+    /// is for discovered machines, so it applies to a node discovery enrolled that still
+    /// waits in `enroll` (the machine booted again before the operator took it). Any other
+    /// node is the operator's: a machine that booted the ramdisk on its own (an `active`
+    /// server whose boot order fell back to the network, say) is not powered off behind the
+    /// operator's back. It keeps looking up, as Ironic's agent does when no node expects it,
+    /// and the log names the node and its state.
+    async fn end_for_known(&self, uuid: &str) -> Result<DiscoveryEnd, StoreError> {
+        let node = self.store.get_node(uuid).await?;
+        let discovered = node
+            .driver_internal_info
+            .get("auto_discovered")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        if discovered && node.provision_state == ProvisionState::Enroll {
+            return Ok(self.config.discovery.end);
+        }
+        tracing::warn!(
+            node = %uuid,
+            state = %node.provision_state,
+            "discovery: the machine of this node booted the ramdisk although no operation expects it; \
+             it is left running and keeps looking up (check its boot order if it should not have booted from the network)"
+        );
+        Ok(DiscoveryEnd::Wait)
     }
 
     /// Remove a node created by a discovery that lost a race (best effort: logged).

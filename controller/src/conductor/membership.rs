@@ -100,9 +100,15 @@ impl Conductor {
     /// Write this controller's heartbeat (which keeps its leases alive) and rebuild the ring
     /// from the live controllers. `Ok(true)` when the membership changed.
     pub async fn refresh_membership(&self, starting: bool) -> Result<bool, super::ConductorError> {
-        self.store
-            .conductor_heartbeat(self.id(), &crate::config::hostname(), starting)
-            .await?;
+        {
+            let stopped = self.registration.lock().await;
+            if *stopped {
+                return Ok(false);
+            }
+            self.store
+                .conductor_heartbeat(self.id(), &crate::config::hostname(), starting)
+                .await?;
+        }
         let mut alive: Vec<String> = self
             .store
             .list_conductors(self.dead_after_s())

@@ -18,6 +18,7 @@ pub mod health;
 mod identity;
 mod inspection;
 pub mod inspection_rules;
+mod liveness;
 mod membership;
 mod oob_steps;
 mod periodic;
@@ -69,8 +70,13 @@ pub struct Conductor {
     pub tasks: supervisor::TaskTracker,
     /// Cancelled once, at shutdown: no new node task starts, held long polls answer.
     pub shutdown: supervisor::CancellationToken,
+    /// Agent liveness waiting to be written in one batch ([`liveness`]).
+    liveness: Arc<liveness::LivenessBatcher>,
     /// Test-only fault injection: called with the node before each decision.
     fault_hook: std::sync::RwLock<Option<FaultHook>>,
+    /// Held around each registration heartbeat; `true` once shutdown has marked this
+    /// controller offline, so that a heartbeat racing the shutdown cannot mark it online again.
+    pub(super) registration: tokio::sync::Mutex<bool>,
 }
 
 /// A function the conductor calls before each decision about a node (tests inject panics
@@ -81,6 +87,7 @@ impl Conductor {
     /// A conductor over `store`.
     pub fn new(store: Arc<dyn Store>, config: Config) -> Arc<Conductor> {
         Arc::new(Conductor {
+            liveness: Arc::new(liveness::LivenessBatcher::new(store.clone())),
             store,
             fake: Arc::new(FakeBmc::default()),
             running: Mutex::new(HashMap::new()),
@@ -91,6 +98,7 @@ impl Conductor {
             tasks: supervisor::TaskTracker::new(),
             shutdown: supervisor::CancellationToken::new(),
             fault_hook: std::sync::RwLock::new(None),
+            registration: tokio::sync::Mutex::new(false),
             config,
         })
     }

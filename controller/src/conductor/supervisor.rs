@@ -77,6 +77,12 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 impl Conductor {
+    /// The batched agent liveness writer ([`super::liveness`]); never ends by itself.
+    async fn run_liveness(self: Arc<Self>) -> LoopEnd {
+        self.liveness.clone().run().await;
+        LoopEnd::Failed("the liveness writer ended".into())
+    }
+
     /// The controller-wide loops, supervised: returns only when one of them stopped (why).
     pub async fn run_background(self: Arc<Self>) -> String {
         supervise(vec![
@@ -88,6 +94,10 @@ impl Conductor {
             ),
             ("controller notices", Box::pin(self.clone().run_notices())),
             ("allocations", Box::pin(self.clone().run_allocations())),
+            (
+                "agent liveness writer",
+                Box::pin(self.clone().run_liveness()),
+            ),
             (
                 "metrics listener",
                 Box::pin(crate::metrics::serve_listener(self.clone())),
@@ -134,10 +144,15 @@ impl Conductor {
     pub async fn shut_down(&self) {
         self.shutdown.cancel();
         self.tasks.close();
-        if tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait())
+        let ended = tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait())
             .await
-            .is_err()
-        {
+            .is_ok();
+        // The heartbeats this controller took in are written before its nodes go to others,
+        // which would otherwise see them late and may time a node out.
+        if let Err(e) = self.liveness.flush().await {
+            tracing::warn!(error = %e, "cannot write the last agent liveness before stopping");
+        }
+        if !ended {
             tracing::warn!(
                 running = self.tasks.len(),
                 "node tasks still running after the shutdown grace period; their leases expire with this controller"
@@ -148,8 +163,16 @@ impl Conductor {
             Ok(n) if n > 0 => tracing::info!(count = n, "node leases handed back"),
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "cannot hand the node leases back; they expire with this controller")
+                tracing::warn!(error = %e, "cannot hand the node leases back; they expire with this controller");
+                return;
             }
+        }
+        // Every lease is back: say this controller is gone, so that a restart under its id
+        // (and, on PostgreSQL, the other controllers' ring) need not wait `dead_after_s`.
+        let mut stopped = self.registration.lock().await;
+        *stopped = true;
+        if let Err(e) = self.store.conductor_stopped(self.id()).await {
+            tracing::warn!(error = %e, "cannot mark this controller offline; it counts as dead once its heartbeat is dead_after_s old");
         }
     }
 }

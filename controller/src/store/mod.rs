@@ -9,6 +9,7 @@
 pub mod allocations;
 pub mod counts;
 pub mod decode;
+pub mod migrations;
 pub mod node_logs;
 pub mod node_resources;
 pub mod ports;
@@ -621,6 +622,12 @@ pub trait Store: Send + Sync {
     async fn nodes_in_states(&self, states: &[ProvisionState]) -> Result<Vec<Node>, StoreError>;
     /// The [`NodeSummary`] of a node by UUID or name.
     async fn node_summary(&self, ident: &str) -> Result<NodeSummary, StoreError>;
+    /// [`Store::node_summary`] and [`Store::pending_commands`] of one node in one statement
+    /// (one snapshot, one round trip): what an agent heartbeat reads.
+    async fn node_summary_and_pending(
+        &self,
+        ident: &str,
+    ) -> Result<(NodeSummary, Vec<Command>), StoreError>;
     /// [`NodeSummary`]s of the nodes in any of `states`, oldest first (the periodic scans).
     async fn node_summaries(
         &self,
@@ -632,6 +639,11 @@ pub trait Store: Send + Sync {
     /// Write node `uuid`'s [`Liveness`]: one narrow statement, no version check, the
     /// version and `updated_at` untouched. `NotFound` when there is no such node.
     async fn record_liveness(&self, uuid: &str, liveness: &Liveness) -> Result<(), StoreError>;
+    /// [`Store::record_liveness`] for many nodes in one statement (one transaction, one
+    /// round trip); nodes that no longer exist are skipped. Each UUID at most once. Returns
+    /// how many nodes were written.
+    async fn record_liveness_many(&self, records: &[(String, Liveness)])
+        -> Result<u64, StoreError>;
     /// Delete a node (and its ports) if its version is still `version`.
     async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError>;
     /// Clear reservations held by `conductor` (a restart drops its old claims).
@@ -647,7 +659,11 @@ pub trait Store: Send + Sync {
         hostname: &str,
         starting: bool,
     ) -> Result<(), StoreError>;
-    /// Every registered controller; `alive` when it heartbeat within `dead_after_s`.
+    /// Controller `id` stopped cleanly (its leases are handed back): it counts as dead at
+    /// once instead of after `dead_after_s`. Its next registration heartbeat undoes this.
+    async fn conductor_stopped(&self, id: &str) -> Result<(), StoreError>;
+    /// Every registered controller; `alive` when it is online and heartbeat within
+    /// `dead_after_s`.
     async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError>;
     /// Take the reservation lease of node `uuid` for controller `id`, in one statement: only
     /// when the node is free, already `id`'s, or reserved by a controller that has not

@@ -1,5 +1,5 @@
 //! The agent logs kept with a node: when a step fails on the ramdisk, the tail of the agent's
-//! own log arrives with the failed command result and is stored here (migration 17), like
+//! own log arrives with the failed command result and is stored here (migration 16), like
 //! Ironic's deploy/clean log collection but in the database instead of a log directory. Only
 //! the newest [`NODE_LOGS_KEPT`] per node are kept; the rows go with the node
 //! (`ON DELETE CASCADE`).

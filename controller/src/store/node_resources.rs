@@ -1,6 +1,6 @@
 //! Node sub-resources in the store: volume connectors and targets (Ironic 1.32), and the
 //! BIOS settings and firmware components a node's BMC reported (caches, replaced whole on
-//! each refresh). All rows go with their node (`ON DELETE CASCADE`, migration 14).
+//! each refresh). All rows go with their node (`ON DELETE CASCADE`, migration 13).
 
 use super::queries::SqlStore;
 use super::sql::{placeholders, Access, Arg, Engine, ExecError, SqlRow};

@@ -570,6 +570,28 @@ impl<E: Engine> Store for SqlStore<E> {
             .ok_or_else(|| not_found("node", ident))
     }
 
+    async fn node_summary_and_pending(
+        &self,
+        ident: &str,
+    ) -> Result<(NodeSummary, Vec<Command>), StoreError> {
+        // The same commands, in the same order, as pending_commands.
+        let sql = format!(
+            "SELECT {SUMMARY_SELECT}, (SELECT {} FROM agent_commands c \
+             WHERE c.node_uuid = nodes.uuid AND c.result IS NULL AND c.cancelled = FALSE) \
+             FROM nodes WHERE uuid = $1 OR name = $1 LIMIT 1",
+            self.dialect().json_array_of("c.command", "c.seq")
+        );
+        let (summary, pending) = self
+            .one(Access::Read, &sql, vec![ident.into()], |mut r| {
+                let pending = r.json(14)?;
+                Ok((summary_from_row(r)?, pending))
+            })
+            .await?
+            .ok_or_else(|| not_found("node", ident))?;
+        let pending: Option<Vec<Command>> = parse_json("commands", pending)?;
+        Ok((summary, pending.unwrap_or_default()))
+    }
+
     async fn node_summaries(
         &self,
         states: &[ProvisionState],
@@ -650,6 +672,48 @@ impl<E: Engine> Store for SqlStore<E> {
         super::one_node_row(n, uuid)
     }
 
+    async fn record_liveness_many(
+        &self,
+        records: &[(String, Liveness)],
+    ) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        // The batch goes as one JSON array argument, so the text (and PostgreSQL's prepared
+        // statement) is the same whatever the batch size. Absent members read as NULL on both
+        // engines (a JSON null might not). Times in the text SQLite stores them as (RFC 3339,
+        // microseconds), which PostgreSQL parses.
+        let rows: Vec<Value> = records
+            .iter()
+            .map(|(uuid, l)| {
+                let mut row = Map::new();
+                row.insert("uuid".into(), Value::String(uuid.clone()));
+                if let Some(t) = l.last_heartbeat {
+                    row.insert(
+                        "at".into(),
+                        t.to_rfc3339_opts(chrono::SecondsFormat::Micros, false)
+                            .into(),
+                    );
+                }
+                if let Some(v) = &l.agent_version {
+                    row.insert("version".into(), Value::String(v.clone()));
+                }
+                if let Some(p) = &l.progress {
+                    row.insert("progress".into(), p.clone());
+                }
+                Value::Object(row)
+            })
+            .collect();
+        let d = self.dialect();
+        let sql = format!(
+            "UPDATE nodes SET agent_last_heartbeat = {}, agent_version = (v.value ->> 'version'), \
+             step_progress = (v.value -> 'progress') FROM {} WHERE nodes.uuid = (v.value ->> 'uuid')",
+            d.time_from_text("v.value ->> 'at'"),
+            d.json_rows("$1")
+        );
+        self.write(&sql, vec![Arg::Json(to_json(&rows)?)]).await
+    }
+
     async fn delete_node(&self, uuid: &str, version: i64) -> Result<(), StoreError> {
         // Ports, queued commands and the inventory go with it (ON DELETE CASCADE).
         let n = self
@@ -684,10 +748,10 @@ impl<E: Engine> Store for SqlStore<E> {
     ) -> Result<(), StoreError> {
         // `now()` is the database's clock (SQLite's is this process's: see sqlite.rs).
         self.write(
-            "INSERT INTO conductors (id, hostname, started_at, last_seen) \
-             VALUES ($1, $2, now(), now()) \
+            "INSERT INTO conductors (id, hostname, started_at, last_seen, online) \
+             VALUES ($1, $2, now(), now(), TRUE) \
              ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, \
-             last_seen = excluded.last_seen, \
+             last_seen = excluded.last_seen, online = TRUE, \
              started_at = CASE WHEN $3 THEN excluded.started_at ELSE conductors.started_at END",
             vec![id.into(), hostname.into(), starting.into()],
         )
@@ -695,9 +759,18 @@ impl<E: Engine> Store for SqlStore<E> {
         .map(|_| ())
     }
 
+    async fn conductor_stopped(&self, id: &str) -> Result<(), StoreError> {
+        self.write(
+            "UPDATE conductors SET online = FALSE WHERE id = $1",
+            vec![id.into()],
+        )
+        .await
+        .map(|_| ())
+    }
+
     async fn list_conductors(&self, dead_after_s: u64) -> Result<Vec<ConductorRecord>, StoreError> {
         let sql = format!(
-            "SELECT id, hostname, started_at, last_seen, now() FROM conductors ORDER BY id{}",
+            "SELECT id, hostname, started_at, last_seen, now(), online FROM conductors ORDER BY id{}",
             self.dialect().bytewise()
         );
         let dead = chrono::Duration::seconds(i64::try_from(dead_after_s).unwrap_or(i64::MAX));
@@ -708,7 +781,7 @@ impl<E: Engine> Store for SqlStore<E> {
                 id: r.text(0)?,
                 hostname: r.text(1)?,
                 started_at: r.time(2)?.unwrap_or_default(),
-                alive: now - last_seen < dead,
+                alive: r.flag(5)? && now - last_seen < dead,
                 last_seen,
             })
         })
@@ -727,7 +800,7 @@ impl<E: Engine> Store for SqlStore<E> {
             "UPDATE nodes SET version = version + 1, reservation = $2 \
              WHERE uuid = $1 AND (reservation IS NULL OR reservation <> $2) \
                AND (reservation IS NULL OR NOT EXISTS (SELECT 1 FROM conductors c \
-                   WHERE c.id = nodes.reservation AND c.last_seen > {}))",
+                   WHERE c.id = nodes.reservation AND c.online AND c.last_seen > {}))",
             self.dialect().ago("$3")
         );
         let args = vec![uuid.into(), id.into(), Arg::Float(dead_after_s as f64)];

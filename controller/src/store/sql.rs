@@ -205,6 +205,35 @@ impl Dialect {
         }
     }
 
+    /// A `FROM` source with one row `v` per element of the JSON array argument `param`, the
+    /// element in `v.value` (read with `->` / `->>`, which both dialects have): one
+    /// statement for a batch of rows of any size, so PostgreSQL keeps one prepared statement.
+    pub fn json_rows(self, param: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("json_each({param}) AS v"),
+            Dialect::Postgres => format!("json_array_elements({param}::json) AS v(value)"),
+        }
+    }
+
+    /// `text` (an RFC 3339 time as text) as a time value of this engine: SQLite keeps times
+    /// as that text.
+    pub fn time_from_text(self, text: &str) -> String {
+        match self {
+            Dialect::Sqlite => text.to_string(),
+            Dialect::Postgres => format!("({text})::timestamptz"),
+        }
+    }
+
+    /// An aggregate: the JSON array of JSON column `column` ordered by `order`. The array
+    /// text, or NULL over no rows on PostgreSQL (`[]` on SQLite).
+    pub fn json_array_of(self, column: &str, order: &str) -> String {
+        match self {
+            // Ordered aggregates since SQLite 3.44; json() embeds the text as JSON.
+            Dialect::Sqlite => format!("json_group_array(json({column}) ORDER BY {order})"),
+            Dialect::Postgres => format!("json_agg({column} ORDER BY {order})"),
+        }
+    }
+
     /// True when member `key` of JSON column `column` is a JSON string.
     pub fn json_member_is_string(self, column: &str, key: &str) -> String {
         match self {
