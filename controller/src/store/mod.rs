@@ -637,8 +637,14 @@ pub trait Store: Send + Sync {
     /// new version and `updated_at`.
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError>;
     /// Write node `uuid`'s [`Liveness`]: one narrow statement, no version check, the
-    /// version and `updated_at` untouched. `NotFound` when there is no such node.
-    async fn record_liveness(&self, uuid: &str, liveness: &Liveness) -> Result<(), StoreError>;
+    /// version and `updated_at` untouched. `NotFound` when there is no such node. (The
+    /// one-node case of [`Store::record_liveness_many`], so the statement exists once.)
+    async fn record_liveness(&self, uuid: &str, liveness: &Liveness) -> Result<(), StoreError> {
+        let n = self
+            .record_liveness_many(&[(uuid.to_string(), liveness.clone())])
+            .await?;
+        one_node_row(n, uuid)
+    }
     /// [`Store::record_liveness`] for many nodes in one statement (one transaction, one
     /// round trip); nodes that no longer exist are skipped. Each UUID at most once. Returns
     /// how many nodes were written.

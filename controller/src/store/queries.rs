@@ -656,22 +656,6 @@ impl<E: Engine> Store for SqlStore<E> {
         }
     }
 
-    async fn record_liveness(&self, uuid: &str, liveness: &Liveness) -> Result<(), StoreError> {
-        let n = self
-            .write(
-                "UPDATE nodes SET agent_last_heartbeat = $2, agent_version = $3, \
-                 step_progress = $4 WHERE uuid = $1",
-                vec![
-                    uuid.into(),
-                    liveness.last_heartbeat.into(),
-                    liveness.agent_version.clone().into(),
-                    opt_json(&liveness.progress),
-                ],
-            )
-            .await?;
-        super::one_node_row(n, uuid)
-    }
-
     async fn record_liveness_many(
         &self,
         records: &[(String, Liveness)],
