@@ -741,9 +741,9 @@ pub async fn fleet(o: FleetOpts, r: RateOpts) -> Result<Vec<String>> {
         )
         .await?;
         let row = format!(
-            "| fleet: {n} agents long-polling (`wait: true`, long_poll_s = {hold}){} | {n} polls held open, {:.0} hb/s, {} errors; rivetd {}, peak RSS {}{}; generator {:.2} cores, other processes {:.2} | `rivet-bench fleet --nodes {n} --rates 0 --long-poll-phase{}` |",
+            "| fleet: {n} agents long-polling (`wait: true`, long_poll_s = {hold}){} | {n} polls held open, {:.0} hb/s, {} errors; rivetd {}, RSS while the polls are held {} (sampled every second; peak over rivetd's whole run {}){}; generator {:.2} cores, other processes {:.2} | `rivet-bench fleet --nodes {n} --rates 0 --long-poll-phase{}` |",
             where_text(&o),
-            m.rate, m.errors, cores_text(&m.each), mib(m.hwm_kib), pg_text(m.pg), m.gen, m.other,
+            m.rate, m.errors, cores_text(&m.each), mib(m.rss_during_kib), mib(m.hwm_kib), pg_text(m.pg), m.gen, m.other,
             o.flags(),
         );
         eprintln!("{row}");
@@ -774,7 +774,11 @@ struct Measured {
     pg: Option<f64>,
     gen: f64,
     other: f64,
+    /// Peak resident memory of the largest controller over its whole life so far.
     hwm_kib: u64,
+    /// The largest resident memory of any controller sampled (every second) while the
+    /// phase was measured: what the phase itself costs, not the set-up or earlier phases.
+    rss_during_kib: u64,
 }
 
 /// Switch the agents to `phase`, let it settle for `warmup` s, record for `seconds` s.
@@ -794,7 +798,16 @@ async fn measure(
     let me = CpuMeter::start(None);
     let all = MachineMeter::start();
     let t = Instant::now();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let pids: Vec<u32> = f.rivetds.iter().map(Rivetd::pid).collect();
+    let mut rss_during_kib = 0;
+    while t.elapsed() < Duration::from_secs(seconds) {
+        for p in &pids {
+            let kib = crate::procstat::vm_kib(*p, "VmRSS").unwrap_or(0);
+            rss_during_kib = rss_during_kib.max(kib);
+        }
+        let left = Duration::from_secs(seconds).saturating_sub(t.elapsed());
+        tokio::time::sleep(left.min(Duration::from_secs(1))).await;
+    }
     let (lat, errors) = rec.stop();
     let wall = t.elapsed().as_secs_f64();
     let each: Vec<f64> = cpus.iter().map(CpuMeter::cores).collect();
@@ -811,5 +824,6 @@ async fn measure(
         gen,
         other: (all.cores() - cores - gen - pg.unwrap_or(0.0)).max(0.0),
         hwm_kib: f.rivetds.iter().map(Rivetd::hwm_kib).max().unwrap_or(0),
+        rss_during_kib,
     })
 }

@@ -280,6 +280,12 @@ pub struct ApiConfig {
     /// `Connection: close`, so one client cannot hold a connection (and its worker) forever
     /// and load spreads when clients reconnect; 0 = no limit.
     pub max_requests_per_connection: u64,
+    /// Requests on plain-TCP connections that are read and worked on at once; more wait,
+    /// unread, in their sockets until one finishes (a held long poll stops counting once it
+    /// is parked). A whole fleet heartbeating at the same moment — after a restart, or when
+    /// every held poll times out together — then costs this many requests' memory, not the
+    /// fleet's. Well above what two cores serve at once; 0 = no limit.
+    pub max_requests_in_progress: usize,
     /// Failed admin authentications accepted per source address per minute; beyond it 429
     /// (and no audit row each: the log says it once a minute). Guessing credentials, or a
     /// stranger filling the audit trail, is bounded; 0 = no limit.
@@ -290,7 +296,8 @@ pub struct ApiConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentSettings {
-    /// How long a heartbeat is held open when there is nothing to send.
+    /// How long a heartbeat is held open when there is nothing to send (each poll between 80 %
+    /// and 100 % of it, at random, so that agents that started together drift apart).
     pub long_poll_s: u64,
     /// No heartbeat for this long fails the node's wait state.
     pub heartbeat_timeout_s: u64,
@@ -386,6 +393,7 @@ impl Default for ApiConfig {
             max_limit: 1000,
             header_read_timeout_s: 10,
             max_requests_per_connection: 1000,
+            max_requests_in_progress: 1024,
             failed_auth_per_minute: 60,
         }
     }

@@ -16,6 +16,7 @@
 //! ([`Rewind`]). TLS connections always use hyper: rustls keeps its own per-connection buffers
 //! anyway, so this would save little there.
 
+use crate::api::deferred::{self, CallerResolves};
 use crate::server::PeerAddr;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
@@ -24,10 +25,12 @@ use futures_util::{FutureExt, StreamExt};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -43,24 +46,58 @@ const FIRST_READ: usize = 2048;
 /// Body bytes up to this much are copied next to the answer's head and sent in one write.
 const COALESCE: usize = 16 * 1024;
 
+/// How many requests are read and worked on at once, across every plain-TCP connection
+/// (`[api] max_requests_in_progress`). A connection waits for its turn before it reads a
+/// request, so a waiting request costs nothing but its bytes in the kernel's socket buffer;
+/// the turn ends when the app answers — or parks the answer ([`crate::api`]'s deferred
+/// answers: a held long poll).
+#[derive(Clone)]
+pub struct Admission(Option<Arc<Semaphore>>);
+
+impl Admission {
+    /// At most `limit` at once; 0 = no limit.
+    pub fn new(limit: usize) -> Admission {
+        Admission((limit > 0).then(|| Arc::new(Semaphore::new(limit))))
+    }
+
+    /// A turn (`None` without a limit).
+    async fn turn(&self) -> Option<OwnedSemaphorePermit> {
+        // The semaphore is never closed, so acquiring fails never; if it did, go unlimited.
+        self.0.clone()?.acquire_owned().await.ok()
+    }
+}
+
+/// The per-connection limits of [`serve`].
+pub struct Limits {
+    /// From the moment the server waits for a request until its head is complete (hyper's
+    /// `header_read_timeout` starts at that moment too, so it also bounds idle keep-alive).
+    pub header_timeout: Duration,
+    /// `Connection: close` on the `max_requests`-th answer (0 = no limit).
+    pub max_requests: u64,
+    /// The turn to take before reading each request.
+    pub admission: Admission,
+}
+
 /// Serve one plain-TCP connection until the peer closes, an answer closes it, or `stopping`
 /// finds it idle. Same contract as [`crate::server`]'s hyper path: the `PeerAddr` extension,
-/// `header_timeout` from the moment the server waits for a request until its head is complete
-/// (hyper's `header_read_timeout` starts at that moment too, so it also bounds idle
-/// keep-alive), and `Connection: close` on the `max_requests`-th answer (0 = no limit).
+/// the header timeout and `Connection: close` on the last answer (see [`Limits`]).
 pub async fn serve(
     mut tcp: TcpStream,
     peer: SocketAddr,
     app: axum::Router,
-    header_timeout: Duration,
-    max_requests: u64,
+    limits: Limits,
     stopping: CancellationToken,
 ) {
     use tower_service::Service;
+    let Limits {
+        header_timeout,
+        max_requests,
+        admission,
+    } = limits;
     let mut served = 0u64;
     loop {
         let deadline = Instant::now() + header_timeout;
-        let (buf, head) = match read_head(&mut tcp, deadline, &stopping).await {
+        let (buf, head, turn) = match read_head(&mut tcp, deadline, &admission, &stopping).await {
             Ok(Some(h)) => h,
             Ok(None) => return,
             Err(e) => {
@@ -74,6 +111,7 @@ pub async fn serve(
                 return;
             }
             Head::HandOff => {
+                drop(turn);
                 let rest = if max_requests == 0 {
                     0
                 } else {
@@ -91,42 +129,62 @@ pub async fn serve(
                 return Box::pin(fut).await;
             }
         };
-        let Lean {
-            req,
-            head_len,
-            body_len,
-            mut close,
-        } = *lean;
-        let end = head_len + body_len;
-        // The body in its own exact-size allocation, and the head buffer gone before the app
-        // runs: a held poll must not keep kilobytes of buffer alive.
-        let (body, pipelined) = if buf.len() >= end {
-            let pipelined = (buf.len() > end).then(|| Bytes::copy_from_slice(&buf[end..]));
-            (Bytes::copy_from_slice(&buf[head_len..end]), pipelined)
-        } else {
-            let mut body = vec![0u8; body_len];
-            body[..buf.len() - head_len].copy_from_slice(&buf[head_len..]);
-            let got = buf.len() - head_len;
-            drop(buf);
-            if let Err(e) = tcp.read_exact(&mut body[got..]).await {
-                return tracing::debug!(%peer, error = %e, "connection ended inside a request body");
-            }
-            (Bytes::from(body), None)
-        };
-        let is_head = req.method() == Method::HEAD;
-        let v10 = req.version() == Version::HTTP_10;
-        let mut req = req.map(|()| {
-            if body.is_empty() {
-                Body::empty()
+        // In a block, so that nothing of the request's head — the 2 KiB head buffer above
+        // all — is kept in this future past the call (a binding lives to the end of its
+        // scope, and this loop's scope spans a held poll's whole wait).
+        let (mut fut, pipelined, is_head, v10, mut close) = {
+            let Lean {
+                req,
+                head_len,
+                body_len,
+                close,
+            } = *lean;
+            let end = head_len + body_len;
+            // The body in its own exact-size allocation, and the head buffer gone before the
+            // app runs.
+            let (body, pipelined) = if buf.len() >= end {
+                let pipelined = (buf.len() > end).then(|| Bytes::copy_from_slice(&buf[end..]));
+                let body = Bytes::copy_from_slice(&buf[head_len..end]);
+                drop(buf);
+                (body, pipelined)
             } else {
-                Body::from(body)
-            }
-        });
-        req.extensions_mut().insert(PeerAddr(peer));
-        served += 1;
+                let mut body = vec![0u8; body_len];
+                body[..buf.len() - head_len].copy_from_slice(&buf[head_len..]);
+                let got = buf.len() - head_len;
+                drop(buf);
+                if let Err(e) = tcp.read_exact(&mut body[got..]).await {
+                    return tracing::debug!(%peer, error = %e, "connection ended inside a request body");
+                }
+                (Bytes::from(body), None)
+            };
+            let is_head = req.method() == Method::HEAD;
+            let v10 = req.version() == Version::HTTP_10;
+            let mut req = req.map(|()| {
+                if body.is_empty() {
+                    Body::empty()
+                } else {
+                    Body::from(body)
+                }
+            });
+            req.extensions_mut().insert(PeerAddr(peer));
+            // A deferred answer (a held poll) comes back as its placeholder, so that the turn
+            // ends when it is parked rather than when it is answered.
+            req.extensions_mut().insert(CallerResolves);
+            served += 1;
+            // Both boxed: the router's future (~1.3 KiB) lives only until the app answers or
+            // parks its answer, and this one — small once the router's future is out of it —
+            // only while a request is in progress, so that neither sizes every connection's
+            // task nor stays allocated for a held poll's whole wait.
+            let call = Box::pin(app.clone().call(req));
+            let fut = Box::pin(async move {
+                let Ok(resp) = call.await;
+                drop(turn);
+                deferred::finish(resp).await
+            });
+            (fut, pipelined, is_head, v10, close)
+        };
         let last = max_requests > 0 && served >= max_requests;
-        let mut fut = std::pin::pin!(app.clone().call(req));
-        let answer = if pipelined.is_some() {
+        let resp = if pipelined.is_some() {
             fut.await
         } else {
             // Watch for the peer going away without a buffer: a dead agent's held poll is
@@ -141,7 +199,6 @@ pub async fn serve(
                 },
             }
         };
-        let Ok(resp) = answer;
         if last && max_requests == served {
             tracing::debug!(%peer, requests = served, "request limit of this connection reached; closing it after this answer");
         }
@@ -187,14 +244,16 @@ struct Lean {
 const TOO_LARGE: &[u8] =
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
-/// Wait for a request and read its head. `None`: the peer closed, `stopping` found the
-/// connection idle, or `deadline` passed (closing, like hyper's header timeout).
+/// Wait for a request, for its turn, and read its head. `None`: the peer closed, `stopping`
+/// found the connection idle, or `deadline` passed (closing, like hyper's header timeout).
 async fn read_head(
     tcp: &mut TcpStream,
     deadline: Instant,
+    admission: &Admission,
     stopping: &CancellationToken,
-) -> io::Result<Option<(Vec<u8>, Head)>> {
+) -> io::Result<Option<(Vec<u8>, Head, Option<OwnedSemaphorePermit>)>> {
     // Idle: no buffer until the socket has something to read.
+    let mut turn = None;
     let mut buf = loop {
         // Biased to the socket: a request that arrived as the deadline passed (or as
         // shutdown began) is served, not cut off with a reset.
@@ -204,6 +263,14 @@ async fn read_head(
             _ = stopping.cancelled() => return Ok(None),
             _ = tokio::time::sleep_until(deadline) => return Ok(None),
         }
+        if turn.is_none() {
+            // Waiting for a turn is the server's doing, not the client's: no deadline here
+            // (the head's deadline applies again once reading starts).
+            tokio::select! {
+                t = admission.turn() => turn = Some(t),
+                _ = stopping.cancelled() => return Ok(None),
+            }
+        }
         let mut buf = Vec::with_capacity(FIRST_READ);
         match tcp.try_read_buf(&mut buf) {
             Ok(0) => return Ok(None),
@@ -212,12 +279,13 @@ async fn read_head(
             Err(e) => return Err(e),
         }
     };
+    let turn = turn.flatten();
     loop {
         if let Some(head) = parse(&buf) {
-            return Ok(Some((buf, head)));
+            return Ok(Some((buf, head, turn)));
         }
         if buf.len() >= MAX_HEAD {
-            return Ok(Some((buf, Head::TooLarge)));
+            return Ok(Some((buf, Head::TooLarge, turn)));
         }
         if buf.len() == buf.capacity() {
             buf.reserve(buf.len());
@@ -536,6 +604,7 @@ impl AsyncWrite for Rewind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::response::IntoResponse;
     use axum::routing::{get, post};
     use axum::Router;
     use tokio::net::TcpListener;
@@ -599,14 +668,12 @@ mod tests {
         let app = app(dropped);
         tokio::spawn(async move {
             while let Ok((tcp, peer)) = listener.accept().await {
-                tokio::spawn(serve(
-                    tcp,
-                    peer,
-                    app.clone(),
-                    timeout,
+                let limits = Limits {
+                    header_timeout: timeout,
                     max_requests,
-                    stop.clone(),
-                ));
+                    admission: Admission::new(0),
+                };
+                tokio::spawn(serve(tcp, peer, app.clone(), limits, stop.clone()));
             }
         });
         addr
@@ -936,6 +1003,103 @@ mod tests {
             .expect("guard");
     }
 
+    /// A server with a turn limit of 1 and two waiting routes: `/parked` answers through a
+    /// deferred answer, `/gate` holds its handler; both end when `release` is notified.
+    async fn one_at_a_time(release: Arc<tokio::sync::Notify>) -> SocketAddr {
+        let (parked, gate) = (release.clone(), release);
+        let app = app(Slot::default())
+            .route(
+                "/parked",
+                get(move || {
+                    let release = parked.clone();
+                    async move {
+                        deferred::response(async move {
+                            release.notified().await;
+                            "parked answer".into_response()
+                        })
+                    }
+                }),
+            )
+            .route(
+                "/gate",
+                get(move || {
+                    let release = gate.clone();
+                    async move {
+                        release.notified().await;
+                        "gate"
+                    }
+                }),
+            );
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let admission = Admission::new(1);
+        tokio::spawn(async move {
+            while let Ok((tcp, peer)) = listener.accept().await {
+                let limits = Limits {
+                    header_timeout: Duration::from_secs(5),
+                    max_requests: 0,
+                    admission: admission.clone(),
+                };
+                tokio::spawn(serve(
+                    tcp,
+                    peer,
+                    app.clone(),
+                    limits,
+                    CancellationToken::new(),
+                ));
+            }
+        });
+        addr
+    }
+
+    /// Whether an answer starts arriving within `wait`.
+    async fn answers_within(c: &mut Client, wait: Duration) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(wait, c.tcp.peek(&mut byte)).await,
+            Ok(Ok(n)) if n > 0
+        )
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_for_its_turn_while_the_limit_is_busy() {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let addr = one_at_a_time(release.clone()).await;
+        let mut busy = Client::new(addr).await;
+        busy.send(b"GET /gate HTTP/1.1\r\n\r\n").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut waiting = Client::new(addr).await;
+        waiting.send(HELLO).await;
+        assert!(
+            !answers_within(&mut waiting, Duration::from_millis(300)).await,
+            "with a limit of 1 and one request in progress, the second must wait"
+        );
+        release.notify_waiters();
+        assert_eq!(busy.answer(false).await.body, b"gate");
+        assert_eq!(waiting.answer(false).await.body, b"hello");
+    }
+
+    #[tokio::test]
+    async fn a_parked_answer_gives_its_turn_back_and_is_answered_later() {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let addr = one_at_a_time(release.clone()).await;
+        let mut held = Client::new(addr).await;
+        held.send(b"GET /parked HTTP/1.1\r\n\r\n").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut other = Client::new(addr).await;
+        for _ in 0..3 {
+            other.send(HELLO).await;
+            assert_eq!(other.answer(false).await.body, b"hello");
+        }
+        assert!(!answers_within(&mut held, Duration::from_millis(100)).await);
+        release.notify_waiters();
+        let a = held.answer(false).await;
+        assert_eq!((a.status, a.body.as_slice()), (200, &b"parked answer"[..]));
+        // The connection goes on, one turn at a time as before.
+        held.send(HELLO).await;
+        assert_eq!(held.answer(false).await.body, b"hello");
+    }
+
     #[tokio::test]
     async fn max_requests_closes_the_connection() {
         let addr = server(
@@ -984,14 +1148,12 @@ mod tests {
             while let Ok((tcp, peer)) = listener.accept().await {
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let token = CancellationToken::new();
-                tokio::spawn(serve(
-                    tcp,
-                    peer,
-                    app.clone(),
-                    Duration::from_secs(5),
-                    0,
-                    token,
-                ));
+                let limits = Limits {
+                    header_timeout: Duration::from_secs(5),
+                    max_requests: 0,
+                    admission: Admission::new(0),
+                };
+                tokio::spawn(serve(tcp, peer, app.clone(), limits, token));
             }
         });
         let client = reqwest::Client::new();

@@ -109,6 +109,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let header_timeout = Duration::from_secs(config.api.header_read_timeout_s.max(1));
     let max_requests = config.api.max_requests_per_connection;
+    let admission = crate::http1::Admission::new(config.api.max_requests_in_progress);
     let (conductor, app) = build(config).await?;
     let background = tokio::spawn(conductor.clone().run_background());
     tokio::pin!(background);
@@ -124,7 +125,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let stopping = conductor.shutdown.clone();
     loop {
         let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
+            // Unconstrained: accepting is cheap, and under tokio's cooperative budget this
+            // loop would yield every 128 connections and wait behind every request task;
+            // a fleet reconnecting at once then overflowed the kernel's accept queue.
+            accepted = tokio::task::unconstrained(listener.accept()) => match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     // Out of file descriptors and the like: log, breathe, keep serving.
@@ -156,6 +160,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         let app = app.clone();
         let tls = tls.clone();
         let stopping = stopping.clone();
+        let admission = admission.clone();
         connections.spawn(async move {
             let _ = tcp.set_nodelay(true);
             match tls {
@@ -185,8 +190,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 }
                 // Plain TCP: the lean server, so that held long polls own no hyper buffers.
                 None => {
-                    crate::http1::serve(tcp, peer, app, header_timeout, max_requests, stopping)
-                        .await
+                    let limits = crate::http1::Limits {
+                        header_timeout,
+                        max_requests,
+                        admission,
+                    };
+                    crate::http1::serve(tcp, peer, app, limits, stopping).await
                 }
             }
         });

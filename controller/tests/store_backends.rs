@@ -552,6 +552,41 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     ));
     assert!(s.node_summaries(&[]).await.expect("none").is_empty());
 
+    // Page by page (as the periodic scan reads): the same summaries, by UUID, each once.
+    let waits = [ProvisionState::InspectWait, ProvisionState::CleanWait];
+    let (mut paged, mut after) = (Vec::new(), None::<String>);
+    loop {
+        let page = s
+            .node_summaries_page(&waits, after.as_deref(), 2)
+            .await
+            .expect("page");
+        assert!(page.len() <= 2, "a page holds at most its limit");
+        let Some(last) = page.last() else { break };
+        after = Some(last.uuid.clone());
+        paged.extend(page);
+    }
+    let mut by_uuid = summaries.clone();
+    by_uuid.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+    assert_eq!(paged, by_uuid);
+    let rest = s
+        .node_summaries_page(&waits, Some("z0"), 10)
+        .await
+        .expect("after z0");
+    assert_eq!(
+        rest.iter().map(|n| n.uuid.as_str()).collect::<Vec<_>>(),
+        ["z2", "z3"]
+    );
+    assert!(s
+        .node_summaries_page(&waits, None, 0)
+        .await
+        .expect("limit 0")
+        .is_empty());
+    assert!(s
+        .node_summaries_page(&[], None, 10)
+        .await
+        .expect("no states")
+        .is_empty());
+
     assert_eq!(s.release_reservations("c1").await.expect("release"), 2);
     assert_eq!(s.release_reservations("c1").await.expect("again"), 0);
     let z0 = s.get_node("z0").await.expect("z0");

@@ -11,7 +11,7 @@
 
 use super::ratelimit::{Decision, RateLimiter, SourceKey};
 use super::{ApiError, AppState, JsonBody};
-use crate::conductor::agent::AgentError;
+use crate::conductor::agent::{AgentError, Heartbeat};
 use crate::config::AgentSettings;
 use crate::server::PeerAddr;
 use axum::extract::{Path, State};
@@ -133,7 +133,21 @@ async fn heartbeat(
         .heartbeat(&node, token.as_deref(), req)
         .await
     {
-        Ok(resp) => return Json(resp).into_response(),
+        Ok(Heartbeat::Now(resp)) => return Json(resp).into_response(),
+        // Everything of this request is dropped now; the poll waits in the outermost layer.
+        Ok(Heartbeat::Held(held)) => {
+            return super::deferred::response(async move {
+                match held.answer().await {
+                    Ok(resp) => Json(resp).into_response(),
+                    // The token was good when the poll was held; losing it since means the
+                    // operation ended, which is not a failed check to charge to the source.
+                    Err(AgentError::NotFound) => {
+                        ApiError::from(AgentError::Unauthorized).into_response()
+                    }
+                    Err(e) => ApiError::from(e).into_response(),
+                }
+            });
+        }
         Err(e) => e,
     };
     // A failed token check is charged to its source; only once the source is over its limit

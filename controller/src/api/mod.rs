@@ -12,6 +12,7 @@ mod body;
 mod boot;
 mod chassis;
 mod conductors;
+pub(crate) mod deferred;
 mod deploy_templates;
 mod discovery;
 mod drivers;
@@ -207,6 +208,8 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), audit::record))
         .layer(middleware::from_fn(crate::metrics::http))
+        // Outermost: a held long poll waits here, after every layer above has let go.
+        .layer(middleware::from_fn(deferred::resolve))
         .with_state(state)
 }
 

@@ -14,7 +14,14 @@ use rivet_protocol::states::ProvisionState;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
+
+/// Held polls that read their answer from the store at once. Polls held together end
+/// together (a fleet that started polling in one moment times out in one moment, every
+/// `long_poll_s`); beyond this many, the rest wait their turn as small parked futures instead
+/// of each allocating its store reads at the same instant.
+pub(super) const ANSWERING_AT_ONCE: usize = 256;
 
 /// How often an agent's liveness is written when nothing else changed.
 const LIVENESS_WRITE_EVERY: chrono::Duration = chrono::Duration::seconds(2);
@@ -96,7 +103,109 @@ fn new_token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
+/// What a heartbeat asked for, as far as choosing its command goes: kept instead of the
+/// whole request while a poll is held.
+struct Asked {
+    /// The command the agent runs now.
+    running: Option<String>,
+    /// The commands whose results this heartbeat carried.
+    reported: Vec<String>,
+    /// Whether the agent waits for a command (`wait: true`).
+    wait: bool,
+}
+
+impl Asked {
+    fn of(req: &HeartbeatRequest) -> Asked {
+        Asked {
+            running: req.running.as_ref().map(|r| r.id.clone()),
+            reported: req.results.iter().map(|r| r.id.clone()).collect(),
+            wait: req.wait,
+        }
+    }
+}
+
+/// What a heartbeat gets.
+pub enum Heartbeat {
+    /// The answer, now.
+    Now(HeartbeatResponse),
+    /// Nothing to send yet and the agent waits: [`HeldPoll::answer`] waits for a command.
+    Held(HeldPoll),
+}
+
+/// A long poll between its checks and its answer.
+///
+/// Why a value rather than the rest of the request's future: 10,000 agents hold a poll each,
+/// all the time. Everything the request needed until here (its head, its body, the extractors,
+/// the middleware's state and spans, the store calls' futures) is gone; what waits is this —
+/// the node, the token to check again, what to choose a command by, and the armed wake-up —
+/// a few hundred bytes. The HTTP layer answers it when it is ready
+/// ([`crate::api::agent`]'s deferred response).
+pub struct HeldPoll {
+    conductor: Arc<Conductor>,
+    uuid: String,
+    token: Option<String>,
+    asked: Asked,
+    acks: Vec<String>,
+    notified: OwnedNotified,
+}
+
+impl HeldPoll {
+    /// Wait up to `long_poll_s` for a command (or shutdown), then answer: the command if one
+    /// came, or none; 401 if the operation ended meanwhile and took the token with it.
+    pub async fn answer(self) -> Result<HeartbeatResponse, AgentError> {
+        let HeldPoll {
+            conductor,
+            uuid,
+            token,
+            asked,
+            acks,
+            notified,
+        } = self;
+        let long_poll = held_for(conductor.config.agent.long_poll_s, rand::random::<f64>());
+        {
+            let _held = crate::metrics::long_poll_held();
+            // Shutdown answers held polls at once; the agent comes back to whoever serves next.
+            tokio::select! {
+                _ = tokio::time::timeout(long_poll, notified) => {}
+                _ = conductor.shutdown.cancelled() => {}
+            }
+        }
+        // The semaphore is never closed; if it were, answering without a turn is still right.
+        let _turn = conductor.answering.acquire().await.ok();
+        // Boxed: the store calls' futures are allocated only now, not for the whole wait.
+        Box::pin(conductor.after_hold(&uuid, token.as_deref(), &asked, acks)).await
+    }
+}
+
+/// How long a poll is held: between 80 % and 100 % of `long_poll_s`, by `draw` in [0, 1).
+/// Why not exactly `long_poll_s`: agents that began polling in one moment (a restart, a
+/// network blip, a bench) would otherwise all come back in one moment, every `long_poll_s`,
+/// for as long as they run; spread over a fifth of the period, they stop arriving together
+/// within a few rounds.
+fn held_for(long_poll_s: u64, draw: f64) -> Duration {
+    Duration::from_secs(long_poll_s).mul_f64(0.8 + 0.2 * draw.clamp(0.0, 1.0))
+}
+
 impl Conductor {
+    /// The end of a held poll.
+    async fn after_hold(
+        &self,
+        uuid: &str,
+        token: Option<&str>,
+        asked: &Asked,
+        acks: Vec<String>,
+    ) -> Result<HeartbeatResponse, AgentError> {
+        // The operation may have ended while we waited (the token goes with it): tell the
+        // agent now rather than at its next heartbeat.
+        match self.store.node_summary(uuid).await {
+            Ok(n) => Self::check_token(&n, token)?,
+            Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
+            Err(e) => return Err(e.into()),
+        }
+        let command = self.next_command(uuid, asked).await?;
+        Ok(HeartbeatResponse { command, acks })
+    }
+
     /// The wake-up handle of a node's long polls.
     pub fn wakeup(&self, uuid: &str) -> Arc<Notify> {
         let mut map = match self.wakeups.lock() {
@@ -293,38 +402,33 @@ impl Conductor {
     }
 
     /// The command to hand the agent now, if any.
-    async fn next_command(
-        &self,
-        uuid: &str,
-        req: &HeartbeatRequest,
-    ) -> Result<Option<Command>, AgentError> {
+    async fn next_command(&self, uuid: &str, asked: &Asked) -> Result<Option<Command>, AgentError> {
         let pending = self.store.pending_commands(uuid).await?;
-        Ok(Self::choose_command(pending, req))
+        Ok(Self::choose_command(pending, asked))
     }
 
     /// Of a node's `pending` commands, the one to hand the agent now, if any.
-    fn choose_command(pending: Vec<Command>, req: &HeartbeatRequest) -> Option<Command> {
-        let reported: Vec<&str> = req.results.iter().map(|r| r.id.as_str()).collect();
-        let running = req.running.as_ref().map(|r| r.id.as_str());
+    fn choose_command(pending: Vec<Command>, asked: &Asked) -> Option<Command> {
         // Aborts may overtake a running step; anything else waits for the agent to be idle.
-        if running.is_some() {
-            return pending.into_iter().find(|c| {
-                matches!(c.kind, CommandKind::Abort { .. }) && Some(c.id.as_str()) != running
-            });
+        if let Some(running) = &asked.running {
+            return pending
+                .into_iter()
+                .find(|c| matches!(c.kind, CommandKind::Abort { .. }) && &c.id != running);
         }
         pending
             .into_iter()
-            .find(|c| !reported.contains(&c.id.as_str()))
+            .find(|c| !asked.reported.contains(&c.id))
     }
 
-    /// `POST /agent/v1/heartbeat/{node}`: record, ack, and hand out at most one command,
-    /// holding the request open up to `long_poll_s` when there is nothing to send.
+    /// `POST /agent/v1/heartbeat/{node}`: record, ack, and hand out at most one command, or
+    /// — when there is nothing to send and the agent waits — a [`HeldPoll`] that answers
+    /// within `long_poll_s`.
     pub async fn heartbeat(
         self: &Arc<Self>,
         ident: &str,
         token: Option<&str>,
         req: HeartbeatRequest,
-    ) -> Result<HeartbeatResponse, AgentError> {
+    ) -> Result<Heartbeat, AgentError> {
         // The narrow read: a heartbeat needs the agent session and the liveness, not the
         // node's documents, and the node's queued commands come in the same statement.
         let (node, pending) = match self.store.node_summary_and_pending(ident).await {
@@ -374,60 +478,61 @@ impl Conductor {
         }
 
         drop(node);
-        let wake = self.wakeup(&uuid);
-        let notified = wake.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
+        let asked = Asked::of(&req);
+        drop(req);
+        // Armed before the commands are read: a command queued from here on wakes the poll
+        // (wake-ups are `notify_waiters`, which a `Notified` receives from its creation on).
+        let notified = self.wakeup(&uuid).notified_owned();
         // The commands read with the node serve unless results just came in: those may
         // have had the conductor queue more, so read again as before.
         let from_snapshot = acks.is_empty();
         let command = if from_snapshot {
-            Self::choose_command(pending, &req)
+            Self::choose_command(pending, &asked)
         } else {
-            self.next_command(&uuid, &req).await?
+            self.next_command(&uuid, &asked).await?
         };
-        if let Some(cmd) = command {
-            return Ok(HeartbeatResponse {
-                command: Some(cmd),
-                acks,
-            });
-        }
-        if !req.wait {
-            return Ok(HeartbeatResponse {
-                command: None,
-                acks,
-            });
+        if command.is_some() || !asked.wait {
+            return Ok(Heartbeat::Now(HeartbeatResponse { command, acks }));
         }
         // About to hold the poll: a command queued after the snapshot but before the
         // wake-up above was armed would not wake it, so look once more now that it is.
         if from_snapshot {
-            if let Some(cmd) = self.next_command(&uuid, &req).await? {
-                return Ok(HeartbeatResponse {
+            if let Some(cmd) = self.next_command(&uuid, &asked).await? {
+                return Ok(Heartbeat::Now(HeartbeatResponse {
                     command: Some(cmd),
                     acks,
-                });
+                }));
             }
         }
-        let long_poll = Duration::from_secs(self.config.agent.long_poll_s);
-        // Shutdown answers held polls at once; the agent comes back to whoever serves next.
-        let _held = crate::metrics::long_poll_held();
-        tokio::select! {
-            _ = tokio::time::timeout(long_poll, notified) => {}
-            _ = self.shutdown.cancelled() => {}
-        }
-        // The operation may have ended while we waited (the token goes with it): tell the
-        // agent now rather than at its next heartbeat.
-        match self.store.node_summary(&uuid).await {
-            Ok(n) => Self::check_token(&n, token)?,
-            Err(StoreError::NotFound { .. }) => return Err(AgentError::NotFound),
-            Err(e) => return Err(e.into()),
-        }
-        let command = self.next_command(&uuid, &req).await?;
-        Ok(HeartbeatResponse { command, acks })
+        Ok(Heartbeat::Held(HeldPoll {
+            conductor: self.clone(),
+            uuid,
+            token: token.map(str::to_owned),
+            asked,
+            acks,
+            notified,
+        }))
     }
 
     /// New agent results may move the node's operation on.
     fn on_results(self: &Arc<Self>, uuid: &str) {
         self.kick(uuid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poll_is_held_between_four_fifths_and_all_of_long_poll_s() {
+        assert_eq!(held_for(30, 0.0), Duration::from_secs(24));
+        assert_eq!(held_for(30, 0.5), Duration::from_secs(27));
+        assert!(held_for(30, 0.999_999) <= Duration::from_secs(30));
+        assert!(held_for(30, 0.999_999) > Duration::from_millis(29_999));
+        // A draw outside [0, 1) cannot hold a poll longer than asked or shorter than 80 %.
+        assert_eq!(held_for(30, 7.0), Duration::from_secs(30));
+        assert_eq!(held_for(30, -1.0), Duration::from_secs(24));
+        assert_eq!(held_for(0, 0.5), Duration::ZERO);
     }
 }

@@ -64,6 +64,8 @@ pub struct Conductor {
     running: Mutex<HashMap<String, bool>>,
     /// Per-node wake-ups of agent long polls.
     wakeups: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Held polls reading their answer at once ([`agent::HeldPoll::answer`]).
+    answering: tokio::sync::Semaphore,
     /// Live controllers sharing the store; a node's work belongs to its owner on this ring.
     ring: std::sync::RwLock<Arc<crate::cluster::HashRing>>,
     /// Node tasks (waited for at shutdown).
@@ -92,6 +94,7 @@ impl Conductor {
             fake: Arc::new(FakeBmc::default()),
             running: Mutex::new(HashMap::new()),
             wakeups: Mutex::new(HashMap::new()),
+            answering: tokio::sync::Semaphore::new(agent::ANSWERING_AT_ONCE),
             ring: std::sync::RwLock::new(Arc::new(crate::cluster::HashRing::new([config
                 .conductor_id
                 .clone()]))),

@@ -633,6 +633,15 @@ pub trait Store: Send + Sync {
         &self,
         states: &[ProvisionState],
     ) -> Result<Vec<NodeSummary>, StoreError>;
+    /// One page of [`Store::node_summaries`]: up to `limit` of the nodes in any of `states`
+    /// whose UUID sorts after `after` (from the first without), by UUID. A scan over a whole
+    /// fleet reads it page by page, so that it never holds every node's summary at once.
+    async fn node_summaries_page(
+        &self,
+        states: &[ProvisionState],
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<NodeSummary>, StoreError>;
     /// Write `node` if its version is still `node.version`; returns the stored node with the
     /// new version and `updated_at`.
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError>;

@@ -607,6 +607,29 @@ impl<E: Engine> Store for SqlStore<E> {
         self.all(Access::Scan, &sql, args, summary_from_row).await
     }
 
+    async fn node_summaries_page(
+        &self,
+        states: &[ProvisionState],
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<NodeSummary>, StoreError> {
+        if states.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut args: Vec<Arg> = states.iter().map(|s| s.as_str().into()).collect();
+        let mut sql = format!(
+            "SELECT {SUMMARY_SELECT} FROM nodes WHERE provision_state IN ({})",
+            placeholders(1, states.len())
+        );
+        if let Some(after) = after {
+            args.push(after.into());
+            sql.push_str(&format!(" AND uuid > ${}", args.len()));
+        }
+        args.push(limit_arg(limit));
+        sql.push_str(&format!(" ORDER BY uuid LIMIT ${}", args.len()));
+        self.all(Access::Scan, &sql, args, summary_from_row).await
+    }
+
     async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
         node.writable()?;
         let mut n = node.clone();
