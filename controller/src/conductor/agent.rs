@@ -138,8 +138,8 @@ pub enum Heartbeat {
 /// all the time. Everything the request needed until here (its head, its body, the extractors,
 /// the middleware's state and spans, the store calls' futures) is gone; what waits is this —
 /// the node, the token to check again, what to choose a command by, and the armed wake-up —
-/// a few hundred bytes. The HTTP layer answers it when it is ready
-/// ([`crate::api::agent`]'s deferred response).
+/// a few hundred bytes. The HTTP layer waits for [`HeldPoll::answer`] outside the request
+/// (`api/deferred.rs`).
 pub struct HeldPoll {
     conductor: Arc<Conductor>,
     uuid: String,
