@@ -13,6 +13,43 @@ use std::time::Duration;
 /// summaries at once took ~50 MiB for a moment every `check_interval_s`.
 const SCAN_PAGE: usize = 500;
 
+/// The nodes in some states, page by page ([`crate::store::Store::node_summaries_page`]).
+struct ScanPages {
+    states: &'static [ProvisionState],
+    /// The last UUID read; `None` before the first page.
+    after: Option<String>,
+    done: bool,
+}
+
+impl ScanPages {
+    fn new(states: &'static [ProvisionState]) -> ScanPages {
+        ScanPages {
+            states,
+            after: None,
+            done: false,
+        }
+    }
+
+    /// The next page, or `None` once every node was read.
+    async fn next(
+        &mut self,
+        store: &dyn crate::store::Store,
+    ) -> Result<Option<Vec<NodeSummary>>, crate::store::StoreError> {
+        if self.done {
+            return Ok(None);
+        }
+        let page = store
+            .node_summaries_page(self.states, self.after.as_deref(), SCAN_PAGE)
+            .await?;
+        self.done = page.len() < SCAN_PAGE;
+        match page.last() {
+            Some(last) => self.after = Some(last.uuid.clone()),
+            None => return Ok(None),
+        }
+        Ok(Some(page))
+    }
+}
+
 const BUSY: &[ProvisionState] = &[
     ProvisionState::Verifying,
     ProvisionState::Inspecting,
@@ -165,14 +202,8 @@ impl Conductor {
     ) -> Result<Vec<String>, ConductorError> {
         let now = Utc::now();
         let mut waits: Vec<String> = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .node_summaries_page(WAITS, after.as_deref(), SCAN_PAGE)
-                .await?;
-            let last_page = page.len() < SCAN_PAGE;
-            after = page.last().map(|n| n.uuid.clone());
+        let mut pages = ScanPages::new(WAITS);
+        while let Some(page) = pages.next(self.store.as_ref()).await? {
             for summary in page {
                 if resume_waits
                     && !summary.maintenance
@@ -187,18 +218,9 @@ impl Conductor {
                 }
                 self.fail_if_overdue(summary, now).await;
             }
-            if last_page || after.is_none() {
-                break;
-            }
         }
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .node_summaries_page(BUSY, after.as_deref(), SCAN_PAGE)
-                .await?;
-            let last_page = page.len() < SCAN_PAGE;
-            after = page.last().map(|n| n.uuid.clone());
+        let mut pages = ScanPages::new(BUSY);
+        while let Some(page) = pages.next(self.store.as_ref()).await? {
             for n in page.into_iter().filter(|n| !n.maintenance) {
                 // Owned nodes only; the lease taken by the task decides whether a reservation
                 // another controller holds is still live. (A node in maintenance is left alone
@@ -206,9 +228,6 @@ impl Conductor {
                 if self.owns(&n.uuid) && !self.is_running(&n.uuid) {
                     self.kick(&n.uuid);
                 }
-            }
-            if last_page || after.is_none() {
-                break;
             }
         }
         Ok(waits)
