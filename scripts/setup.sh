@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages: musl for the static agent, block-device tools for erase tests, python venv
-# for the Ironic client compatibility test, file(1) to check static linking.
-APT_PACKAGES=(musl-tools python3-venv gdisk parted e2fsprogs xfsprogs lvm2 util-linux file iproute2 socat sqlite3 xorriso curl)
+# for the Ironic client compatibility test, file(1) to check static linking; the compressors
+# and cryptsetup make the images tests/deploy_integrity.rs must refuse or decode.
+APT_PACKAGES=(musl-tools python3-venv gdisk parted e2fsprogs xfsprogs lvm2 util-linux file iproute2 socat sqlite3 xorriso curl
+  zstd lz4 xz-utils bzip2 cryptsetup-bin)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,8 +1,9 @@
 //! A static file server on a loopback port for the deploy scenarios: the image server an
 //! operator would point `instance_info.image_source` at. Plain HTTP/1.1 over std threads,
 //! `GET` and `HEAD`, `Content-Length`, single `Range: bytes=A-B` requests, and an optional
-//! pace (bytes per second) so a test can catch a deploy mid-write. Files are streamed, never
-//! read whole.
+//! pace (bytes per second) so a test can catch a deploy mid-write, and faults: the next N
+//! bodies cut after some bytes, ranges ignored (a whole body sent again). Files are streamed,
+//! never read whole.
 
 use anyhow::Result;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -17,9 +18,22 @@ pub struct FileServer {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     stop: Arc<AtomicBool>,
-    pace: Arc<AtomicU64>,
+    knobs: Arc<Knobs>,
     /// Requests served so far (`GET` and `HEAD`).
     pub requests: Arc<AtomicU64>,
+}
+
+/// What a test can change while the server runs.
+#[derive(Default)]
+struct Knobs {
+    pace: AtomicU64,
+    /// Bodies still to cut, and after how many of their bytes.
+    cuts_left: AtomicU64,
+    cut_after: AtomicU64,
+    /// Answer `Range` requests with the whole file (200), as servers without range support.
+    ignore_ranges: AtomicBool,
+    /// `Range` requests seen.
+    ranges: AtomicU64,
 }
 
 impl FileServer {
@@ -29,10 +43,10 @@ impl FileServer {
         listener.set_nonblocking(true)?;
         let url = format!("http://{}", listener.local_addr()?);
         let stop = Arc::new(AtomicBool::new(false));
-        let pace = Arc::new(AtomicU64::new(0));
+        let knobs = Arc::new(Knobs::default());
         let requests = Arc::new(AtomicU64::new(0));
         let root = root.to_path_buf();
-        let (s, p, r) = (stop.clone(), pace.clone(), requests.clone());
+        let (s, p, r) = (stop.clone(), knobs.clone(), requests.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 match listener.accept() {
@@ -49,7 +63,7 @@ impl FileServer {
         Ok(FileServer {
             url,
             stop,
-            pace,
+            knobs,
             requests,
         })
     }
@@ -62,7 +76,24 @@ impl FileServer {
     /// Limit every body to about `bytes_per_s` (0 = as fast as possible); applies to
     /// transfers in progress too.
     pub fn set_pace(&self, bytes_per_s: u64) {
-        self.pace.store(bytes_per_s, Ordering::Relaxed);
+        self.knobs.pace.store(bytes_per_s, Ordering::Relaxed);
+    }
+
+    /// Close the connection of each of the next `bodies` responses after `after` bytes of
+    /// its body, as a network that drops mid-transfer.
+    pub fn cut_next(&self, bodies: u64, after: u64) {
+        self.knobs.cut_after.store(after, Ordering::Relaxed);
+        self.knobs.cuts_left.store(bodies, Ordering::Relaxed);
+    }
+
+    /// Answer range requests with the whole file (200), as a server without range support.
+    pub fn ignore_ranges(&self, ignore: bool) {
+        self.knobs.ignore_ranges.store(ignore, Ordering::Relaxed);
+    }
+
+    /// `Range` requests received so far.
+    pub fn range_requests(&self) -> u64 {
+        self.knobs.ranges.load(Ordering::Relaxed)
     }
 }
 
@@ -79,7 +110,8 @@ fn respond(conn: &mut TcpStream, status: &str, extra: &str) -> std::io::Result<(
     )
 }
 
-fn serve(mut conn: TcpStream, root: &Path, pace: &AtomicU64, requests: &AtomicU64) -> Result<()> {
+fn serve(mut conn: TcpStream, root: &Path, knobs: &Knobs, requests: &AtomicU64) -> Result<()> {
+    let pace = &knobs.pace;
     conn.set_nonblocking(false)?;
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
@@ -103,6 +135,12 @@ fn serve(mut conn: TcpStream, root: &Path, pace: &AtomicU64, requests: &AtomicU6
         }
     }
     requests.fetch_add(1, Ordering::Relaxed);
+    if range.is_some() {
+        knobs.ranges.fetch_add(1, Ordering::Relaxed);
+        if knobs.ignore_ranges.load(Ordering::Relaxed) {
+            range = None;
+        }
+    }
     let name = target.trim_start_matches('/');
     if name.is_empty() || name.contains('/') || name.contains("..") {
         return Ok(respond(&mut conn, "404 Not Found", "")?);
@@ -140,7 +178,15 @@ fn serve(mut conn: TcpStream, root: &Path, pace: &AtomicU64, requests: &AtomicU6
         return Ok(());
     }
     file.seek(SeekFrom::Start(start))?;
-    let mut left = len;
+    let cut = knobs
+        .cuts_left
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok();
+    let mut left = if cut {
+        len.min(knobs.cut_after.load(Ordering::Relaxed))
+    } else {
+        len
+    };
     let mut buf = vec![0u8; 1 << 20];
     while left > 0 {
         let rate = pace.load(Ordering::Relaxed);

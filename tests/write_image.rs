@@ -7,21 +7,14 @@
 //! Needs root (loop devices), qemu-img (qemu-utils), gzip, zstd and sgdisk; skips without
 //! them unless `RIVET_REQUIRE_PEERS=1`.
 
-use anyhow::{ensure, Result};
-use rivet_agent::fetch::HttpFetcher;
-use rivet_hardware_managers::deploy::{DeployManager, DiskLister};
-use rivet_hardware_managers::{HardwareManager, StepContext};
-use rivet_protocol::deploy::{WriteImageArgs, WriteImageResult};
-use rivet_protocol::inventory::Disk;
-use rivet_tests::agentproc::{have, is_root, read_at, LoopDevice};
-use rivet_tests::fileserver::FileServer;
-use rivet_tests::{gpt_one_partition, prerequisite, run_tool, sha256_file};
+use anyhow::Result;
+use rivet_protocol::deploy::WriteImageArgs;
+use rivet_tests::agentproc::{have, is_root};
+use rivet_tests::imagelab::{check_image, manager, write, ImageLab, MIB};
+use rivet_tests::{prerequisite, run_tool, sha256_file};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
-
-const MIB: u64 = 1 << 20;
 
 fn ready() -> bool {
     prerequisite(is_root(), "root (loop devices)")
@@ -32,110 +25,12 @@ fn ready() -> bool {
         && prerequisite(have("sha256sum"), "sha256sum")
 }
 
-/// A 24 MiB GPT image: pseudo-random data in its partition, with a 4 MiB hole of zeroes in
-/// the middle (so qcow2 leaves clusters unallocated there).
-fn raw_image(path: &Path) -> Result<()> {
-    let mut data = vec![0u8; (24 * MIB) as usize];
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for (i, chunk) in data.chunks_mut(8).enumerate() {
-        let mib = i as u64 * 8 / MIB;
-        if (10..14).contains(&mib) {
-            continue;
-        }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    std::fs::write(path, &data)?;
-    gpt_one_partition(path)?;
-    Ok(())
-}
-
-struct Lab {
-    dir: tempfile::TempDir,
-    server: FileServer,
-    raw: PathBuf,
-}
-
-impl Lab {
-    fn new() -> Result<Lab> {
-        let dir = tempfile::tempdir()?;
-        let www = dir.path().join("www");
-        std::fs::create_dir(&www)?;
-        let raw = www.join("img.raw");
-        raw_image(&raw)?;
-        let server = FileServer::start(&www)?;
-        Ok(Lab { dir, server, raw })
-    }
-
-    fn www(&self, name: &str) -> PathBuf {
-        self.dir.path().join("www").join(name)
-    }
-
-    /// A loop device over a fresh sparse file of `mib` MiB, filled with 0xAB in its first
-    /// 64 MiB so stale data would show.
-    fn disk(&self, name: &str, mib: u64) -> Result<LoopDevice> {
-        let f = self.dir.path().join(name);
-        let file = std::fs::File::create(&f)?;
-        file.set_len(mib * MIB)?;
-        use std::os::unix::fs::FileExt;
-        file.write_all_at(&vec![0xABu8; (64.min(mib) * MIB) as usize], 0)?;
-        drop(file);
-        LoopDevice::attach(&f)
-    }
-}
-
-fn manager(disks: Vec<PathBuf>) -> DeployManager {
-    let lister: DiskLister = Arc::new(move || {
-        disks
-            .iter()
-            .map(|p| {
-                let size = std::fs::File::open(p)
-                    .and_then(|f| {
-                        use std::io::Seek;
-                        let mut f = f;
-                        f.seek(std::io::SeekFrom::End(0))
-                    })
-                    .unwrap_or(0);
-                Disk {
-                    name: p.display().to_string(),
-                    size,
-                    ..Default::default()
-                }
-            })
-            .collect()
-    });
-    DeployManager::new(Arc::new(HttpFetcher::new(None)), lister)
-}
-
-fn write(m: &DeployManager, args: &WriteImageArgs) -> Result<WriteImageResult, String> {
-    let ctx = StepContext::new();
-    m.execute("write_image", &args.to_args(), &ctx)
-        .map_err(|e| e.to_string())
-        .and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string()))
-}
-
-/// The device holds the raw image's bytes where its GPT does not change them, and zeroes
-/// up to 64 MiB past the image (the stale 0xAB pattern there was never part of the image).
-fn check_device(dev: &Path, raw: &Path) -> Result<()> {
-    let want = std::fs::read(raw)?;
-    let body = (MIB as usize)..(want.len() - MIB as usize);
-    let got = read_at(dev, 0, want.len())?;
-    ensure!(
-        got[body.clone()] == want[body],
-        "image bytes differ on {}",
-        dev.display()
-    );
-    Ok(())
-}
-
 #[test]
 fn every_format_lands_byte_for_byte() -> Result<()> {
     if !ready() {
         return Ok(());
     }
-    let lab = Lab::new()?;
+    let lab = ImageLab::new()?;
     // gzip, zstd, qcow2 and compressed qcow2 of the same image.
     run_tool(Command::new("sh").arg("-c").arg(format!(
         "gzip -c {0} > {1} && zstd -q -c {0} > {2}",
@@ -163,18 +58,13 @@ fn every_format_lands_byte_for_byte() -> Result<()> {
         ("img-c.qcow2", "qcow2", None),
     ] {
         let disk = lab.disk(&format!("{name}.disk"), 128)?;
-        let m = manager(vec![disk.path.clone()]);
+        let m = manager(vec![disk.path().to_path_buf()]);
         let digest = sha256_file(&lab.www(name))?;
         let args = WriteImageArgs {
             image_source: lab.server.url_of(name),
             os_hash_algo: Some("sha256".into()),
             os_hash_value: Some(digest.clone()),
-            root_device: Some(
-                json!({"name": disk.path.display().to_string()})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
-            ),
+            root_device: Some(disk.hints()),
             ..Default::default()
         };
         let r = write(&m, &args).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
@@ -182,23 +72,23 @@ fn every_format_lands_byte_for_byte() -> Result<()> {
         assert_eq!(r.compression.as_deref(), compression, "{name}");
         assert_eq!(r.hash_value, digest, "{name}");
         assert_eq!(r.virtual_size, 24 * MIB, "{name}");
-        check_device(&disk.path, &lab.raw).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        check_image(&disk, &lab.raw).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
         if format == "qcow2" {
             // The hole is unallocated in the qcow2: the writer zeroed it over the 0xAB.
-            let hole = read_at(&disk.path, 10 * MIB, (4 * MIB) as usize)?;
+            let hole = disk.read(10 * MIB, (4 * MIB) as usize)?;
             assert!(
                 hole.iter().all(|b| *b == 0),
                 "{name}: unallocated clusters not zeroed"
             );
         }
         // The backup GPT went to the end of the 128 MiB disk.
-        let v = Command::new("sgdisk").arg("-v").arg(&disk.path).output()?;
+        let v = Command::new("sgdisk").arg("-v").arg(&disk.file).output()?;
         let text = String::from_utf8_lossy(&v.stdout);
         assert!(text.contains("No problems found"), "{name}: {text}");
     }
     // sha512 and a wrong digest.
     let disk = lab.disk("sha512.disk", 128)?;
-    let m = manager(vec![disk.path.clone()]);
+    let m = manager(vec![disk.path().to_path_buf()]);
     let sha512 = String::from_utf8_lossy(&Command::new("sha512sum").arg(&lab.raw).output()?.stdout)
         .split_whitespace()
         .next()
@@ -210,12 +100,7 @@ fn every_format_lands_byte_for_byte() -> Result<()> {
         os_hash_value: Some(sha512.clone()),
         ..Default::default()
     };
-    args.root_device = Some(
-        json!({"name": disk.path.display().to_string()})
-            .as_object()
-            .cloned()
-            .unwrap_or_default(),
-    );
+    args.root_device = Some(disk.hints());
     let r = write(&m, &args).map_err(anyhow::Error::msg)?;
     assert_eq!(r.hash_algo, "sha512");
     args.os_hash_value = Some("0".repeat(128));
@@ -229,7 +114,7 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
     if !ready() {
         return Ok(());
     }
-    let lab = Lab::new()?;
+    let lab = ImageLab::new()?;
     // A qcow2 whose backing file is a host file.
     run_tool(
         Command::new("qemu-img")
@@ -238,11 +123,8 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
             .arg(lab.www("backed.qcow2")),
     )?;
     let disk = lab.disk("d", 128)?;
-    let m = manager(vec![disk.path.clone()]);
-    let hints = json!({"name": disk.path.display().to_string()})
-        .as_object()
-        .cloned()
-        .unwrap_or_default();
+    let m = manager(vec![disk.path().to_path_buf()]);
+    let hints = disk.hints();
     let base = |name: &str| -> Result<WriteImageArgs> {
         Ok(WriteImageArgs {
             image_source: lab.server.url_of(name),
@@ -252,7 +134,7 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
             ..Default::default()
         })
     };
-    let before = read_at(&disk.path, 0, MIB as usize)?;
+    let before = disk.read(0, MIB as usize)?;
     let e = write(&m, &base("backed.qcow2")?).expect_err("refused");
     assert!(e.contains("backing file"), "{e}");
     let mut mislabelled = base("img.raw")?;
@@ -263,7 +145,7 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
     not_permitted.permitted_formats = vec!["qcow2".into()];
     let e = write(&m, &not_permitted).expect_err("refused");
     assert!(e.contains("not permitted"), "{e}");
-    let after = read_at(&disk.path, 0, MIB as usize)?;
+    let after = disk.read(0, MIB as usize)?;
     assert!(before == after, "a refused image changed the disk");
     Ok(())
 }
@@ -273,12 +155,16 @@ fn root_device_hints_choose_among_disks() -> Result<()> {
     if !ready() {
         return Ok(());
     }
-    let lab = Lab::new()?;
+    let lab = ImageLab::new()?;
     // Sparse: 5, 7 and 6 GiB cost nothing.
     let a = lab.disk("a", 5 << 10)?;
     let b = lab.disk("b", 7 << 10)?;
     let c = lab.disk("c", 6 << 10)?;
-    let all = vec![a.path.clone(), b.path.clone(), c.path.clone()];
+    let all = vec![
+        a.path().to_path_buf(),
+        b.path().to_path_buf(),
+        c.path().to_path_buf(),
+    ];
     let m = manager(all);
     let digest = sha256_file(&lab.raw)?;
     let with = |hints: Value| WriteImageArgs {
@@ -290,32 +176,32 @@ fn root_device_hints_choose_among_disks() -> Result<()> {
     };
     // No hint: the smallest of at least 4 GiB.
     let r = write(&m, &with(Value::Null)).map_err(anyhow::Error::msg)?;
-    assert_eq!(r.device, a.path.display().to_string());
+    assert_eq!(r.device, a.path().display().to_string());
     assert_eq!(r.chosen_by, "smallest disk of at least 4 GiB");
     // size >= 6 picks the first match in order: b (7 GiB).
     let r = write(&m, &with(json!({"size": ">= 6"}))).map_err(anyhow::Error::msg)?;
-    assert_eq!(r.device, b.path.display().to_string());
+    assert_eq!(r.device, b.path().display().to_string());
     // <or> and name.
     let r = write(&m, &with(json!({"size": "<or> 6 <or> 9"}))).map_err(anyhow::Error::msg)?;
-    assert_eq!(r.device, c.path.display().to_string());
+    assert_eq!(r.device, c.path().display().to_string());
     let name = c
-        .path
+        .path()
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default();
     let r = write(&m, &with(json!({"name": name}))).map_err(anyhow::Error::msg)?;
-    assert_eq!(r.device, c.path.display().to_string());
+    assert_eq!(r.device, c.path().display().to_string());
     // Nothing matches: the error lists the candidates.
     let e = write(&m, &with(json!({"size": 100}))).expect_err("refused");
     assert!(
-        e.contains("no disk matches") && e.contains(&b.path.display().to_string()),
+        e.contains("no disk matches") && e.contains(&b.path().display().to_string()),
         "{e}"
     );
     // A mounted disk is never a candidate.
     let mnt = lab.dir.path().join("mnt");
     std::fs::create_dir(&mnt)?;
-    run_tool(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&a.path))?;
-    run_tool(Command::new("mount").arg(&a.path).arg(&mnt))?;
+    run_tool(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(a.path()))?;
+    run_tool(Command::new("mount").arg(a.path()).arg(&mnt))?;
     struct Unmount(PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
@@ -326,10 +212,10 @@ fn root_device_hints_choose_among_disks() -> Result<()> {
     let r = write(&m, &with(Value::Null)).map_err(anyhow::Error::msg)?;
     assert_eq!(
         r.device,
-        c.path.display().to_string(),
+        c.path().display().to_string(),
         "the mounted 5 GiB disk was skipped"
     );
-    let e = write(&m, &with(json!({"name": a.path.display().to_string()}))).expect_err("refused");
+    let e = write(&m, &with(json!({"name": a.path().display().to_string()}))).expect_err("refused");
     assert!(e.contains("mounted"), "{e}");
     Ok(())
 }

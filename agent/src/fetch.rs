@@ -6,7 +6,9 @@
 //! step through a bounded channel of chunks: the network keeps going while the disk writes,
 //! and at most a few MiB are in flight, whatever the image's size. Dropping the reader ends
 //! the download. Opening retries a few times on connection errors and 5xx answers, as IPA
-//! does; errors name the URL and the HTTP status.
+//! does; a body cut mid-way is resumed with an HTTP Range request (or, where the server
+//! ignores ranges, fetched again with the bytes already read dropped), up to the deploy's
+//! `download_retries`; errors name the URL and the HTTP status.
 
 use rivet_hardware_managers::deploy::{Fetched, ImageFetcher};
 use std::io::Read;
@@ -24,6 +26,44 @@ const CHUNK: usize = 1 << 20;
 const ATTEMPTS: u32 = 3;
 /// Pause between attempts.
 const RETRY_PAUSE: Duration = Duration::from_secs(2);
+/// Pause before resuming a body cut mid-way.
+const RESUME_PAUSE: Duration = Duration::from_millis(500);
+
+/// Ask again for `url` from byte `from`: `(response, false)` when the server resumed there
+/// (206 with a matching `Content-Range`), `(response, true)` when it sent the whole body
+/// again (200: the caller drops the first `from` bytes).
+async fn resume(
+    client: &reqwest::Client,
+    url: &str,
+    from: u64,
+) -> Result<(reqwest::Response, bool), String> {
+    let r = client
+        .get(url)
+        .header(reqwest::header::RANGE, format!("bytes={from}-"))
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {}", chain(&e)))?;
+    match r.status().as_u16() {
+        206 => {
+            let starts_at = r
+                .headers()
+                .get(reqwest::header::CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("bytes "))
+                .and_then(|v| v.split('-').next())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            if starts_at == Some(from) {
+                Ok((r, false))
+            } else {
+                Err(format!(
+                    "{url} answered a range that does not start at byte {from}"
+                ))
+            }
+        }
+        200 => Ok((r, true)),
+        s => Err(format!("{url} answered {s} to a resumed request")),
+    }
+}
 
 /// Downloads over HTTP(S) with rustls, trusting the usual roots, the agent's own CA (the
 /// controller's, `--ca`) and a CA the deploy names.
@@ -108,7 +148,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl ImageFetcher for HttpFetcher {
-    fn open(&self, url: &str, ca_pem: Option<&str>) -> Result<Fetched, String> {
+    fn open(&self, url: &str, ca_pem: Option<&str>, retries: u32) -> Result<Fetched, String> {
         let client = self.client(ca_pem)?;
         let url = url.to_string();
         let (open_tx, open_rx) = sync_channel::<Result<Option<u64>, String>>(1);
@@ -155,14 +195,24 @@ impl ImageFetcher for HttpFetcher {
                         let _ = open_tx.send(Err(last));
                         return;
                     };
-                    if open_tx.send(Ok(resp.content_length())).is_err() {
+                    let total = resp.content_length();
+                    if open_tx.send(Ok(total)).is_err() {
                         return;
                     }
                     let mut pending: Vec<u8> = Vec::with_capacity(CHUNK);
+                    // Bytes of the file handed on so far, and bytes of a restarted body still
+                    // to drop (they were handed on before the cut).
+                    let mut received: u64 = 0;
+                    let mut skip: u64 = 0;
+                    let mut cuts: u32 = 0;
                     loop {
-                        match resp.chunk().await {
+                        let cut = match resp.chunk().await {
                             Ok(Some(bytes)) => {
-                                pending.extend_from_slice(&bytes);
+                                let drop_n = skip.min(bytes.len() as u64) as usize;
+                                skip -= drop_n as u64;
+                                let bytes = &bytes[drop_n..];
+                                received += bytes.len() as u64;
+                                pending.extend_from_slice(bytes);
                                 if pending.len() >= CHUNK {
                                     let fresh = match recycled.try_recv() {
                                         Ok(mut v) => {
@@ -177,16 +227,41 @@ impl ImageFetcher for HttpFetcher {
                                         return;
                                     }
                                 }
+                                continue;
                             }
-                            Ok(None) => {
-                                if !pending.is_empty() {
-                                    let _ = tx.send(Ok(pending));
+                            Ok(None) => match total {
+                                Some(t) if received < t => {
+                                    format!("the body ended at {received} of {t} bytes")
                                 }
+                                _ => {
+                                    if !pending.is_empty() {
+                                        let _ = tx.send(Ok(pending));
+                                    }
+                                    return;
+                                }
+                            },
+                            Err(e) => chain(&e),
+                        };
+                        // Cut mid-way: resume from `received`, up to `retries` times.
+                        loop {
+                            if cuts >= retries {
+                                let _ = tx.send(Err(format!(
+                                    "{url}: download interrupted after {received} bytes ({cut}); gave up after {retries} retries"
+                                )));
                                 return;
                             }
-                            Err(e) => {
-                                let _ = tx.send(Err(format!("{url}: download interrupted: {}", chain(&e))));
-                                return;
+                            cuts += 1;
+                            tracing::warn!(url = %url, received, retry = cuts, of = retries, error = %cut, "download cut; resuming");
+                            tokio::time::sleep(RESUME_PAUSE).await;
+                            match resume(&client, &url, received).await {
+                                Ok((r, restarted)) => {
+                                    resp = r;
+                                    skip = if restarted { received } else { 0 };
+                                    break;
+                                }
+                                Err(e) => {
+                                    tracing::warn!(url = %url, error = %e, "resuming the download failed");
+                                }
                             }
                         }
                     }

@@ -14,6 +14,8 @@ pub const WRITE_IMAGE: &str = "write_image";
 pub const WRITE_IMAGE_PRIORITY: i64 = 80;
 /// Largest configdrive accepted, after decoding (IPA refuses larger).
 pub const MAX_CONFIGDRIVE_BYTES: u64 = 64 << 20;
+/// Retries of a cut image download when the controller names none (IPA's connection retries).
+pub const DEFAULT_DOWNLOAD_RETRIES: u32 = 3;
 /// Image formats written when the operator permits nothing else (Ironic's default).
 pub const DEFAULT_PERMITTED_FORMATS: &[&str] = &["raw", "qcow2", "iso"];
 
@@ -53,6 +55,10 @@ pub struct WriteImageArgs {
     /// agent's own trust roots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_pem: Option<String>,
+    /// How many times a download cut mid-way is resumed (HTTP Range) or restarted before the
+    /// step fails (`[deploy] image_download_retries`); none = [`DEFAULT_DOWNLOAD_RETRIES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_retries: Option<u32>,
 }
 
 impl WriteImageArgs {
@@ -68,6 +74,11 @@ impl WriteImageArgs {
             Ok(Value::Object(m)) => m,
             _ => Map::new(),
         }
+    }
+
+    /// Download retries in force.
+    pub fn retries(&self) -> u32 {
+        self.download_retries.unwrap_or(DEFAULT_DOWNLOAD_RETRIES)
     }
 
     /// The formats in force.

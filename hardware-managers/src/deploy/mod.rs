@@ -1,27 +1,39 @@
 //! Deploying an image: IPA's `write_image` deploy step, in bounded memory.
 //!
 //! The image streams from its URL straight to the chosen disk: the download (the agent's
-//! [`ImageFetcher`], on its own runtime), the digest (a thread of its own, over the bytes
-//! exactly as served) and decompression + writing (the step's thread) overlap, so the disk
-//! sees large sequential writes while the network keeps going. Raw images, raw images
-//! compressed with gzip or zstd (detected by magic), ISO images and qcow2 (decoded in one
-//! sequential pass, [`qcow2`]) are written; the format is checked against what the operator
-//! declared and permits before any byte reaches the disk. After the image: the GPT's backup
-//! header moves to the end of the disk, and the configdrive goes into a `config-2`
-//! partition at its end ([`gpt`]).
+//! [`ImageFetcher`], resumed with HTTP Range when cut), the digest (a thread of its own,
+//! over the bytes exactly as served) and decompression + writing (the step's thread)
+//! overlap, so the disk sees large sequential writes while the network keeps going.
+//!
+//! The order is what makes `active` a promise about the disk's bytes:
+//! 1. the configdrive is fetched and decoded ([`configdrive`]) before anything else;
+//! 2. the image is identified by its own bytes ([`format`]): gzip (every member) and zstd
+//!    (every frame, [`zstd_frames`]) are decoded; raw, ISO and qcow2 ([`qcow2`], one
+//!    sequential pass) are written; anything else, or a format other than the declared or
+//!    permitted one, or an image that states a size larger than the disk, is refused before
+//!    the disk is opened;
+//! 3. the disk's old metadata is destroyed (IPA's `destroy_disk_metadata`, the same
+//!    windows as `erase_devices_metadata`);
+//! 4. the image is written with its first MiB held back ([`writer`]); only once the digest
+//!    matched and the rest is flushed does the head reach the disk. Any failure after the
+//!    disk was opened wipes both of its ends, so nothing bootable is left;
+//! 5. the GPT's backup header moves to the end of the disk and the configdrive goes into a
+//!    `config-2` partition at its end ([`gpt`]); everything is flushed before success.
 //!
 //! The ramdisk never holds the image in memory: at most a few MiB of it are in flight.
 //! Networking belongs to the agent crate; this module sees only the [`ImageFetcher`] trait.
 
+pub mod configdrive;
+pub mod format;
 pub mod gpt;
 pub mod qcow2;
 pub mod writer;
+pub mod zstd_frames;
 
 use crate::erase::device::{self, Target};
 use crate::{HardwareManager, StepContext, StepError, SupportLevel};
 use rivet_protocol::deploy::{
-    configdrive_is_url, WriteImageArgs, WriteImageResult, MAX_CONFIGDRIVE_BYTES, WRITE_IMAGE,
-    WRITE_IMAGE_PRIORITY,
+    configdrive_is_url, WriteImageArgs, WriteImageResult, WRITE_IMAGE, WRITE_IMAGE_PRIORITY,
 };
 use rivet_protocol::inventory::Disk;
 use rivet_protocol::steps::{ArgInfo, StepDescriptor};
@@ -45,8 +57,11 @@ pub struct Fetched {
 
 /// How the deploy manager reaches image and configdrive URLs (the agent provides it).
 pub trait ImageFetcher: Send + Sync {
-    /// Open `url` for a streaming read, trusting `ca_pem` besides the usual roots.
-    fn open(&self, url: &str, ca_pem: Option<&str>) -> Result<Fetched, String>;
+    /// Open `url` for a streaming read, trusting `ca_pem` besides the usual roots. A body
+    /// cut mid-way is resumed (HTTP Range) or restarted, skipping what was already read, up
+    /// to `retries` times, so the reader yields every byte of the file exactly once or an
+    /// error.
+    fn open(&self, url: &str, ca_pem: Option<&str>, retries: u32) -> Result<Fetched, String>;
 }
 
 /// Lists the machine's disks (the agent's inventory code, or the `--devices` list).
@@ -176,43 +191,6 @@ pub(crate) fn checksum_from_file(text: &str, file: &str) -> Option<String> {
 fn url_file_name(url: &str) -> String {
     let path = url.split(['?', '#']).next().unwrap_or(url);
     path.rsplit('/').next().unwrap_or(path).to_string()
-}
-
-/// Which way the stream is compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Compression {
-    Gzip,
-    Zstd,
-}
-
-impl Compression {
-    fn sniff(b: &[u8]) -> Option<Compression> {
-        if b.starts_with(&[0x1f, 0x8b]) {
-            Some(Compression::Gzip)
-        } else if b.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-            Some(Compression::Zstd)
-        } else {
-            None
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Compression::Gzip => "gzip",
-            Compression::Zstd => "zstd",
-        }
-    }
-}
-
-/// The content format of (decompressed) image bytes.
-pub fn detect_format(head: &[u8]) -> &'static str {
-    if head.starts_with(qcow2::MAGIC) {
-        "qcow2"
-    } else if head.len() >= 0x8006 && &head[0x8001..0x8006] == b"CD001" {
-        "iso"
-    } else {
-        "raw"
-    }
 }
 
 /// Read until `buf` is full or the stream ends; bytes read.
@@ -375,7 +353,7 @@ impl DeployManager {
             (_, _, Some(c)) if configdrive_is_url(c) => {
                 let fetched = self
                     .fetcher
-                    .open(c, a.ca_pem.as_deref())
+                    .open(c, a.ca_pem.as_deref(), a.retries())
                     .map_err(|e| failed(format!("fetching the checksums file {c}: {e}")))?;
                 let mut text = String::new();
                 fetched
@@ -465,50 +443,24 @@ impl DeployManager {
         Ok((target, why))
     }
 
-    /// The configdrive ISO's bytes: decoded from gzip+base64, or fetched (raw or gzip).
+    /// The configdrive ISO's bytes, from the inline string or fetched from its URL, in any
+    /// of the forms [`configdrive::decode`] takes.
     fn configdrive(&self, a: &WriteImageArgs, cd: &str) -> Result<Vec<u8>, StepError> {
-        use base64::Engine;
-        let compressed: Box<dyn Read> = if configdrive_is_url(cd) {
+        let iso = if configdrive_is_url(cd) {
+            let url = cd.trim();
             let f = self
                 .fetcher
-                .open(cd.trim(), a.ca_pem.as_deref())
-                .map_err(|e| failed(format!("fetching the configdrive {cd}: {e}")))?;
-            let mut head = vec![0u8; 2];
-            let mut r = f.reader;
-            let n = fill(&mut r, &mut head)
-                .map_err(|e| failed(format!("reading the configdrive: {e}")))?;
-            head.truncate(n);
-            let body = Cursor::new(head.clone()).chain(r);
-            if head.starts_with(&[0x1f, 0x8b]) {
-                Box::new(flate2::read::MultiGzDecoder::new(body))
-            } else {
-                Box::new(body)
-            }
+                .open(url, a.ca_pem.as_deref(), a.retries())
+                .map_err(|e| failed(format!("fetching the configdrive {url}: {e}")))?;
+            let mut body = Vec::new();
+            f.reader
+                .take(configdrive::MAX_ENCODED_BYTES + 1)
+                .read_to_end(&mut body)
+                .map_err(|e| failed(format!("reading the configdrive {url}: {e}")))?;
+            configdrive::decode(&body).map_err(|e| failed(format!("configdrive {url}: {e}")))?
         } else {
-            let clean: String = cd.chars().filter(|c| !c.is_whitespace()).collect();
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(clean.as_bytes())
-                .map_err(|e| failed(format!("the configdrive is not base64: {e}")))?;
-            if bytes.starts_with(&[0x1f, 0x8b]) {
-                Box::new(flate2::read::MultiGzDecoder::new(Cursor::new(bytes)))
-            } else {
-                Box::new(Cursor::new(bytes))
-            }
+            configdrive::decode(cd.as_bytes()).map_err(failed)?
         };
-        let mut iso = Vec::new();
-        compressed
-            .take(MAX_CONFIGDRIVE_BYTES + 1)
-            .read_to_end(&mut iso)
-            .map_err(|e| failed(format!("decoding the configdrive: {e}")))?;
-        if iso.len() as u64 > MAX_CONFIGDRIVE_BYTES {
-            return Err(failed(format!(
-                "the configdrive is larger than {} MiB",
-                MAX_CONFIGDRIVE_BYTES >> 20
-            )));
-        }
-        if detect_format(&iso) != "iso" {
-            return Err(failed("the configdrive is not an ISO 9660 image"));
-        }
         Ok(iso)
     }
 
@@ -528,9 +480,15 @@ impl DeployManager {
         let (target, chosen_by) = self.choose_target(a)?;
         let device = target.display();
         tracing::info!(device = %device, chosen_by = %chosen_by, image = %a.image_source, "write_image: target chosen");
+        // The configdrive is fetched and checked first: a bad one fails in seconds, with the
+        // disk untouched, not after the whole image was written.
+        let iso = match a.configdrive.as_deref().filter(|c| !c.trim().is_empty()) {
+            Some(cd) => Some(self.configdrive(a, cd)?),
+            None => None,
+        };
         let fetched = self
             .fetcher
-            .open(&a.image_source, a.ca_pem.as_deref())
+            .open(&a.image_source, a.ca_pem.as_deref(), a.retries())
             .map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
         let (tx, rx) = sync_channel::<Vec<u8>>(16);
         let (spent_tx, spent_rx) = sync_channel::<Vec<u8>>(18);
@@ -550,7 +508,11 @@ impl DeployManager {
             last: started,
             last_done: 0,
         };
-        let outcome = self.stream(a, &mut tee, &target, &mut meter);
+        let plan = Plan {
+            served_len: fetched.len,
+            configdrive_len: iso.as_ref().map(|i| i.len() as u64),
+        };
+        let outcome = self.stream(a, &plan, &mut tee, &target, &mut meter);
         // Drain what the decoder did not need (padding, trailing refcounts), for the digest.
         let drained = outcome.as_ref().ok().map(|_| {
             let mut sink = std::io::sink();
@@ -559,128 +521,214 @@ impl DeployManager {
         drop(tee);
         let actual = hasher
             .join()
-            .map_err(|_| failed("the digest thread panicked"))?;
-        let (disk, format, compression, virtual_size) = outcome?;
-        if let Some(Err(e)) = drained {
-            return Err(failed(format!(
-                "reading the end of {}: {e}",
-                a.image_source
-            )));
-        }
-        if actual != expected.hex {
-            return Err(failed(format!(
-                "image {} failed verification: {} expected {}, computed {}; {device} holds an unverified image and must not be booted",
-                a.image_source, expected.algo, expected.hex, actual
-            )));
-        }
-        meter.tick(true).map_err(failed)?;
-        disk.flush().map_err(failed)?;
-        let dev = gpt::Device::new(disk.file(), &device, target.sector, target.size);
-        gpt::relocate_backup(&dev).map_err(|e| failed(e.to_string()))?;
-        let mut configdrive_partition = None;
-        if let Some(cd) = a.configdrive.as_deref().filter(|c| !c.trim().is_empty()) {
-            ctx.check()?;
-            let iso = self.configdrive(a, cd)?;
-            let placed = {
-                let label_at =
-                    |offset: u64| iso_label_at(disk.file(), offset).as_deref() == Some("config-2");
-                gpt::config_partition(&dev, 64 << 20, iso.len() as u64, &label_at)
-                    .map_err(|e| failed(e.to_string()))?
-            };
-            if iso.len() as u64 > placed.len {
+            .map_err(|_| failed("the digest thread panicked"));
+        // Refused before the disk was opened, or failed after it was wiped: either way
+        // nothing bootable is on it (the stream wipes the ends itself on its failures).
+        let mut written = outcome?;
+        let finish = (|| -> Result<WriteImageResult, StepError> {
+            let actual = actual?;
+            if let Some(Err(e)) = drained {
                 return Err(failed(format!(
-                    "the configdrive ({} bytes) does not fit its partition ({} bytes) on {device}",
-                    iso.len(),
-                    placed.len
-                )));
-            }
-            // Clear the start of the partition (a stale filesystem signature) before the ISO.
-            use std::os::unix::fs::FileExt;
-            let head = vec![0u8; (placed.len.min(1 << 20)) as usize];
-            disk.file()
-                .write_all_at(&head, placed.offset)
-                .and_then(|_| disk.file().write_all_at(&iso, placed.offset))
-                .and_then(|_| disk.file().sync_all())
-                .map_err(|e| failed(format!("{device}: writing the configdrive: {e}")))?;
-            configdrive_partition = Some(partition_path(&device, placed.number));
-            tracing::info!(device = %device, partition = placed.number, reused = placed.reused, "configdrive written");
-        }
-        if let Err(e) = disk.reread() {
-            tracing::warn!(error = %e, "the kernel did not re-read the partition table; the table on the disk is right");
-        }
-        let image_bytes = count.load(std::sync::atomic::Ordering::Relaxed);
-        Ok(WriteImageResult {
-            device,
-            chosen_by,
-            format: format.to_string(),
-            compression: compression.map(|c| c.name().to_string()),
-            image_bytes,
-            virtual_size,
-            hash_algo: expected.algo.to_string(),
-            hash_value: actual,
-            configdrive_partition,
-            seconds: started.elapsed().as_secs_f64(),
-        })
-    }
-
-    /// Decompress, check the format, write. Returns the writer, the format, the
-    /// compression and the virtual size.
-    #[allow(clippy::type_complexity)]
-    fn stream(
-        &self,
-        a: &WriteImageArgs,
-        tee: &mut Tee,
-        target: &Target,
-        meter: &mut Meter<'_>,
-    ) -> Result<(DiskWriter, &'static str, Option<Compression>, u64), StepError> {
-        let mut head = vec![0u8; 4];
-        let n = fill(tee, &mut head)
-            .map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
-        head.truncate(n);
-        let compression = Compression::sniff(&head);
-        let raw_in = Cursor::new(head).chain(tee);
-        let mut body: Box<dyn Read + '_> = match compression {
-            Some(Compression::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(raw_in)),
-            Some(Compression::Zstd) => Box::new(
-                ruzstd::decoding::StreamingDecoder::new(raw_in)
-                    .map_err(|e| failed(format!("the image is not valid zstd: {e}")))?,
-            ),
-            None => Box::new(raw_in),
-        };
-        // Enough to recognise qcow2 and ISO 9660 (its descriptor sits at 32 KiB), and a whole
-        // qcow2 header cluster of up to 64 KiB... (bigger clusters are read by the decoder).
-        let mut first = vec![0u8; 128 << 10];
-        let n =
-            fill(&mut *body, &mut first).map_err(|e| failed(format!("reading the image: {e}")))?;
-        first.truncate(n);
-        let format = detect_format(&first);
-        if let Some(declared) = &a.disk_format {
-            let same = declared == format
-                || (declared == "raw" && format == "iso")
-                || (declared == "iso" && format == "raw");
-            if !same {
-                return Err(failed(format!(
-                    "image {} is {format} but instance_info declares {declared}: refused before writing",
+                    "reading the end of {}: {e}",
                     a.image_source
                 )));
             }
-        }
-        if !a.permitted().iter().any(|p| p == format) {
+            if actual != expected.hex {
+                return Err(failed(format!(
+                    "image {} failed verification: {} expected {}, computed {}; nothing bootable was left on {device}",
+                    a.image_source, expected.algo, expected.hex, actual
+                )));
+            }
+            meter.tick(true).map_err(meter_error)?;
+            let disk = &mut written.disk;
+            // The body first, then the head: the image becomes bootable only once all of it
+            // is verified and on stable storage.
+            disk.flush().map_err(failed)?;
+            disk.commit_head().map_err(failed)?;
+            let dev = gpt::Device::new(disk.file(), &device, target.sector, target.size);
+            gpt::relocate_backup(&dev).map_err(|e| failed(e.to_string()))?;
+            let mut configdrive_partition = None;
+            if let Some(iso) = &iso {
+                let placed = {
+                    let label_at = |offset: u64| {
+                        iso_label_at(disk.file(), offset).as_deref() == Some("config-2")
+                    };
+                    gpt::config_partition(&dev, 64 << 20, iso.len() as u64, &label_at)
+                        .map_err(|e| failed(e.to_string()))?
+                };
+                if iso.len() as u64 > placed.len {
+                    return Err(failed(format!(
+                        "the configdrive ({} bytes) does not fit its partition ({} bytes) on {device}",
+                        iso.len(),
+                        placed.len
+                    )));
+                }
+                // Clear the start of the partition (a stale filesystem signature) before the ISO.
+                use std::os::unix::fs::FileExt;
+                let head = vec![0u8; (placed.len.min(1 << 20)) as usize];
+                disk.file()
+                    .write_all_at(&head, placed.offset)
+                    .and_then(|_| disk.file().write_all_at(iso, placed.offset))
+                    .map_err(|e| failed(format!("{device}: writing the configdrive: {e}")))?;
+                configdrive_partition = Some(partition_path(&device, placed.number));
+                tracing::info!(device = %device, partition = placed.number, reused = placed.reused, "configdrive written");
+            }
+            // Durable before success is reported: the GPT fix-up and the configdrive too.
+            disk.flush().map_err(failed)?;
+            if let Err(e) = disk.reread() {
+                tracing::warn!(error = %e, "the kernel did not re-read the partition table; the table on the disk is right");
+            }
+            Ok(WriteImageResult {
+                device: device.clone(),
+                chosen_by: chosen_by.clone(),
+                format: written.format.name().to_string(),
+                compression: written.compression.map(|c| c.name().to_string()),
+                image_bytes: count.load(std::sync::atomic::Ordering::Relaxed),
+                virtual_size: written.virtual_size,
+                hash_algo: expected.algo.to_string(),
+                hash_value: actual,
+                configdrive_partition,
+                seconds: started.elapsed().as_secs_f64(),
+            })
+        })();
+        finish.inspect_err(|e| wipe_after_failure(&written.disk, e))
+    }
+
+    /// Decompress, identify, check, clear the disk, write. The disk is opened only once the
+    /// image is known to be one Rivet writes and to fit; from then on every failure wipes
+    /// both ends of the disk before it is returned.
+    fn stream(
+        &self,
+        a: &WriteImageArgs,
+        plan: &Plan,
+        tee: &mut Tee,
+        target: &Target,
+        meter: &mut Meter<'_>,
+    ) -> Result<Written, StepError> {
+        let src = &a.image_source;
+        let declared = a.disk_format.as_deref().unwrap_or("raw");
+        let mut head = vec![0u8; 512];
+        let n = fill(tee, &mut head).map_err(|e| failed(format!("downloading {src}: {e}")))?;
+        head.truncate(n);
+        let compression = format::sniff_compression(&head).map_err(|name| {
+            failed(format!(
+                "image {src} is {name}-compressed but instance_info declares {declared}: Rivet decodes gzip and zstd only (recompress it, or serve it uncompressed); refused before writing"
+            ))
+        })?;
+        let raw_in = Cursor::new(head).chain(tee);
+        let mut body: Box<dyn Read + '_> = match compression {
+            Some(format::Compression::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(raw_in)),
+            Some(format::Compression::Zstd) => {
+                Box::new(zstd_frames::MultiFrameDecoder::new(raw_in))
+            }
+            None => Box::new(raw_in),
+        };
+        // Enough to recognise every format (ISO 9660's descriptor sits at 32 KiB) and a whole
+        // qcow2 header cluster of up to 64 KiB (bigger clusters are read by the decoder).
+        let mut first = vec![0u8; 128 << 10];
+        let n = fill(&mut *body, &mut first)
+            .map_err(|e| failed(format!("reading {src}{}: {e}", compressed_as(compression))))?;
+        first.truncate(n);
+        let content = format::detect(&first);
+        if let format::Content::Refused(what) = content {
             return Err(failed(format!(
-                "image format {format} is not permitted (permitted: {}): refused before writing",
-                a.permitted().join(", ")
+                "image {src} is {what}{} but instance_info declares {declared}: Rivet writes raw, qcow2 and iso images (convert it with `qemu-img convert -O raw` or `-O qcow2`); refused before writing",
+                compressed_as(compression)
             )));
         }
-        if format == "qcow2" {
-            // Vet the header before the disk is even opened.
-            qcow2::parse_header(&first).map_err(|e| failed(e.to_string()))?;
+        if a.disk_format.is_some() && !format::declared_matches(declared, content) {
+            return Err(failed(format!(
+                "image {src} is {}{} but instance_info declares {declared}: refused before writing",
+                content.name(),
+                compressed_as(compression)
+            )));
         }
+        let permitted = a.permitted();
+        if !permitted.iter().any(|p| p == content.name()) {
+            return Err(failed(format!(
+                "image format {} is not permitted (permitted: {}): refused before writing",
+                content.name(),
+                permitted.join(", ")
+            )));
+        }
+        // Size before the first byte: what the image states about itself.
+        let (needed, why) = match content {
+            format::Content::Qcow2 => {
+                let h = qcow2::parse_header(&first).map_err(|e| failed(e.to_string()))?;
+                (Some(h.size), "its qcow2 virtual size")
+            }
+            _ => match (compression, plan.served_len) {
+                (None, Some(len)) => (Some(len), "its Content-Length"),
+                _ => (
+                    format::stated_raw_size(&first),
+                    "the size its partition table or ISO header states",
+                ),
+            },
+        };
+        let cd = plan.configdrive_len.map(|l| l.max(64 << 20)).unwrap_or(0);
+        if let Some(needed) = needed {
+            if needed.saturating_add(cd) > target.size {
+                let with = if cd > 0 {
+                    format!(" plus {} for the configdrive", human(cd))
+                } else {
+                    String::new()
+                };
+                return Err(failed(format!(
+                    "image {src} needs {} bytes ({why}){with}, more than {} holds ({} bytes): refused with the disk untouched",
+                    needed,
+                    target.display(),
+                    target.size
+                )));
+            }
+        }
+        meter.ctx.check()?;
         let mut disk = DiskWriter::open(target).map_err(failed)?;
+        let wrote = self.clear_and_write(&mut disk, content, first, &mut *body, target, meter);
+        match wrote {
+            Ok(virtual_size) => Ok(Written {
+                disk,
+                format: content,
+                compression,
+                virtual_size,
+            }),
+            Err(e) => {
+                wipe_after_failure(&disk, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Destroy the disk's old metadata, then write the image (its head held back).
+    fn clear_and_write(
+        &self,
+        disk: &mut DiskWriter,
+        content: format::Content,
+        first: Vec<u8>,
+        body: &mut dyn Read,
+        target: &Target,
+        meter: &mut Meter<'_>,
+    ) -> Result<u64, StepError> {
+        // A clean slate, as IPA's destroy_disk_metadata: every signature a probe would find
+        // on the disk or its old partitions (both GPT headers, MBR, filesystems, LVM, md at
+        // either end) goes before the first byte of the image. The disk's head is then zero
+        // until the verified image's head is committed.
+        let plan = crate::erase::metadata::plan(target).map_err(|e| failed(e.to_string()))?;
+        crate::erase::metadata::erase(target, &plan, meter.ctx, &mut |_| {}).map_err(
+            |e| match e {
+                crate::erase::EraseError::Aborted => StepError::Aborted,
+                e => failed(format!(
+                    "clearing the old metadata of {}: {e}",
+                    target.display()
+                )),
+            },
+        )?;
+        tracing::info!(device = %target.display(), partitions = plan.partitions.len(), bytes = plan.bytes(), "old disk metadata destroyed");
         let mut bounce = AlignedBuf::new(8 << 20);
-        let virtual_size = if format == "qcow2" {
+        let src = "the image";
+        if content == format::Content::Qcow2 {
             let decoded = {
                 let mut sink = QcowSink {
-                    disk: &mut disk,
+                    disk: &mut *disk,
                     bounce: &mut bounce,
                     meter: &mut *meter,
                 };
@@ -690,12 +738,6 @@ impl DeployManager {
                 qcow2::Qcow2Error::Sink(m) if m.contains("aborted") => StepError::Aborted,
                 e => failed(e.to_string()),
             })?;
-            if header.size > disk.size {
-                return Err(failed(format!(
-                    "the image's virtual size ({} bytes) is larger than {} ({} bytes)",
-                    header.size, disk.device, disk.size
-                )));
-            }
             let check = || {
                 if meter_cancelled(meter) {
                     Err("write_image aborted".to_string())
@@ -703,39 +745,74 @@ impl DeployManager {
                     Ok(())
                 }
             };
-            disk.zero_gaps(header.size, &check).map_err(failed)?;
-            header.size
-        } else {
-            // Raw (and ISO): sequential, aligned, 8 MiB at a time.
-            let mut offset = 0u64;
-            let head_len = first.len();
-            bounce.buf_mut()[..head_len].copy_from_slice(&first);
-            let mut have = head_len;
-            loop {
-                let cap = bounce.buf_mut().len();
-                let n = fill(&mut *body, &mut bounce.buf_mut()[have..cap])
-                    .map_err(|e| failed(format!("reading the image: {e}")))?;
-                have += n;
-                if have == 0 {
-                    break;
-                }
-                disk.write_at(offset, bounce.slice(have)).map_err(failed)?;
-                offset += have as u64;
-                meter.tick(false).map_err(|e| {
-                    if e.contains("aborted") {
-                        StepError::Aborted
-                    } else {
-                        failed(e)
-                    }
-                })?;
-                if n == 0 || have < cap {
-                    break;
-                }
-                have = 0;
+            disk.zero_gaps(header.size, &check)
+                .map_err(meter_error)?;
+            return Ok(header.size);
+        }
+        // Raw (and ISO): sequential, aligned, 8 MiB at a time.
+        let mut offset = 0u64;
+        let head_len = first.len();
+        bounce.buf_mut()[..head_len].copy_from_slice(&first);
+        let mut have = head_len;
+        loop {
+            let cap = bounce.buf_mut().len();
+            let n = fill(&mut *body, &mut bounce.buf_mut()[have..cap])
+                .map_err(|e| failed(format!("reading {src}: {e}")))?;
+            have += n;
+            if have == 0 {
+                break;
             }
-            offset
-        };
-        Ok((disk, format, compression, virtual_size))
+            disk.write_at(offset, bounce.slice(have)).map_err(failed)?;
+            offset += have as u64;
+            meter.tick(false).map_err(meter_error)?;
+            if n == 0 || have < cap {
+                break;
+            }
+            have = 0;
+        }
+        Ok(offset)
+    }
+}
+
+/// What [`DeployManager::stream`] knows before it starts: the served length and the
+/// configdrive's size, for the size check.
+struct Plan {
+    served_len: Option<u64>,
+    configdrive_len: Option<u64>,
+}
+
+/// An image written (head still held) and what it was.
+struct Written {
+    disk: DiskWriter,
+    format: format::Content,
+    compression: Option<format::Compression>,
+    virtual_size: u64,
+}
+
+fn compressed_as(c: Option<format::Compression>) -> String {
+    c.map(|c| format!(" ({}-compressed)", c.name()))
+        .unwrap_or_default()
+}
+
+fn meter_error(e: String) -> StepError {
+    if e.contains("aborted") {
+        StepError::Aborted
+    } else {
+        failed(e)
+    }
+}
+
+/// After a failure with the disk open: zero both of its ends so no firmware finds a
+/// partition table or boot code (the head was never written, but a GPT fix-up or the
+/// configdrive may have failed after it was).
+fn wipe_after_failure(disk: &DiskWriter, why: &StepError) {
+    match disk.wipe_ends() {
+        Ok(()) => {
+            tracing::warn!(device = %disk.device, error = %why, "write_image failed; both ends of the disk wiped, nothing bootable left on it")
+        }
+        Err(e) => {
+            tracing::error!(device = %disk.device, error = %why, wipe_error = %e, "write_image failed and wiping the disk's ends failed too: it may hold an unverified image")
+        }
     }
 }
 
@@ -784,20 +861,7 @@ mod tests {
     }
 
     #[test]
-    fn formats_and_compression() {
-        assert_eq!(detect_format(b"QFI\xfb\0\0\0\x03"), "qcow2");
-        let mut iso = vec![0u8; 0x8010];
-        iso[0x8001..0x8006].copy_from_slice(b"CD001");
-        assert_eq!(detect_format(&iso), "iso");
-        assert_eq!(detect_format(&[0u8; 100]), "raw");
-        assert_eq!(
-            Compression::sniff(&[0x1f, 0x8b, 8, 0]),
-            Some(Compression::Gzip)
-        );
-        assert_eq!(
-            Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]),
-            Some(Compression::Zstd)
-        );
+    fn partition_paths() {
         assert_eq!(partition_path("/dev/vda", 3), "/dev/vda3");
         assert_eq!(partition_path("/dev/nvme0n1", 2), "/dev/nvme0n1p2");
         assert_eq!(partition_path("/tmp/d.img", 2), "/tmp/d.img#2");

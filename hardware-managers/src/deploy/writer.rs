@@ -1,11 +1,21 @@
 //! The target disk as the image writer sees it: large aligned writes (O_DIRECT on block
 //! devices, so the page cache neither fills up nor lies about what reached the disk),
 //! zeroing of the ranges no image data covered, and the final flush.
+//!
+//! The image's first MiB is held in memory and reaches the disk last ([`DiskWriter::commit_head`]),
+//! only once the digest matched and everything else is on the disk — as coreos-installer
+//! does. The disk's head (MBR, primary GPT, boot code) was wiped before the write, so until
+//! the commit the disk holds nothing a firmware would boot: a digest mismatch, a cut stream,
+//! an abort, the agent killed or the machine powered off mid-write all leave it unbootable.
 
 use crate::erase::device::{Target, TargetKind};
 use crate::erase::ioctl;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+
+/// Bytes of the image held back and written last: the MBR, a GPT's primary header and
+/// entries (with 512 or 4096-byte sectors), and the boot loader's first stage.
+pub const HEAD: u64 = 1 << 20;
 
 /// Alignment O_DIRECT needs for buffers, offsets and lengths (covers 4 KiB-sector disks).
 pub const ALIGN: usize = 4096;
@@ -49,6 +59,10 @@ pub struct DiskWriter {
     block: bool,
     /// Guest ranges written so far (cluster-granular for qcow2), merged.
     written: Vec<(u64, u64)>,
+    /// The image's first [`HEAD`] bytes, held until [`DiskWriter::commit_head`].
+    head: AlignedBuf,
+    /// End of the held bytes (0: none held).
+    head_end: u64,
 }
 
 impl DiskWriter {
@@ -67,7 +81,13 @@ impl DiskWriter {
             size: target.size,
             block: !matches!(target.kind, TargetKind::File),
             written: Vec::new(),
+            head: AlignedBuf::new(HEAD.min(target.size) as usize),
+            head_end: 0,
         })
+    }
+
+    fn head_len(&self) -> u64 {
+        HEAD.min(self.size)
     }
 
     fn check_fits(&self, offset: u64, len: u64) -> Result<(), String> {
@@ -83,11 +103,22 @@ impl DiskWriter {
     }
 
     /// Write `data` at `offset`: directly when both are aligned, else through the page cache.
+    /// Bytes that fall in the image's first [`HEAD`] are held, not written (see the module
+    /// doc).
     pub fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
         if data.is_empty() {
             return Ok(());
         }
         self.check_fits(offset, data.len() as u64)?;
+        let head = self.head_len();
+        if offset < head {
+            let n = (head - offset).min(data.len() as u64) as usize;
+            let at = offset as usize;
+            self.head.buf_mut()[at..at + n].copy_from_slice(&data[..n]);
+            self.head_end = self.head_end.max(offset + n as u64);
+            self.note(offset, n as u64);
+            return self.write_at(offset + n as u64, &data[n..]);
+        }
         let aligned = offset.is_multiple_of(ALIGN as u64)
             && data.len().is_multiple_of(ALIGN)
             && data.as_ptr().align_offset(ALIGN) == 0;
@@ -196,6 +227,36 @@ impl DiskWriter {
         Ok(())
     }
 
+    /// Write the held head, then flush: the image becomes bootable only here. Call once the
+    /// image is verified and the rest of it is flushed.
+    pub fn commit_head(&mut self) -> Result<(), String> {
+        if self.head_end == 0 {
+            return Ok(());
+        }
+        // Up to the last held byte, rounded up to the alignment where the head allows (the
+        // held buffer is zero where nothing was written, as the disk is after the wipe).
+        let n = (self.head_end.div_ceil(ALIGN as u64) * ALIGN as u64).min(self.head_len()) as usize;
+        let f = match (&self.direct, n % ALIGN) {
+            (Some(d), 0) => d,
+            _ => &self.buffered,
+        };
+        f.write_all_at(self.head.slice(n), 0)
+            .map_err(|e| format!("{}: writing the image's first MiB: {e}", self.device))?;
+        self.flush()
+    }
+
+    /// Zero the first and the last MiB of the disk and flush: after a failed write nothing
+    /// on it looks like a partition table or a boot sector (MBR, primary and backup GPT).
+    pub fn wipe_ends(&self) -> Result<(), String> {
+        let w = HEAD.min(self.size);
+        self.zero_range(0, w)?;
+        let tail = self.size.saturating_sub(HEAD);
+        if tail > 0 {
+            self.zero_range(tail.max(w), self.size - tail.max(w))?;
+        }
+        self.flush()
+    }
+
     /// Flush everything to stable storage.
     pub fn flush(&self) -> Result<(), String> {
         for f in self.direct.iter().chain(std::iter::once(&self.buffered)) {
@@ -236,27 +297,44 @@ mod tests {
         assert_eq!(b.buf_mut().as_ptr().align_offset(ALIGN), 0);
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.img");
-        std::fs::write(&p, vec![0xAAu8; 64 << 10]).unwrap();
+        let size = 2 * HEAD as usize;
+        std::fs::write(&p, vec![0xAAu8; size]).unwrap();
         let t = Target::open(&p).unwrap();
         let mut w = DiskWriter::open(&t).unwrap();
+        let past = HEAD as usize;
         w.write_at(4096, &[1u8; 4096]).unwrap();
         w.write_at(16384, &[2u8; 100]).unwrap();
-        let zeroed = w.zero_gaps(32768, &|| Ok(())).unwrap();
-        assert_eq!(zeroed, 32768 - 4096 - 100);
+        // Straddling the end of the head: its first half held, its second half written.
+        w.write_at(HEAD - 4096, &[3u8; 8192]).unwrap();
+        let zeroed = w.zero_gaps(past as u64 + 32768, &|| Ok(())).unwrap();
+        assert_eq!(zeroed, past as u64 + 32768 - 4096 - 100 - 8192);
         w.flush().unwrap();
+        let got = std::fs::read(&p).unwrap();
+        assert!(
+            got[4096..8192].iter().all(|b| *b == 0xAA),
+            "the head is not written before the commit"
+        );
+        assert!(got[past..past + 4096].iter().all(|b| *b == 3));
+        w.commit_head().unwrap();
         let got = std::fs::read(&p).unwrap();
         assert!(got[..4096].iter().all(|b| *b == 0));
         assert!(got[4096..8192].iter().all(|b| *b == 1));
         assert!(got[8192..16384].iter().all(|b| *b == 0));
         assert!(got[16384..16484].iter().all(|b| *b == 2));
-        assert!(got[16484..32768].iter().all(|b| *b == 0));
+        assert!(got[16484..past - 4096].iter().all(|b| *b == 0));
+        assert!(got[past - 4096..past + 4096].iter().all(|b| *b == 3));
+        assert!(got[past + 4096..past + 32768].iter().all(|b| *b == 0));
         assert!(
-            got[32768..].iter().all(|b| *b == 0xAA),
+            got[past + 32768..].iter().all(|b| *b == 0xAA),
             "past upto untouched"
         );
         assert!(w
-            .write_at((64 << 10) - 10, &[0u8; 20])
+            .write_at(size as u64 - 10, &[0u8; 20])
             .unwrap_err()
             .contains("larger than"));
+        // After a failure: both ends zero.
+        w.wipe_ends().unwrap();
+        let got = std::fs::read(&p).unwrap();
+        assert!(got.iter().all(|b| *b == 0));
     }
 }
