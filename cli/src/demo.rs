@@ -11,8 +11,13 @@
 //! cleaning → available; then manage → a manual clean with an explicit step list →
 //! manageable. Progress is printed as it happens, a summary at the end.
 //!
+//! The disks' seed contents and the image's partition table are written, and the disks read
+//! back, in Rust ([`disk`]): the demo runs no disk tool (sgdisk, mkfs, wipefs, blkid).
+//!
 //! Everything it starts is stopped and the directory removed on every way out (guards that
 //! drop), and a failure prints the node's `last_error` and the tails of both logs.
+
+mod disk;
 
 use crate::client::{seg, Client};
 use crate::output;
@@ -54,8 +59,15 @@ pub struct DemoArgs {
 
 /// Run the demo. On failure the diagnostics are printed here; the caller prints the error.
 pub async fn run(a: DemoArgs) -> Result<()> {
-    if a.disk_mib < 8 {
-        bail!("--disk-mib {} is too small; use at least 8", a.disk_mib);
+    // The deploy needs room for the image and the agent's 64 MiB config-2 partition after it.
+    let least = DemoImage::MIB + 64 + 1;
+    if a.disk_mib < least {
+        bail!(
+            "--disk-mib {} is too small for the {} MiB image and its 64 MiB configdrive \
+             partition; use at least {least}",
+            a.disk_mib,
+            DemoImage::MIB
+        );
     }
     let bins = Bins::locate()?;
     let dir = TempDir::create(a.keep)?;
@@ -876,61 +888,50 @@ fn make_disks(dir: &Path, mib: u64) -> Result<Vec<Disk>> {
     Ok(disks)
 }
 
-/// A partition table and a filesystem when the tools are there (scripts/setup.sh installs
-/// them), else a bare MBR boot signature. Returns what was written.
+/// A partition table and a filesystem signature, written here (no disk tools needed): disk 0
+/// a GPT with two partitions and an ext4 superblock in the first, disk 1 an ext4 superblock
+/// on the whole disk. Returns what was written.
 fn seed(path: &Path, index: usize, mib: u64) -> Result<String> {
-    let ok = |tool: &str, args: &[&str]| -> bool {
-        find_tool(tool).is_some_and(|t| {
-            Command::new(t)
-                .args(args)
-                .arg(path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-    };
-    let fs_mib = (mib / 4).max(4).to_string() + "M";
-    if index == 0
-        && ok(
-            "sgdisk",
-            &["-n", "1:2048:+64M", "-n", "2:0:0", "-c", "1:demo-root"],
-        )
-        && find_tool("mkfs.ext4").is_some_and(|t| {
-            Command::new(t)
-                .args(["-F", "-q", "-L", "demo-root", "-E", "offset=1048576"])
-                .arg(path)
-                .arg(&fs_mib)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-    {
+    let size = mib * MIB;
+    if index == 0 {
+        let root_mib = (mib / 4).clamp(1, 64);
+        let root_last = (1 + root_mib) * MIB / disk::SECTOR - 1;
+        let parts = [
+            disk::Part {
+                first: MIB / disk::SECTOR,
+                last: root_last,
+                name: "demo-root",
+            },
+            disk::Part {
+                first: root_last + 1,
+                last: disk::usable(size).1,
+                name: "",
+            },
+        ];
+        disk::new_gpt(size, &parts, seed_of(path))?.write_to(path)?;
+        disk::write_ext4_superblock(path, MIB, root_mib * MIB, "demo-root")?;
         return Ok(format!(
-            "GPT (2 partitions, sgdisk) + ext4 of {fs_mib} in partition 1"
+            "GPT (2 partitions) + ext4 superblock \"demo-root\" in partition 1 ({root_mib} MiB)"
         ));
     }
-    if index == 1 && ok("mkfs.ext4", &["-F", "-q", "-L", "demo-data"]) {
-        return Ok("ext4 on the whole disk (mkfs.ext4)".into());
-    }
-    let mut f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    f.seek(SeekFrom::Start(510))
-        .and_then(|_| f.write_all(&[0x55, 0xAA]))
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok("MBR boot signature 0x55AA (sgdisk/mkfs.ext4 not installed)".into())
+    disk::write_ext4_superblock(path, 0, size, "demo-data")?;
+    Ok("ext4 superblock \"demo-data\" on the whole disk".into())
 }
 
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+/// Something different per run and file, for the GUIDs of a new GPT.
+fn seed_of(path: &Path) -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let name = path
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01B3)
+        });
+    nanos ^ name ^ (u64::from(std::process::id()) << 32)
 }
 
 fn file_name(path: &Path) -> String {
@@ -1017,8 +1018,9 @@ fn read_range(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The image the demo deploys: 32 MiB, a GPT with one partition when sgdisk is installed,
-/// filled with a pattern that names each MiB (so a misplaced block shows).
+/// The image the demo deploys: 32 MiB, a GPT with one partition (written here, as
+/// `sgdisk -o -n 1:2048:0` would), filled with a pattern that names each MiB (so a misplaced
+/// block shows).
 struct DemoImage {
     path: PathBuf,
     len: u64,
@@ -1043,20 +1045,14 @@ impl DemoImage {
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }
         }
-        let layout = match find_tool("sgdisk") {
-            Some(sgdisk)
-                if Command::new(&sgdisk)
-                    .args(["-Z", "-o", "-n", "1:2048:0", "-c", "1:demo-root"])
-                    .arg(&path)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success()) =>
-            {
-                "GPT, one partition"
-            }
-            _ => "raw, no partition table (sgdisk not installed)",
+        let (_, last) = disk::usable(len);
+        let root = disk::Part {
+            first: MIB / disk::SECTOR,
+            last,
+            name: "demo-root",
         };
+        disk::new_gpt(len, &[root], seed_of(&path))?.write_to(&path)?;
+        let layout = "GPT, one partition";
         let mut hasher = Sha256::new();
         let mut f = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
         let mut buf = vec![0u8; MIB as usize];
