@@ -8,13 +8,23 @@
 //! forgotten and the disk's first MiB zero; abort in wait call-back; a checksum mismatch; and
 //! rivetd killed mid-write, the deploy finishing with the new process.
 //!
+//! Deploy integrity: every failed deploy (checksum mismatch, abort, the agent killed
+//! mid-write) ends powered off through the node's power interface (`[deploy]
+//! power_off_after_deploy_failure`, with power sync reading the fake BMC back every second so
+//! a power state only written to the database would not last), with a history entry saying
+//! so — or, with the option false, powered as it was — and leaves a disk that was seeded with
+//! an old GPT with no partition table a firmware would boot: no MBR signature, no primary
+//! GPT header (512- or 4096-byte sectors), no backup GPT header in the last MiB.
+//!
 //! Needs root (loop devices), sgdisk, blkid and xorriso or isoinfo for reading the
 //! configdrive; skips without them unless `RIVET_REQUIRE_PEERS=1`.
 
 use anyhow::{bail, ensure, Context, Result};
 use rivet_tests::agentproc::{have, is_root, read_at, AgentProcess, LoopDevice};
 use rivet_tests::fileserver::FileServer;
-use rivet_tests::{prerequisite, run_tool, sha256_file, Rivetd, DEPLOY_TEST_CONFIG};
+use rivet_tests::{
+    deploy_test_config_with, prerequisite, run_tool, sha256_file, Rivetd, DEPLOY_TEST_CONFIG,
+};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,6 +36,9 @@ const MIB: u64 = 1 << 20;
 const IMAGE_MIB: u64 = 64;
 /// Size of the target disk.
 const DISK_MIB: u64 = 256;
+/// Power sync every second (record): a `power_state` the conductor wrote without the BMC
+/// being off would be read back as `power on` within a second or two.
+const POWER_SYNC_EVERY_SECOND: &str = "[power_sync]\ninterval_s = 1\n";
 
 fn ready() -> bool {
     prerequisite(is_root(), "root (loop devices)")
@@ -92,8 +105,13 @@ impl Scene {
     /// rivetd, the image server, a zeroed 256 MiB loop device, and node n1 (fake-hardware,
     /// the agent's deploy interface) in available after its first automated cleaning.
     fn new() -> Result<Scene> {
+        Self::with_config(DEPLOY_TEST_CONFIG)
+    }
+
+    /// [`Scene::new`] with rivetd running `config`.
+    fn with_config(config: &str) -> Result<Scene> {
         let dir = tempfile::tempdir()?;
-        let rivetd = Rivetd::start_in(dir.path(), DEPLOY_TEST_CONFIG)?;
+        let rivetd = Rivetd::start_in(dir.path(), config)?;
         let www = dir.path().join("www");
         std::fs::create_dir(&www)?;
         let images = FileServer::start(&www)?;
@@ -194,6 +212,120 @@ impl Scene {
         ensure!(s == 200, "{v}");
         Ok(())
     }
+}
+
+impl Scene {
+    /// Give the target disk an old GPT over the whole disk (as a previous instance would
+    /// have left), so a stale table after a failed deploy would show; checked to be seen.
+    fn seed_old_gpt(&self) -> Result<()> {
+        run_tool(
+            Command::new("sgdisk")
+                .args(["-o", "-n", "1:0:0"])
+                .arg(&self.disk.path),
+        )?;
+        let found = bootable_metadata(&self.disk.path)?;
+        ensure!(
+            found.len() >= 3,
+            "the seeded GPT is not detected: {found:?}"
+        );
+        Ok(())
+    }
+
+    /// The node history entries (detail), oldest first.
+    fn history(&self) -> Result<Vec<Value>> {
+        let (s, v) = self
+            .rivetd
+            .call("GET", "/v1/nodes/n1/history?detail=true", None)?;
+        ensure!(s == 200, "history: {s} {v}");
+        Ok(v["history"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Wait for the history entry whose event starts with `prefix`.
+    fn history_entry(&self, prefix: &str, secs: u64) -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let h = self.history()?;
+            if let Some(e) = h
+                .iter()
+                .find(|e| e["event"].as_str().is_some_and(|ev| ev.starts_with(prefix)))
+            {
+                return Ok(e.clone());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no history entry {prefix:?} after {secs} s: {}\n{}",
+                    serde_json::to_string_pretty(&h)?,
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The node ends `deploy failed` powered off through its power interface: `power off`
+    /// recorded, still so after power sync has read the fake BMC a few times, and a history
+    /// entry saying so.
+    fn assert_powered_off_after_failure(&self) -> Result<()> {
+        let off = self.wait("powered off after the failure", 30, |v| {
+            v["power_state"] == "power off"
+        })?;
+        assert_eq!(off["provision_state"], "deploy failed", "{off}");
+        let entry = self.history_entry("node powered off after the deploy failure", 10)?;
+        assert_eq!(entry["severity"], "INFO", "{entry}");
+        assert_eq!(entry["event_type"], "deploying", "{entry}");
+        assert_eq!(entry["state"], "deploy failed", "{entry}");
+        std::thread::sleep(Duration::from_millis(2500));
+        let later = self.rivetd.node("n1")?;
+        assert_eq!(
+            later["power_state"], "power off",
+            "power sync read the BMC as on: the power off was not real: {later}"
+        );
+        Ok(())
+    }
+
+    /// Nothing on the disk a firmware would boot or a tool would take for a partition table.
+    fn assert_nothing_bootable(&self, when: &str) -> Result<()> {
+        let found = bootable_metadata(&self.disk.path)?;
+        assert!(
+            found.is_empty(),
+            "{when}: the disk still holds {}\n{}",
+            found.join(", "),
+            self.logs()
+        );
+        Ok(())
+    }
+}
+
+/// What on `disk` makes it look bootable: the MBR boot signature, a primary GPT header
+/// (512- or 4096-byte sectors), a backup GPT header in the last MiB (any 512-byte-aligned
+/// position). Read after dropping the block device's cached pages, so the bytes are the
+/// device's.
+fn bootable_metadata(disk: &Path) -> Result<Vec<String>> {
+    let _ = Command::new("blockdev")
+        .arg("--flushbufs")
+        .arg(disk)
+        .status();
+    let mut found = Vec::new();
+    let head = read_at(disk, 0, 8192)?;
+    if head[510..512] == [0x55, 0xAA] {
+        found.push("an MBR boot signature (0x55 0xAA at byte 510)".to_string());
+    }
+    for at in [512usize, 4096] {
+        if &head[at..at + 8] == b"EFI PART" {
+            found.push(format!("a primary GPT header at byte {at}"));
+        }
+    }
+    let size = DISK_MIB * MIB;
+    let tail = read_at(disk, size - MIB, MIB as usize)?;
+    for (i, sector) in tail.chunks(512).enumerate() {
+        if sector.starts_with(b"EFI PART") {
+            found.push(format!(
+                "a backup GPT header at byte {}",
+                size - MIB + (i as u64) * 512
+            ));
+        }
+    }
+    Ok(found)
 }
 
 fn tail(s: &str) -> String {
@@ -325,23 +457,29 @@ fn deploy_with_configdrive_then_undeploy() -> Result<()> {
     Ok(())
 }
 
+/// A digest mismatch fails the deploy with both digests, powers the node off through its
+/// power interface (history says so) and leaves nothing bootable on a disk that held an old
+/// GPT; fixed, `rebuild` deploys.
 #[test]
 fn checksum_mismatch_fails_with_both_digests() -> Result<()> {
     if !ready() {
         return Ok(());
     }
-    let mut sc = Scene::new()?;
+    let mut sc = Scene::with_config(&deploy_test_config_with("", POWER_SYNC_EVERY_SECOND))?;
     let image = sc.path("other.raw");
     make_image(&image, 11)?;
     let real = sha256_file(&image)?;
     let wrong = "0".repeat(64);
     sc.set_image(&image, &wrong)?;
+    sc.seed_old_gpt()?;
     sc.boot()?;
     sc.verb(json!({"target": "active"}))?;
     let failed = sc.state("deploy failed", 180)?;
     let err = failed["last_error"].as_str().unwrap_or_default();
     assert!(err.contains(&real) && err.contains(&wrong), "{err}");
     assert!(err.contains("write_image"), "{err}");
+    sc.assert_powered_off_after_failure()?;
+    sc.assert_nothing_bootable("after a digest mismatch")?;
     // Fixed, `rebuild` from deploy failed deploys it.
     sc.set_image(&image, &real)?;
     sc.boot()?;
@@ -366,6 +504,7 @@ fn abort_during_write_image_and_refused_outside_a_wait() -> Result<()> {
     sc.set_image(&image, &digest)?;
     // 4 MiB/s: the 64 MiB image takes ~16 s, time to abort in the middle.
     sc.images.set_pace(4 * MIB);
+    sc.seed_old_gpt()?;
     // Abort outside a wait state: 400, nothing changes.
     let (s, v) = sc.rivetd.call(
         "PUT",
@@ -409,6 +548,27 @@ fn abort_during_write_image_and_refused_outside_a_wait() -> Result<()> {
     );
     let off = sc.wait("powered off", 20, |v| v["power_state"] == "power off")?;
     assert_eq!(off["provision_state"], "deploy failed");
+    // Powered off once (the abort and the failure are one path), and said so.
+    let powered: Vec<Value> = sc
+        .history()?
+        .into_iter()
+        .filter(|e| {
+            e["event"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("after the deploy failure")
+        })
+        .collect();
+    assert_eq!(powered.len(), 1, "{powered:?}");
+    assert!(
+        powered[0]["event"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("node powered off"),
+        "{powered:?}"
+    );
+    // By the time the power is cut nothing on the disk boots.
+    sc.assert_nothing_bootable("after an abort during write_image")?;
     // A failed deploy may be retried: `active` again, at full speed this time.
     sc.images.set_pace(0);
     sc.boot()?;
@@ -451,6 +611,97 @@ fn rivetd_killed_mid_write_then_deploy_finishes() -> Result<()> {
             .load(std::sync::atomic::Ordering::Relaxed),
         1,
         "the image was fetched more than once"
+    );
+    Ok(())
+}
+
+/// `[deploy] power_off_after_deploy_failure = false`: a failed deploy leaves the node powered
+/// as it was (the ramdisk stays up to be looked at), the agent is not asked to power off, and
+/// the history says why.
+#[test]
+fn deploy_failure_leaves_the_power_when_told_to() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut sc = Scene::with_config(&deploy_test_config_with(
+        "",
+        &format!("{POWER_SYNC_EVERY_SECOND}[deploy]\npower_off_after_deploy_failure = false\n"),
+    ))?;
+    let image = sc.path("left.raw");
+    make_image(&image, 13)?;
+    sc.set_image(&image, &"0".repeat(64))?;
+    sc.boot()?;
+    sc.verb(json!({"target": "active"}))?;
+    let waiting = sc.state("wait call-back", 60)?;
+    let before = waiting["power_state"].clone();
+    assert_eq!(
+        before, "power on",
+        "the ramdisk boot powered it on: {waiting}"
+    );
+    sc.state("deploy failed", 180)?;
+    let entry = sc.history_entry("node not powered off after the deploy failure", 20)?;
+    let event = entry["event"].as_str().unwrap_or_default();
+    assert!(
+        event.contains("power_off_after_deploy_failure is false"),
+        "{entry}"
+    );
+    assert_eq!(entry["severity"], "INFO", "{entry}");
+    // Power sync has read the fake BMC since: still as it was.
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = sc.rivetd.node("n1")?;
+    assert_eq!(after["power_state"], before, "{after}");
+    assert_eq!(after["provision_state"], "deploy failed", "{after}");
+    let agent_log = sc.agent.as_ref().map(|a| a.log_text()).unwrap_or_default();
+    assert!(
+        !agent_log.contains("power off requested"),
+        "the agent was asked to power off:\n{}",
+        sc.logs()
+    );
+    Ok(())
+}
+
+/// The ramdisk dies (SIGKILL) in the middle of write_image: the deploy fails when its
+/// heartbeats stop, the node is powered off, and the disk that held an old GPT has nothing
+/// bootable — the image's first MiB is written last, after the digest matched, and the old
+/// table was wiped before the first byte of the image went down.
+#[test]
+fn agent_killed_mid_write_leaves_nothing_bootable() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut sc = Scene::with_config(&deploy_test_config_with(
+        "heartbeat_timeout_s = 10",
+        POWER_SYNC_EVERY_SECOND,
+    ))?;
+    let image = sc.path("killed.raw");
+    make_image(&image, 17)?;
+    let digest = sha256_file(&image)?;
+    sc.set_image(&image, &digest)?;
+    sc.seed_old_gpt()?;
+    // 4 MiB/s: the 64 MiB image takes ~16 s.
+    sc.images.set_pace(4 * MIB);
+    sc.boot()?;
+    sc.verb(json!({"target": "active"}))?;
+    let writing = sc.wait("write_image well under way", 120, |v| {
+        v["deploy_step"]["step"] == "write_image"
+            && v["deploy_step"]["progress"]["done"].as_u64().unwrap_or(0) >= 8 * MIB
+    })?;
+    assert_eq!(writing["provision_state"], "wait call-back", "{writing}");
+    if let Some(agent) = sc.agent.as_mut() {
+        agent.kill9();
+    }
+    let failed = sc.state("deploy failed", 60)?;
+    let err = failed["last_error"].as_str().unwrap_or_default();
+    assert!(err.contains("no heartbeat"), "{err}");
+    assert!(err.contains("write_image"), "{err}");
+    // The abort goes unanswered (the agent is dead): the power off follows after a bound.
+    sc.assert_powered_off_after_failure()?;
+    sc.assert_nothing_bootable("after the agent was killed mid-write")?;
+    // The image was partly written (the kill happened mid-write, not before it).
+    let mid = read_at(&sc.disk.path, 4 * MIB, MIB as usize)?;
+    assert!(
+        mid != vec![0u8; MIB as usize],
+        "nothing of the image reached the disk before the kill"
     );
     Ok(())
 }

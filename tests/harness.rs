@@ -6,6 +6,7 @@ pub mod agentproc;
 pub mod clients;
 pub mod faultproxy;
 pub mod fileserver;
+pub mod imagelab;
 pub mod peers;
 pub mod qemu;
 pub mod simagent;
@@ -57,6 +58,16 @@ pub fn fault(v: &Value) -> String {
 pub const DEPLOY_TEST_CONFIG: &str =
     "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n\
      [cleaning]\npriority_overrides = {\"deploy.erase_devices\" = 0}\n";
+
+/// [`DEPLOY_TEST_CONFIG`] with more settings: `agent` lines go into its `[agent]` table (a
+/// TOML table cannot be opened twice), `tables` (whole tables: `[deploy]`, `[power_sync]`…)
+/// after it.
+pub fn deploy_test_config_with(agent: &str, tables: &str) -> String {
+    let mut config = DEPLOY_TEST_CONFIG.replacen("[agent]\n", &format!("[agent]\n{agent}\n"), 1);
+    config.push_str(tables);
+    config.push('\n');
+    config
+}
 
 /// Run a tool; its stdout, or an error with its stderr.
 pub fn run_tool(cmd: &mut Command) -> Result<String> {

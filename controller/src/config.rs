@@ -121,7 +121,19 @@ pub struct DeployConfig {
     pub permitted_image_formats: Vec<String>,
     /// PEM file of an extra CA the agent trusts for image and configdrive URLs.
     pub image_ca_file: Option<std::path::PathBuf>,
+    /// Power a node off through its power interface when its deploy fails (Ironic's
+    /// option of the same name), after the agent was told to stop: a half-written disk is
+    /// never left running or booting. `false` leaves the node powered as it was (the ramdisk
+    /// stays up for debugging). A node with `disable_power_off` is never powered off.
+    pub power_off_after_deploy_failure: bool,
+    /// How many times the agent resumes (HTTP Range) or restarts an image download cut
+    /// mid-way before `write_image` fails, 0 to [`MAX_DOWNLOAD_RETRIES`].
+    pub image_download_retries: u32,
 }
+
+/// Most `[deploy] image_download_retries` accepted: beyond it a broken image server only
+/// makes a deploy take longer to fail.
+pub const MAX_DOWNLOAD_RETRIES: u32 = 20;
 
 impl Default for DeployConfig {
     fn default() -> Self {
@@ -131,11 +143,26 @@ impl Default for DeployConfig {
                 .map(|s| s.to_string())
                 .collect(),
             image_ca_file: None,
+            power_off_after_deploy_failure: true,
+            image_download_retries: rivet_protocol::deploy::DEFAULT_DOWNLOAD_RETRIES,
         }
     }
 }
 
 impl DeployConfig {
+    /// Refuse values rivetd cannot work with, naming the key and the range.
+    pub fn check(&self) -> Result<(), String> {
+        if self.image_download_retries > MAX_DOWNLOAD_RETRIES {
+            return Err(format!(
+                "[deploy] image_download_retries = {} is out of range: use 0 to {MAX_DOWNLOAD_RETRIES} \
+                 (retries of a cut image download; default {})",
+                self.image_download_retries,
+                rivet_protocol::deploy::DEFAULT_DOWNLOAD_RETRIES
+            ));
+        }
+        Ok(())
+    }
+
     /// The extra CA's PEM text, if configured and readable (a missing file is reported at
     /// start-up by `check`).
     pub fn image_ca_pem(&self) -> Option<String> {
@@ -530,5 +557,54 @@ mod tests {
         assert_eq!(back.listen, c.listen);
         let err = Config::from_toml("listne = \"x\"").expect_err("typo");
         assert!(err.contains("listne"), "{err}");
+    }
+
+    #[test]
+    fn deploy_failure_power_and_download_retries() {
+        let d = Config::default().deploy;
+        assert!(d.power_off_after_deploy_failure, "Ironic's default");
+        assert_eq!(
+            d.image_download_retries,
+            rivet_protocol::deploy::DEFAULT_DOWNLOAD_RETRIES
+        );
+        assert_eq!(d.image_download_retries, 3);
+        assert_eq!(d.check(), Ok(()));
+        // Both keys are read from the file and shown by --print-config.
+        let c = Config::from_toml(
+            "[deploy]\npower_off_after_deploy_failure = false\nimage_download_retries = 0\n",
+        )
+        .expect("parse");
+        assert!(!c.deploy.power_off_after_deploy_failure);
+        assert_eq!(c.deploy.image_download_retries, 0);
+        assert_eq!(c.deploy.check(), Ok(()));
+        let shown = c.to_toml();
+        assert!(
+            shown.contains("power_off_after_deploy_failure = false")
+                && shown.contains("image_download_retries = 0"),
+            "{shown}"
+        );
+        for ok in [1, MAX_DOWNLOAD_RETRIES] {
+            let d = DeployConfig {
+                image_download_retries: ok,
+                ..DeployConfig::default()
+            };
+            assert_eq!(d.check(), Ok(()), "{ok}");
+        }
+        let d = DeployConfig {
+            image_download_retries: MAX_DOWNLOAD_RETRIES + 1,
+            ..DeployConfig::default()
+        };
+        let err = d.check().expect_err("21 retries");
+        assert!(
+            err.contains("[deploy] image_download_retries = 21") && err.contains("0 to 20"),
+            "{err}"
+        );
+        // Not a number of retries at all: refused when the file is read, naming the key.
+        let err =
+            Config::from_toml("[deploy]\nimage_download_retries = -1\n").expect_err("negative");
+        assert!(err.contains("image_download_retries"), "{err}");
+        let err = Config::from_toml("[deploy]\npower_off_after_deploy_failure = \"yes\"\n")
+            .expect_err("not a bool");
+        assert!(err.contains("power_off_after_deploy_failure"), "{err}");
     }
 }

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Check the listen address against the auth mode: `--no-auth` only on loopback.
+/// Check the listen address against the auth mode (`--no-auth` only on loopback) and the
+/// settings that cannot be checked key by key when the file is read.
 pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
     let addr: SocketAddr = config
         .listen
@@ -37,6 +38,7 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
             c.heartbeat_interval_s
         );
     }
+    config.deploy.check().map_err(anyhow::Error::msg)?;
     if !config.no_auth && config.auth.tokens.is_empty() && config.auth.users.is_empty() {
         anyhow::bail!(
             "no admin credentials configured: add [auth] tokens/users to the config (hash with `rivetd hash-secret`), or run with --no-auth on a loopback address"

@@ -776,6 +776,24 @@ fn no_auth_refused_off_loopback() {
     assert!(rivet_controller::server::check_listen(&config).is_ok());
 }
 
+#[test]
+fn out_of_range_download_retries_refused_at_start() {
+    let mut config = Config {
+        listen: "127.0.0.1:6385".into(),
+        no_auth: true,
+        ..Config::default()
+    };
+    config.deploy.image_download_retries = 21;
+    let err = rivet_controller::server::check_listen(&config).expect_err("must refuse");
+    assert!(
+        err.to_string()
+            .contains("[deploy] image_download_retries = 21"),
+        "{err}"
+    );
+    config.deploy.image_download_retries = 20;
+    assert!(rivet_controller::server::check_listen(&config).is_ok());
+}
+
 /// Ironic's ownership and lifecycle fields: stored, shown from their microversion, filtered
 /// on; `protected` and `retired` follow Ironic's rules and change what may happen.
 async fn ironic_node_fields_and_lifecycle_flags(db: TestDb) {

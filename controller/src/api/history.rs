@@ -4,7 +4,8 @@
 //! ERROR for a failure (a `fail` event or a failed state) else INFO, the event type named
 //! after the activity as Ironic names it (cleaning, deploying, verifying, introspection…),
 //! the conductor that wrote it and the user whose verb started the operation (entries within
-//! a state, such as a finished clean step, carry the user of the operation they belong to). `project`
+//! a state, such as a finished clean step or the power off after a deploy failure, carry the
+//! user of the operation they belong to). `project`
 //! (1.113) is always null (Rivet has no projects); `state`, `target_provision_state` and
 //! `duration_seconds` (time spent in the previous state) come at 1.115.
 
@@ -97,8 +98,13 @@ fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Op
     // Erase reports (conductor/step_report.rs) have the same shape as finished steps.
     if row.action == crate::conductor::step_record::CLEAN_STEP_ACTION
         || row.action == crate::conductor::step_report::STEP_REPORT_ACTION
+        || row.action == crate::conductor::FAILURE_POWER_ACTION
     {
-        return step_entry_of(node, row, previous);
+        return step_entry_of(node, row, previous, "INFO");
+    }
+    // What a failed deploy did with the power: an ERROR when the power off failed.
+    if row.action == crate::conductor::FAILURE_POWER_ERROR_ACTION {
+        return step_entry_of(node, row, previous, "ERROR");
     }
     if row.action != "transition" {
         return None;
@@ -164,15 +170,21 @@ fn health_entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>
     })
 }
 
-/// A finished clean step or a step report (`EVENT; state: STATE`, written by the
-/// conductor) as an INFO entry of the activity it ran in (`cleaning`, `servicing`…); its
-/// duration is the time in the provision state so far.
-fn step_entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Option<Entry> {
+/// A finished clean step, a step report or the power off after a deploy failure
+/// (`EVENT; state: STATE`, written by the conductor) as an entry of the activity it ran in
+/// (`cleaning`, `deploying`, `servicing`…); its duration is the time in the provision state
+/// so far.
+fn step_entry_of(
+    node: &str,
+    row: &AuditEntry,
+    previous: Option<DateTime<Utc>>,
+    severity: &'static str,
+) -> Option<Entry> {
     let (event, state) = crate::conductor::step_record::parse_detail(row.detail.as_deref()?)?;
     Some(Entry {
         uuid: entry_uuid(node, row.seq),
         created_at: row.created_at,
-        severity: "INFO",
+        severity,
         event_type: activity(state).unwrap_or("cleaning"),
         event: event.to_string(),
         conductor: row.actor.strip_prefix("conductor:").map(str::to_string),

@@ -33,6 +33,26 @@ pub(crate) const IMAGE_KEY: &str = "deployed_image";
 /// How long `tear_down_agent` waits for the agent to power the machine off itself before
 /// the BMC does it.
 const SOFT_POWER_OFF_WAIT_S: i64 = 30;
+/// How long a failed deploy waits for the agent to stop its aborted command (and wipe
+/// what it wrote) before the BMC powers the node off.
+const ABORT_WAIT_S: u64 = 10;
+
+/// Audit action of what happened to the power of a node whose deploy failed (node history,
+/// INFO): powered off, or left on and why.
+pub const FAILURE_POWER_ACTION: &str = "deploy_failure_power";
+/// The same when the power off failed (node history, ERROR), with the BMC's error.
+pub const FAILURE_POWER_ERROR_ACTION: &str = "deploy_failure_power_error";
+
+/// What a failed deploy did with the node's power.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FailurePower {
+    /// Powered off through the power interface.
+    Off,
+    /// Left as it was, on purpose: why.
+    Left(&'static str),
+    /// The power off failed: the error.
+    Failed(String),
+}
 
 /// A conductor deploy step.
 fn conductor_step(step: &str, priority: i64) -> PlannedStep {
@@ -314,6 +334,7 @@ impl Conductor {
             configdrive: s("configdrive"),
             permitted_formats: self.config.deploy.permitted_image_formats.clone(),
             ca_pem: self.config.deploy.image_ca_pem(),
+            download_retries: Some(self.config.deploy.image_download_retries),
         }
     }
 
@@ -387,10 +408,10 @@ impl Conductor {
                         "deploy operation was aborted by an operator during step {:?}; the step is not abortable, so it ran to completion first",
                         step.step.step
                     );
+                    // Entering `deploy failed` stops the agent and powers the node off
+                    // (after_deploy_failure).
                     let node = self.ensure_state(node, ProvisionState::Deploying).await?;
-                    let node = self.fail(node, &msg).await?;
-                    self.stop_after_abort(&node).await;
-                    return Ok(Some(node));
+                    return self.fail(node, &msg).await.map(Some);
                 }
                 self.ensure_state(node, ProvisionState::Deploying)
                     .await
@@ -562,33 +583,172 @@ impl Conductor {
         self.event(node, Event::Done, None).await
     }
 
-    /// After an abort or an abort-after: tell the agent to stop and power the node off, so
-    /// nothing keeps writing to a node an operator gave up on.
-    pub(crate) async fn stop_after_abort(&self, node: &Node) {
-        let uuid = node.uuid.clone();
-        if let Some(id) = Self::deploy_command(node) {
-            let _ = self
-                .send_command(&uuid, CommandKind::Abort { command_id: id })
-                .await;
-        }
-        // disable_power_off (1.95): the node is left running (power_policy).
-        if !super::power_policy::kept_on(node) {
-            let _ = self.send_command(&uuid, CommandKind::PowerOff).await;
-        }
-        let Ok(bmc) = self.bmc(node) else { return };
-        match self.power_off_unless_kept_on(node, bmc.as_ref()).await {
-            Ok(()) => {
-                self.clean_up_ramdisk_logged(node, bmc.as_ref()).await;
-                if let Ok(mut n) = self.store.get_node(&uuid).await {
-                    n.power_state = Some(super::power_policy::state_after_off(&n));
-                    if let Err(e) = self.store.update_node(&n).await {
-                        tracing::warn!(node = %uuid, error = %e, "could not record power off after abort");
+    /// Entering `deploy failed` — a failed step, a digest mismatch the agent reported, a
+    /// callback or heartbeat timeout, an abort, a panic — whatever the path ([`Self::event`]
+    /// calls this for every transition into it): stop the agent's running command and power
+    /// the node off, so nothing keeps writing to the disk and nothing boots what is on it.
+    /// Runs in its own tracked task: the transition is already written and never waits for a
+    /// slow BMC, and a shutdown lets it finish.
+    pub(crate) fn after_deploy_failure(&self, failed: &Node) {
+        let Some(this) = self.me.upgrade() else {
+            return;
+        };
+        let failed = failed.clone();
+        self.tasks
+            .spawn(async move { this.stop_failed_deploy(&failed).await });
+    }
+
+    /// [`Self::after_deploy_failure`]'s work: abort the agent's deploy command if it has not
+    /// ended (and give the agent [`ABORT_WAIT_S`] to stop and wipe what it wrote), then power
+    /// off unless `[deploy] power_off_after_deploy_failure` is false or the node has
+    /// `disable_power_off`, and say which in the node's history.
+    async fn stop_failed_deploy(&self, failed: &Node) {
+        let uuid = failed.uuid.as_str();
+        let power_off = self.config.deploy.power_off_after_deploy_failure
+            && !super::power_policy::kept_on(failed);
+        if let Some(id) = Self::deploy_command(failed) {
+            let ended = |c: &Result<crate::store::StoredCommand, _>| {
+                matches!(
+                    c,
+                    Ok(crate::store::StoredCommand {
+                        result: Some(_),
+                        ..
+                    })
+                )
+            };
+            if !ended(&self.store.command(uuid, &id).await) {
+                match self
+                    .send_command(
+                        uuid,
+                        CommandKind::Abort {
+                            command_id: id.clone(),
+                        },
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(node = %uuid, command = %id, "deploy failed: the agent was told to abort its running command")
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %uuid, command = %id, error = %e, "deploy failed: cannot tell the agent to abort its running command")
                     }
                 }
+                // The agent stops the step (and wipes what it wrote) before the power goes:
+                // wait for its result, bounded, as a dead agent never answers.
+                let deadline =
+                    tokio::time::Instant::now() + std::time::Duration::from_secs(ABORT_WAIT_S);
+                while power_off && tokio::time::Instant::now() < deadline {
+                    if ended(&self.store.command(uuid, &id).await) {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
             }
+        }
+        // Decided on the current record: an operator may have moved the node on meanwhile
+        // (rebuild, undeploy), and then its power is that operation's.
+        let node = match self.store.get_node(uuid).await {
+            Ok(n) => n,
             Err(e) => {
-                tracing::warn!(node = %uuid, error = %e, "could not power off the node after the deploy was aborted")
+                tracing::warn!(node = %uuid, error = %e, "deploy failed: cannot read the node to power it off");
+                return;
             }
+        };
+        if node.provision_state != ProvisionState::DeployFailed {
+            tracing::info!(node = %uuid, state = %node.provision_state, "the node left deploy failed before it was powered off; its power is left to the new operation");
+            return;
+        }
+        let outcome = if !self.config.deploy.power_off_after_deploy_failure {
+            FailurePower::Left("[deploy] power_off_after_deploy_failure is false")
+        } else if super::power_policy::kept_on(&node) {
+            FailurePower::Left("disable_power_off is set")
+        } else {
+            if super::cleaning::has_agent(&node) {
+                // The ramdisk syncs and powers off itself if it can; the BMC makes sure.
+                let _ = self.send_command(uuid, CommandKind::PowerOff).await;
+            }
+            let off = match self.bmc(&node) {
+                Ok(bmc) => match self.power_off_unless_kept_on(&node, bmc.as_ref()).await {
+                    Ok(()) => {
+                        self.clean_up_ramdisk_logged(&node, bmc.as_ref()).await;
+                        Ok(())
+                    }
+                    Err(e) => Err(format!("BMC error: {e}")),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            match off {
+                Ok(()) => FailurePower::Off,
+                Err(e) => FailurePower::Failed(e),
+            }
+        };
+        let mut node = node;
+        if outcome == FailurePower::Off {
+            let written = self
+                .update_fresh(uuid, |n| {
+                    if n.provision_state != ProvisionState::DeployFailed {
+                        return false;
+                    }
+                    n.power_state = Some(PowerState::Off);
+                    true
+                })
+                .await;
+            match written {
+                Ok(Some(n)) => node = n,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(node = %uuid, error = %e, "could not record power off after the deploy failure")
+                }
+            }
+        }
+        match &outcome {
+            FailurePower::Off => {
+                tracing::info!(node = %uuid, "node powered off after the deploy failure")
+            }
+            FailurePower::Left(why) => {
+                tracing::info!(node = %uuid, reason = why, "node not powered off after the deploy failure")
+            }
+            FailurePower::Failed(e) => {
+                tracing::warn!(node = %uuid, error = %e, "could not power off the node after the deploy failure")
+            }
+        }
+        self.record_failure_power(&node, &outcome).await;
+    }
+
+    /// The node-history row of what [`Self::stop_failed_deploy`] did with the power.
+    async fn record_failure_power(&self, node: &Node, outcome: &FailurePower) {
+        let (action, event) = match outcome {
+            FailurePower::Off => (
+                FAILURE_POWER_ACTION,
+                "node powered off after the deploy failure".to_string(),
+            ),
+            FailurePower::Left(why) => (
+                FAILURE_POWER_ACTION,
+                format!("node not powered off after the deploy failure: {why}"),
+            ),
+            FailurePower::Failed(e) => (
+                FAILURE_POWER_ERROR_ACTION,
+                format!("node could not be powered off after the deploy failure: {e}"),
+            ),
+        };
+        let entry = crate::store::AuditEntry {
+            seq: 0,
+            created_at: Utc::now(),
+            actor: format!("conductor:{}", self.id()),
+            source: None,
+            method: None,
+            path: None,
+            node_uuid: Some(node.uuid.clone()),
+            action: action.into(),
+            status: None,
+            // `EVENT; state: STATE`, like step rows: the history reads the state after it.
+            detail: Some(super::verbs::truncate_chars(
+                &format!("{event}; state: {}", node.provision_state),
+                1000,
+            )),
+        };
+        if let Err(e) = self.store.append_audit(&entry).await {
+            tracing::warn!(node = %node.uuid, error = %e, "could not record the power off after a deploy failure in the node history");
         }
     }
 
@@ -681,5 +841,212 @@ mod tests {
             ..bad
         };
         assert!(check_requested(&[neg]).unwrap_err().contains("negative"));
+    }
+
+    mod after_failure {
+        use super::super::*;
+        use crate::config::Config;
+        use crate::store::{AuditQuery, SortDir};
+        use rivet_protocol::agent::{Command, CommandResult};
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        async fn conductor(power_off: bool) -> (Arc<Conductor>, tempfile::TempDir) {
+            let dir = tempfile::tempdir().unwrap();
+            let store = crate::store::sqlite::SqliteStore::open(
+                &dir.path().join("rivet.db").to_string_lossy(),
+                crate::secrets::Secrets::ephemeral(),
+            )
+            .unwrap();
+            let mut config = Config {
+                conductor_id: "c1".into(),
+                ..Config::default()
+            };
+            config.deploy.power_off_after_deploy_failure = power_off;
+            (Conductor::new(Arc::new(store), config), dir)
+        }
+
+        /// A fake-hardware node in wait call-back, powered on at its (fake) BMC.
+        async fn waiting(c: &Conductor, change: impl FnOnce(&mut Node)) -> Node {
+            let mut n = Node::new(uuid::Uuid::new_v4().to_string(), "fake-hardware".into());
+            n.provision_state = ProvisionState::WaitCallBack;
+            n.power_state = Some(PowerState::On);
+            change(&mut n);
+            c.fake
+                .set_power(&n.uuid, &Map::new(), PowerState::On)
+                .await
+                .unwrap();
+            c.store.create_node(&n).await.unwrap()
+        }
+
+        /// The node's history rows about the power after the failure, once there is one.
+        async fn power_rows(c: &Conductor, uuid: &str) -> Vec<(String, String)> {
+            for _ in 0..200 {
+                let rows: Vec<(String, String)> = c
+                    .store
+                    .list_audit(&AuditQuery {
+                        node_uuid: Some(uuid.to_string()),
+                        limit: 100,
+                        marker: None,
+                        sort_dir: SortDir::Asc,
+                    })
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .filter(|r| r.action.starts_with(FAILURE_POWER_ACTION))
+                    .map(|r| (r.action, r.detail.unwrap_or_default()))
+                    .collect();
+                if !rows.is_empty() {
+                    return rows;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            panic!("no history row about the power after the deploy failure");
+        }
+
+        async fn bmc_power(c: &Conductor, uuid: &str) -> PowerState {
+            c.fake.get_power(uuid, &Map::new()).await.unwrap()
+        }
+
+        #[tokio::test]
+        async fn failure_powers_off_through_the_bmc_and_says_so() {
+            let (c, _dir) = conductor(true).await;
+            let n = waiting(&c, |_| {}).await;
+            let failed = c.fail(n, "deploy step write_image failed").await.unwrap();
+            assert_eq!(failed.provision_state, ProvisionState::DeployFailed);
+            let rows = power_rows(&c, &failed.uuid).await;
+            assert_eq!(
+                rows,
+                vec![(
+                    FAILURE_POWER_ACTION.to_string(),
+                    "node powered off after the deploy failure; state: deploy failed".to_string()
+                )]
+            );
+            assert_eq!(bmc_power(&c, &failed.uuid).await, PowerState::Off);
+            let stored = c.store.get_node(&failed.uuid).await.unwrap();
+            assert_eq!(stored.power_state, Some(PowerState::Off));
+        }
+
+        #[tokio::test]
+        async fn option_off_or_disable_power_off_leave_the_power_alone() {
+            let (c, _dir) = conductor(false).await;
+            let n = waiting(&c, |_| {}).await;
+            let failed = c.fail(n, "x").await.unwrap();
+            let rows = power_rows(&c, &failed.uuid).await;
+            assert_eq!(rows[0].0, FAILURE_POWER_ACTION);
+            assert!(
+                rows[0].1.contains("not powered off")
+                    && rows[0]
+                        .1
+                        .contains("power_off_after_deploy_failure is false"),
+                "{rows:?}"
+            );
+            assert_eq!(bmc_power(&c, &failed.uuid).await, PowerState::On);
+            let stored = c.store.get_node(&failed.uuid).await.unwrap();
+            assert_eq!(stored.power_state, Some(PowerState::On));
+
+            let (c, _dir) = conductor(true).await;
+            let n = waiting(&c, |n| n.attrs.disable_power_off = true).await;
+            let failed = c.fail(n, "x").await.unwrap();
+            let rows = power_rows(&c, &failed.uuid).await;
+            assert!(rows[0].1.contains("disable_power_off is set"), "{rows:?}");
+            assert_eq!(bmc_power(&c, &failed.uuid).await, PowerState::On);
+        }
+
+        #[tokio::test]
+        async fn bmc_error_is_an_error_entry_with_its_text() {
+            let (c, _dir) = conductor(true).await;
+            let n = waiting(&c, |n| {
+                n.driver_info
+                    .insert("fake_fail".into(), Value::from("BMC unreachable"));
+            })
+            .await;
+            let failed = c.fail(n, "x").await.unwrap();
+            let rows = power_rows(&c, &failed.uuid).await;
+            assert_eq!(rows[0].0, FAILURE_POWER_ERROR_ACTION);
+            assert!(
+                rows[0].1.contains("could not be powered off")
+                    && rows[0].1.contains("BMC unreachable"),
+                "{rows:?}"
+            );
+            let stored = c.store.get_node(&failed.uuid).await.unwrap();
+            assert_eq!(stored.power_state, Some(PowerState::On), "unchanged");
+        }
+
+        /// A running deploy command is aborted first, and the power goes only once the agent
+        /// stopped it (here well before ABORT_WAIT_S); exactly one abort, one power off.
+        #[tokio::test]
+        async fn running_command_aborted_before_the_power_off() {
+            let (c, _dir) = conductor(true).await;
+            let n = waiting(&c, |n| {
+                n.runs.deploy = Some(DeployRun {
+                    command: Some("cmd-1".into()),
+                    ..Default::default()
+                });
+            })
+            .await;
+            c.store
+                .enqueue_command(
+                    &n.uuid,
+                    &Command {
+                        id: "cmd-1".into(),
+                        kind: CommandKind::ExecuteStep {
+                            interface: "deploy".into(),
+                            step: WRITE_IMAGE.into(),
+                            args: Map::new(),
+                        },
+                    },
+                )
+                .await
+                .unwrap();
+            let started = std::time::Instant::now();
+            let failed = c
+                .event(n, Event::Abort, Some("aborted".into()))
+                .await
+                .unwrap();
+            assert_eq!(failed.provision_state, ProvisionState::DeployFailed);
+            let aborts = || async {
+                c.store
+                    .pending_commands(&failed.uuid)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .filter(|p| matches!(&p.kind, CommandKind::Abort { command_id } if command_id == "cmd-1"))
+                    .count()
+            };
+            while aborts().await == 0 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "no abort queued"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                bmc_power(&c, &failed.uuid).await,
+                PowerState::On,
+                "powered off before the agent stopped its command"
+            );
+            assert_eq!(aborts().await, 1);
+            c.store
+                .record_result(
+                    &failed.uuid,
+                    &CommandResult {
+                        id: "cmd-1".into(),
+                        name: "execute_step".into(),
+                        status: CommandStatus::Aborted,
+                        result: Value::Null,
+                        error: Some("aborted".into()),
+                        log_tail: None,
+                    },
+                )
+                .await
+                .unwrap();
+            let rows = power_rows(&c, &failed.uuid).await;
+            assert_eq!(rows.len(), 1, "{rows:?}");
+            assert!(rows[0].1.starts_with("node powered off"), "{rows:?}");
+            assert!(started.elapsed() < Duration::from_secs(ABORT_WAIT_S));
+            assert_eq!(bmc_power(&c, &failed.uuid).await, PowerState::Off);
+        }
     }
 }

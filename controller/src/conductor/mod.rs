@@ -33,6 +33,7 @@ pub mod supervisor;
 mod templates;
 mod verbs;
 
+pub use deploying::{FAILURE_POWER_ACTION, FAILURE_POWER_ERROR_ACTION};
 pub use errors::ConductorError;
 pub(crate) use verbs::check_image_info;
 pub use verbs::AbortRefusal;
@@ -79,6 +80,9 @@ pub struct Conductor {
     /// Held around each registration heartbeat; `true` once shutdown has marked this
     /// controller offline, so that a heartbeat racing the shutdown cannot mark it online again.
     pub(super) registration: tokio::sync::Mutex<bool>,
+    /// This conductor, for work started from `&self` that must outlive the call (the power
+    /// off after a deploy failure).
+    me: std::sync::Weak<Conductor>,
 }
 
 /// A function the conductor calls before each decision about a node (tests inject panics
@@ -88,7 +92,8 @@ pub type FaultHook = Arc<dyn Fn(&Node) + Send + Sync>;
 impl Conductor {
     /// A conductor over `store`.
     pub fn new(store: Arc<dyn Store>, config: Config) -> Arc<Conductor> {
-        Arc::new(Conductor {
+        Arc::new_cyclic(|me| Conductor {
+            me: me.clone(),
             liveness: Arc::new(liveness::LivenessBatcher::new(store.clone())),
             store,
             fake: Arc::new(FakeBmc::default()),
@@ -506,6 +511,11 @@ impl Conductor {
         if to.is_stable() {
             // The agent's token is gone: release its long poll so it hears so at once.
             self.wake_agent(&node.uuid);
+        }
+        if to == ProvisionState::DeployFailed {
+            // Every way into `deploy failed` stops the agent and powers the node off here,
+            // once, after the transition is written.
+            self.after_deploy_failure(&node);
         }
         Ok(node)
     }

@@ -261,7 +261,10 @@ impl Conductor {
         match self.event(node, Event::Fail, Some(msg)).await {
             Ok(n) => {
                 tracing::warn!(node = %n.uuid, state = %state, "wait timed out");
-                if let Some(id) = running {
+                // A deploy's command is aborted by after_deploy_failure, with the power off.
+                if let Some(id) =
+                    running.filter(|_| n.provision_state != ProvisionState::DeployFailed)
+                {
                     let _ = self
                         .send_command(
                             &uuid,

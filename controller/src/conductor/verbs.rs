@@ -18,7 +18,7 @@ use std::sync::Arc;
 const CAUSE_KEY: &str = "provision_cause";
 
 /// At most `max` characters of `s`.
-fn truncate_chars(s: &str, max: usize) -> String {
+pub(super) fn truncate_chars(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
@@ -527,7 +527,8 @@ impl Conductor {
 
     /// `abort` in wait call-back. The running step, if the agent runs one that is not
     /// abortable, finishes first (the abort is recorded on `deploy_step`); otherwise the
-    /// deploy fails now, the agent is told to stop and the node is powered off.
+    /// deploy fails now, and like every deploy failure the agent is told to stop and the
+    /// node is powered off (`[deploy] power_off_after_deploy_failure`).
     async fn abort_deploy(self: &Arc<Self>, mut node: Node) -> Result<Node, ConductorError> {
         let state = node.provision_state;
         match Self::running_deploy_step(&node) {
@@ -547,14 +548,10 @@ impl Conductor {
                 let msg =
                     format!("deploy operation was aborted by an operator in \"{state}\" {during}");
                 node.last_error = Some(msg.clone());
-                let node = self.event(node, Event::Abort, Some(msg)).await?;
-                let this = self.clone();
-                let stopped = node.clone();
-                // The BMC may take seconds: the answer does not wait for it. Tracked, so a
-                // shutdown lets it finish powering the node off.
-                self.tasks
-                    .spawn(async move { this.stop_after_abort(&stopped).await });
-                Ok(node)
+                // Entering `deploy failed` tells the agent to stop and powers the node off
+                // in a tracked task (after_deploy_failure): the answer does not wait for
+                // the BMC.
+                self.event(node, Event::Abort, Some(msg)).await
             }
         }
     }
