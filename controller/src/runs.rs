@@ -52,6 +52,11 @@ pub struct Runs {
     /// The rescue run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rescue: Option<RescueRun>,
+    /// Set in the same write that enters `deploy failed`, cleared once the agent was stopped
+    /// and the power decided (`[deploy] power_off_after_deploy_failure`): a controller that
+    /// dies in between does that work when it starts again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failure_power_pending: bool,
 }
 
 impl Default for Runs {
@@ -65,6 +70,7 @@ impl Default for Runs {
             inspect: None,
             service: None,
             rescue: None,
+            failure_power_pending: false,
         }
     }
 }

@@ -658,6 +658,10 @@ impl Conductor {
             tracing::info!(node = %uuid, state = %node.provision_state, "the node left deploy failed before it was powered off; its power is left to the new operation");
             return;
         }
+        if !node.runs.failure_power_pending {
+            // Another task (or the run before a restart) decided already.
+            return;
+        }
         let outcome = if !self.config.deploy.power_off_after_deploy_failure {
             FailurePower::Left("[deploy] power_off_after_deploy_failure is false")
         } else if super::power_policy::kept_on(&node) {
@@ -690,6 +694,7 @@ impl Conductor {
                         return false;
                     }
                     n.power_state = Some(PowerState::Off);
+                    n.runs.failure_power_pending = false;
                     true
                 })
                 .await;
@@ -710,6 +715,22 @@ impl Conductor {
             }
             FailurePower::Failed(e) => {
                 tracing::warn!(node = %uuid, error = %e, "could not power off the node after the deploy failure")
+            }
+        }
+        if node.runs.failure_power_pending {
+            let cleared = self
+                .update_fresh(uuid, |n| {
+                    let pending = n.runs.failure_power_pending;
+                    n.runs.failure_power_pending = false;
+                    pending
+                })
+                .await;
+            match cleared {
+                Ok(Some(n)) => node = n,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(node = %uuid, error = %e, "could not record that the power after the deploy failure was decided")
+                }
             }
         }
         self.record_failure_power(&node, &outcome).await;
@@ -925,6 +946,31 @@ mod tests {
             assert_eq!(bmc_power(&c, &failed.uuid).await, PowerState::Off);
             let stored = c.store.get_node(&failed.uuid).await.unwrap();
             assert_eq!(stored.power_state, Some(PowerState::Off));
+        }
+
+        /// A controller that died between writing `deploy failed` and powering off does it at
+        /// start-up (the pending flag was in the transition's own write), once.
+        #[tokio::test]
+        async fn a_restart_finishes_the_power_off_the_last_run_left_undone() {
+            let (c, _dir) = conductor(true).await;
+            let n = waiting(&c, |n| {
+                n.provision_state = ProvisionState::DeployFailed;
+                n.runs.failure_power_pending = true;
+            })
+            .await;
+            let resumed = c.recover().await.unwrap();
+            assert_eq!(resumed, 1);
+            let rows = power_rows(&c, &n.uuid).await;
+            assert_eq!(rows.len(), 1, "{rows:?}");
+            assert_eq!(bmc_power(&c, &n.uuid).await, PowerState::Off);
+            let stored = c.store.get_node(&n.uuid).await.unwrap();
+            assert!(!stored.runs.failure_power_pending, "the flag is cleared");
+            // Nothing pending: a second start-up leaves the node alone.
+            assert_eq!(c.recover().await.unwrap(), 0);
+            // And a transition into deploy failed sets the flag in its own write.
+            let n = waiting(&c, |_| {}).await;
+            let failed = c.fail(n, "x").await.unwrap();
+            assert!(failed.runs.failure_power_pending);
         }
 
         #[tokio::test]

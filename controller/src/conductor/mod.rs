@@ -504,6 +504,9 @@ impl Conductor {
             // it so the agent can still collect an abort for the step it may be running.
             agent::forget_agent_token(&mut node);
         }
+        // The power after a deploy failure is decided in the background; recorded here, in
+        // the transition's own write, so a restart in between still does it (recover()).
+        node.runs.failure_power_pending = to == ProvisionState::DeployFailed;
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
         let node = self.store.update_node(&node).await?;
         self.record_transition(&node, from, &format!("event: {}", event.as_str()))

@@ -101,7 +101,19 @@ impl Conductor {
             tracing::warn!(node = %n.uuid, state = %n.provision_state, "resuming node found in a transient state at start-up");
             self.kick(&n.uuid);
         }
-        Ok(nodes.len())
+        // A deploy failure whose agent stop and power off the last run did not get to.
+        let failed: Vec<_> = self
+            .store
+            .nodes_in_states(&[ProvisionState::DeployFailed])
+            .await?
+            .into_iter()
+            .filter(|n| self.owns(&n.uuid) && n.runs.failure_power_pending)
+            .collect();
+        for n in &failed {
+            tracing::warn!(node = %n.uuid, "finishing the power off after a deploy failure that the last run left undone");
+            self.after_deploy_failure(n);
+        }
+        Ok(nodes.len() + failed.len())
     }
 
     fn wait_timeout(&self, state: ProvisionState) -> u64 {
