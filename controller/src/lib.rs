@@ -6,20 +6,14 @@
 //! and inventory belong to the agent, which it only talks to through the agent protocol.
 #![warn(missing_docs)]
 
+// The model layer under its old module names, so paths like `crate::fsm::Event` stay put.
+pub use rivet_model::{config, fsm, inspection, interfaces, runs};
+// The support layer likewise.
+pub use rivet_support::{bootiso, cluster, configdrive, secrets, tls};
+
 pub mod api;
-pub mod bootiso;
-pub mod cluster;
 pub mod conductor;
-pub mod config;
-pub mod configdrive;
 pub mod drivers;
-pub mod fsm;
-pub mod http1;
-pub mod inspection;
-pub mod interfaces;
 pub mod metrics;
-pub mod runs;
-pub mod secrets;
 pub mod server;
 pub mod store;
-pub mod tls;

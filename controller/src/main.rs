@@ -2,7 +2,8 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use rivet_controller::config::{hash_secret, Config};
+use rivet_controller::config::Config;
+use rivet_support::credentials::hash_secret;
 use std::io::Read;
 
 /// mimalloc instead of glibc malloc: rivetd's request path allocates many short-lived JSON
@@ -271,7 +272,8 @@ fn main() -> anyhow::Result<()> {
 
 /// `rivetd secrets …`.
 fn secrets(cli: &Cli, command: &SecretsCommand) -> anyhow::Result<()> {
-    use rivet_controller::secrets::{rotate, Key, Secrets};
+    use rivet_controller::secrets::{Key, Secrets};
+    use rivet_controller::store::sealing::{holds_sealed_values, rotate};
     match command {
         SecretsCommand::InitKey { path } => {
             let key = Key::generate()?;
@@ -292,7 +294,8 @@ fn secrets(cli: &Cli, command: &SecretsCommand) -> anyhow::Result<()> {
             init_logging(config.log_json);
             let shown = rivet_controller::store::redact_url(&config.db);
             // The old key must exist already: rotating never makes one up.
-            let old = Secrets::from_config(&config.secrets, &config.db, false)?;
+            let old =
+                Secrets::from_config(&config.secrets, &config.db, false, &holds_sealed_values)?;
             let new = Key::load(new_key_file)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -4,6 +4,8 @@ use crate::api::{self, AppState};
 use crate::conductor::Conductor;
 use crate::config::Config;
 use anyhow::Context;
+use rivet_support::http::serve_connection;
+pub use rivet_support::http::PeerAddr;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +51,12 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
 
 /// Build the conductor and the router for `config` (used by main and by tests).
 pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Router)> {
-    let secrets = crate::secrets::Secrets::from_config(&config.secrets, &config.db, true)?;
+    let secrets = crate::secrets::Secrets::from_config(
+        &config.secrets,
+        &config.db,
+        true,
+        &crate::store::sealing::holds_sealed_values,
+    )?;
     let store = crate::store::open_with(&config.db, Arc::new(secrets), &config.store)
         .with_context(|| format!("opening database {}", crate::store::redact_url(&config.db)))?;
     // A wrong secrets key is an operator's mistake to hear about now, not as every node read
@@ -111,7 +118,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let header_timeout = Duration::from_secs(config.api.header_read_timeout_s.max(1));
     let max_requests = config.api.max_requests_per_connection;
-    let admission = crate::http1::Admission::new(config.api.max_requests_in_progress);
+    let admission = rivet_support::http::lean::Admission::new(config.api.max_requests_in_progress);
     let (conductor, app) = build(config).await?;
     let background = tokio::spawn(conductor.clone().run_background());
     tokio::pin!(background);
@@ -192,12 +199,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 }
                 // Plain TCP: the lean server, so that held long polls own no hyper buffers.
                 None => {
-                    let limits = crate::http1::Limits {
+                    let limits = rivet_support::http::lean::Limits {
                         header_timeout,
                         max_requests,
                         admission,
                     };
-                    crate::http1::serve(tcp, peer, app, limits, stopping).await
+                    rivet_support::http::lean::serve(tcp, peer, app, limits, stopping).await
                 }
             }
         });
@@ -230,73 +237,6 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
 }
-
-/// One HTTP/1.1 connection: keep-alive, and a deadline for each request's headers. Every
-/// request carries the peer address as a [`PeerAddr`] extension (rate limits, audit). The
-/// `max_requests`-th answer on the connection carries `Connection: close` (hyper then closes
-/// it after that answer), so a client reconnects now and then: one client cannot hold a
-/// connection forever, and behind a load balancer its requests spread. 0 = no limit.
-pub(crate) async fn serve_connection<S>(
-    io: S,
-    peer: SocketAddr,
-    app: axum::Router,
-    header_timeout: Duration,
-    max_requests: u64,
-    stopping: tokio_util::sync::CancellationToken,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use tower_service::Service;
-    // hyper calls the service through `&self`, hence an atomic for a per-connection count.
-    let served = AtomicU64::new(0);
-    let service = hyper::service::service_fn(
-        move |mut req: hyper::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(PeerAddr(peer));
-            let mut app = app.clone();
-            // HTTP/1.1 answers in order, so counting at arrival numbers the answers too.
-            let n = served.fetch_add(1, Ordering::Relaxed) + 1;
-            let last = max_requests > 0 && n >= max_requests;
-            async move {
-                let mut resp = app.call(req).await?;
-                if last {
-                    resp.headers_mut().insert(
-                        axum::http::header::CONNECTION,
-                        axum::http::HeaderValue::from_static("close"),
-                    );
-                    if n == max_requests {
-                        tracing::debug!(%peer, requests = n, "request limit of this connection reached; closing it after this answer");
-                    }
-                }
-                Ok::<_, std::convert::Infallible>(resp)
-            }
-        },
-    );
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stopping.cancelled() => {
-            // Finish the request in flight (held long polls answer at once: they watch the
-            // same token), then close instead of waiting for the next one.
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
-    }
-}
-
-/// The TCP peer of a request, set by [`serve`]. Absent when the router is driven in-process
-/// (tests), so users of it must treat it as optional.
-#[derive(Clone, Copy, Debug)]
-pub struct PeerAddr(pub SocketAddr);
 
 /// How long shutdown lets open requests finish.
 const DRAIN: Duration = Duration::from_secs(10);

@@ -9,7 +9,8 @@
 mod support;
 
 use reqwest::StatusCode;
-use rivet_controller::config::{hash_secret, Config, TokenEntry};
+use rivet_controller::config::{Config, TokenEntry};
+use rivet_support::credentials::hash_secret;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::{answer, message, on_every_backend, Server, TestDb};

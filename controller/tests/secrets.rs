@@ -11,7 +11,8 @@ mod support;
 
 use reqwest::StatusCode;
 use rivet_controller::config::Config;
-use rivet_controller::secrets::{rotate, Key, Secrets};
+use rivet_controller::secrets::{Key, Secrets};
+use rivet_controller::store::sealing::rotate;
 use rivet_controller::store::Node;
 use serde_json::{json, Value};
 use std::path::PathBuf;

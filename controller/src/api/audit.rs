@@ -11,7 +11,6 @@
 use super::auth::{self, Caller};
 use super::render::base_url;
 use super::{listing, ApiError, ApiResult, AppState};
-use crate::server::PeerAddr;
 use crate::store::{AuditEntry, AuditQuery, SortDir, StoreError};
 use axum::body::Body;
 use axum::extract::{Query, Request, State};
@@ -22,6 +21,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{SecondsFormat, Utc};
 use rivet_protocol::api::ErrorBody;
+use rivet_support::http::PeerAddr;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 

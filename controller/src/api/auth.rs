@@ -5,13 +5,14 @@
 //! every node document on the way out — one filter here rather than a rule in each handler.
 
 use super::{ApiError, AppState};
-use crate::config::{verify_secret, Role};
+use crate::config::Role;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use rivet_support::credentials::verify_secret;
 use serde_json::Value;
 
 /// Who made the request.
@@ -253,7 +254,7 @@ mod tests {
 
     #[test]
     fn argon2_verifications_are_cached_only_when_they_succeed() {
-        let hash = crate::config::hash_secret("tok-cache-test").expect("hash");
+        let hash = rivet_support::credentials::hash_secret("tok-cache-test").expect("hash");
         let cached = || {
             VERIFIED
                 .lock()

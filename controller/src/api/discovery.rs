@@ -6,13 +6,13 @@
 use super::ratelimit::{Decision, RateLimiter, SourceKey};
 use super::{ApiError, AppState, JsonBody};
 use crate::conductor::discovery::{DiscoveryConfig, DiscoveryError};
-use crate::server::PeerAddr;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
 use rivet_protocol::discovery::{DiscoverRequest, DISCOVER_PATH};
+use rivet_support::http::PeerAddr;
 use std::sync::Arc;
 
 /// The per-source limit of discovery requests.

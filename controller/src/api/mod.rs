@@ -12,7 +12,7 @@ mod body;
 mod boot;
 mod chassis;
 mod conductors;
-pub(crate) mod deferred;
+pub(crate) use rivet_support::http::deferred;
 mod deploy_templates;
 mod discovery;
 mod drivers;

@@ -17,9 +17,6 @@ use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
-// Rules are admin bodies: admin limits.
-impl rivet_protocol::limits::Limited for Rule {}
-
 /// The microversion that adds inspection rules.
 pub const SINCE: (u32, u32) = (1, 96);
 

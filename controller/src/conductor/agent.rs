@@ -2,7 +2,6 @@
 //! per-node command queue and result intake.
 
 use super::{Conductor, ConductorError};
-use crate::config::{constant_time_eq, hex};
 use crate::store::{normalize_mac, Node, NodeSummary, StoreError};
 use base64::Engine;
 use chrono::Utc;
@@ -11,6 +10,7 @@ use rivet_protocol::agent::{
     HeartbeatResponse, LookupRequest, LookupResponse,
 };
 use rivet_protocol::states::ProvisionState;
+use rivet_support::credentials::{constant_time_eq, hex};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;

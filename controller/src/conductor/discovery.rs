@@ -14,42 +14,15 @@
 //! concurrent discoveries of one MAC only one creates its ports; the other removes the node it
 //! had just created and answers with the winner's.
 
+pub use crate::config::DiscoveryConfig;
+
 use super::Conductor;
 use crate::inspection::derive;
 use crate::store::{Port, PortQuery, StoreError};
 use chrono::Utc;
 use rivet_protocol::discovery::{DiscoverRequest, DiscoverResponse, DiscoveryEnd};
 use rivet_protocol::states::ProvisionState;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-
-/// The `[discovery]` section.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DiscoveryConfig {
-    /// Enrol unknown machines that send their inventory (off: they get 403).
-    pub enabled: bool,
-    /// Driver of discovered nodes until a rule sets another (Ironic's
-    /// `[auto_discovery] driver`).
-    pub driver: String,
-    /// What the ramdisk does afterwards: `poweroff` or `wait`.
-    pub end: DiscoveryEnd,
-    /// Discovery requests per minute per source address.
-    pub per_minute: u32,
-}
-
-impl Default for DiscoveryConfig {
-    fn default() -> Self {
-        DiscoveryConfig {
-            enabled: false,
-            driver: "fake-hardware".into(),
-            end: DiscoveryEnd::Poweroff,
-            // An honest ramdisk discovers once per boot; a burst of a rack booting at once is
-            // absorbed by the bucket, a source posting inventories in a loop is not.
-            per_minute: 60,
-        }
-    }
-}
 
 /// Why a discovery was refused.
 #[derive(Debug, thiserror::Error)]

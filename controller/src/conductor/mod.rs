@@ -28,7 +28,7 @@ mod rescue;
 pub mod servicing;
 pub mod step_record;
 pub mod step_report;
-pub mod steps;
+pub use rivet_model::steps;
 pub mod supervisor;
 mod templates;
 mod verbs;

@@ -3,6 +3,8 @@
 //! `fake-hardware` (in memory), `redfish` (HTTP, tested against sushy-tools) and `ipmi`
 //! (ipmitool lanplus, tested against OpenIPMI's ipmi_sim); [`for_node`] picks one by name.
 
+pub use crate::config::DriversConfig;
+
 pub mod fake;
 pub mod ipmi;
 pub mod management;
@@ -431,53 +433,6 @@ pub fn for_node(
     }
 }
 
-/// Out-of-band driver timeouts and retries (`[drivers]` in the config file).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DriversConfig {
-    /// Redfish: TCP/TLS connect timeout of one request.
-    pub redfish_connect_timeout_s: u64,
-    /// Redfish: whole-request timeout.
-    pub redfish_request_timeout_s: u64,
-    /// Redfish: extra attempts after a connection error or a 5xx answer (GETs also after
-    /// a dropped connection or a timeout; see `redfish/client.rs`).
-    pub redfish_retries: u32,
-    /// Redfish: first back-off between attempts (doubles each time).
-    pub redfish_retry_backoff_ms: u64,
-    /// How long a power change may take to show on the BMC.
-    pub power_wait_s: u64,
-    /// Interval between two reads while waiting for the BMC (power, tasks).
-    pub poll_interval_ms: u64,
-    /// How long a BMC task (firmware update) may run.
-    pub task_timeout_s: u64,
-    /// The ipmitool executable.
-    pub ipmitool: String,
-    /// IPMI: timeout of one ipmitool call (the child is killed after it).
-    pub ipmi_timeout_s: u64,
-    /// IPMI: ipmitool's own retries (`-R`).
-    pub ipmi_retries: u32,
-    /// IPMI: ipmitool's per-try timeout (`-N`, seconds).
-    pub ipmi_retry_timeout_s: u64,
-}
-
-impl Default for DriversConfig {
-    fn default() -> Self {
-        DriversConfig {
-            redfish_connect_timeout_s: 10,
-            redfish_request_timeout_s: 30,
-            redfish_retries: 2,
-            redfish_retry_backoff_ms: 500,
-            power_wait_s: 60,
-            poll_interval_ms: 1000,
-            task_timeout_s: 3600,
-            ipmitool: "ipmitool".into(),
-            ipmi_timeout_s: 15,
-            ipmi_retries: 2,
-            ipmi_retry_timeout_s: 1,
-        }
-    }
-}
-
 /// Replace every occurrence of `secret` in `text` by `******` (last line of defence: no
 /// error text that reaches `last_error` or a log may carry a password).
 pub fn redact(text: &str, secret: Option<&str>) -> String {
@@ -487,20 +442,7 @@ pub fn redact(text: &str, secret: Option<&str>) -> String {
     }
 }
 
-/// Keys of `driver_info` whose values are secrets: masked in every output and log line.
-pub fn is_secret_key(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    [
-        "password",
-        "passwd",
-        "secret",
-        "token",
-        "private_key",
-        "credential",
-    ]
-    .iter()
-    .any(|s| k.contains(s))
-}
+pub use rivet_support::secrets::is_secret_key;
 
 /// A copy of `info` with secret values replaced by `******` (nested maps too).
 pub fn mask_secrets(info: &Map<String, Value>) -> Map<String, Value> {

@@ -341,15 +341,12 @@ mod tests {
         bmc.set_power("n-metered", &info, PowerState::On)
             .await
             .expect("fake power on");
-        let m = &*super::super::METRICS;
-        let ok = m
-            .bmc_requests
-            .get(&super::super::BmcLabels {
-                driver: "fake-hardware",
-                operation: "set_power",
-                outcome: "ok",
-            })
-            .map(|c| c.get())
+        let (text, _) = super::super::encode(false).expect("encode");
+        let line = "rivet_bmc_requests_total{driver=\"fake-hardware\",operation=\"set_power\",outcome=\"ok\"} ";
+        let ok: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0);
         assert!(ok >= 1);
     }

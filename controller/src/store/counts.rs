@@ -27,7 +27,7 @@ pub struct NodeCount {
 
 impl<E: Engine> SqlStore<E> {
     pub(super) async fn sql_node_counts(&self) -> Result<Vec<NodeCount>, StoreError> {
-        let _timer = crate::metrics::store_query(Access::Scan);
+        let _timer = rivet_support::metrics::store_query(Access::Scan.label());
         let rows = self
             .engine
             .rows(

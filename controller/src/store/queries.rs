@@ -43,7 +43,7 @@ impl<E: Engine> SqlStore<E> {
         args: Vec<Arg>,
         read: impl FnOnce(E::Row) -> Result<T, StoreError>,
     ) -> Result<Option<T>, StoreError> {
-        let _timer = crate::metrics::store_query(access);
+        let _timer = rivet_support::metrics::store_query(access.label());
         let rows = self.engine.rows(access, sql, args).await?;
         rows.into_iter().next().map(read).transpose()
     }
@@ -55,13 +55,13 @@ impl<E: Engine> SqlStore<E> {
         args: Vec<Arg>,
         read: impl FnMut(E::Row) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
-        let _timer = crate::metrics::store_query(access);
+        let _timer = rivet_support::metrics::store_query(access.label());
         let rows = self.engine.rows(access, sql, args).await?;
         rows.into_iter().map(read).collect()
     }
 
     async fn write(&self, sql: &str, args: Vec<Arg>) -> Result<u64, StoreError> {
-        let _timer = crate::metrics::store_query(Access::Write);
+        let _timer = rivet_support::metrics::store_query(Access::Write.label());
         self.engine.execute(sql, args).await.map_err(|e| match e {
             ExecError::Unique(what) => StoreError::Duplicate(what),
             ExecError::Store(e) => e,
@@ -70,7 +70,7 @@ impl<E: Engine> SqlStore<E> {
 
     fn open_nodes(&self, rows: Vec<E::Row>) -> Result<Vec<Node>, StoreError> {
         rows.into_iter()
-            .map(|r| node_from_row(r).and_then(|n| self.secrets.open_node(n)))
+            .map(|r| node_from_row(r).and_then(|n| super::sealing::open_node(&self.secrets, n)))
             .collect()
     }
 }
@@ -397,7 +397,7 @@ impl<E: Engine> Store for SqlStore<E> {
         n.version = 1;
         n.updated_at = None;
         let values = node_values(&n, self.secrets.seal_info(&n.uuid, &n.driver_info));
-        let _timer = crate::metrics::store_query(Access::Write);
+        let _timer = rivet_support::metrics::store_query(Access::Write.label());
         match self.engine.execute(&NODE_INSERT, values).await {
             Ok(_) => Ok(n),
             Err(ExecError::Unique(what)) if what.contains("name") => {
@@ -542,7 +542,7 @@ impl<E: Engine> Store for SqlStore<E> {
             super::where_clause(&wheres),
             args.len()
         );
-        let _timer = crate::metrics::store_query(Access::Scan);
+        let _timer = rivet_support::metrics::store_query(Access::Scan.label());
         let rows = self.engine.rows(Access::Scan, &sql, args).await?;
         self.open_nodes(rows)
     }
@@ -557,7 +557,7 @@ impl<E: Engine> Store for SqlStore<E> {
             placeholders(1, states.len())
         );
         let args = states.iter().map(|s| s.as_str().into()).collect();
-        let _timer = crate::metrics::store_query(Access::Scan);
+        let _timer = rivet_support::metrics::store_query(Access::Scan.label());
         let rows = self.engine.rows(Access::Scan, &sql, args).await?;
         self.open_nodes(rows)
     }
@@ -650,7 +650,7 @@ impl<E: Engine> Store for SqlStore<E> {
             values.len(),
             self.dialect().node_intact()
         );
-        let timer = crate::metrics::store_query(Access::Write);
+        let timer = rivet_support::metrics::store_query(Access::Write.label());
         let written = self.engine.execute(&sql, values).await;
         drop(timer);
         match written {

@@ -120,6 +120,17 @@ pub enum Access {
     Write,
 }
 
+impl Access {
+    /// The metrics label of this kind of access.
+    pub fn label(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Scan => "scan",
+            Access::Write => "write",
+        }
+    }
+}
+
 /// Why a write failed.
 #[derive(Debug)]
 pub enum ExecError {

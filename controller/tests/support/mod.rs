@@ -10,10 +10,11 @@
 #![allow(dead_code)]
 
 use reqwest::{Body, Method, RequestBuilder, StatusCode};
-use rivet_controller::config::{hash_secret, Config, Role, TokenEntry};
+use rivet_controller::config::{Config, Role, TokenEntry};
 use rivet_controller::secrets::{Key, Secrets, SecretsConfig};
 use rivet_controller::store::postgres::ScratchDatabase;
 use rivet_controller::store::{self, Store};
+use rivet_support::credentials::hash_secret;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -102,7 +103,12 @@ impl TestDb {
 
     /// The configured key (as rivetd would load it).
     pub fn configured(&self) -> Arc<Secrets> {
-        let secrets = Secrets::from_config(&self.secrets_config(), &self.url(), true);
+        let secrets = Secrets::from_config(
+            &self.secrets_config(),
+            &self.url(),
+            true,
+            &rivet_controller::store::sealing::holds_sealed_values,
+        );
         Arc::new(secrets.expect("secrets"))
     }
 

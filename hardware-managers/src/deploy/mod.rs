@@ -745,8 +745,7 @@ impl DeployManager {
                     Ok(())
                 }
             };
-            disk.zero_gaps(header.size, &check)
-                .map_err(meter_error)?;
+            disk.zero_gaps(header.size, &check).map_err(meter_error)?;
             return Ok(header.size);
         }
         // Raw (and ISO): sequential, aligned, 8 MiB at a time.

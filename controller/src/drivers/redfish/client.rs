@@ -54,7 +54,7 @@ fn sessions() -> &'static Mutex<HashMap<String, SessionState>> {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    crate::config::hex(&Sha256::digest(bytes))
+    rivet_support::credentials::hex(&Sha256::digest(bytes))
 }
 
 fn bmc(msg: impl Into<String>) -> DriverError {

@@ -16,8 +16,8 @@
 //! ([`Rewind`]). TLS connections always use hyper: rustls keeps its own per-connection buffers
 //! anyway, so this would save little there.
 
-use crate::api::deferred::{self, CallerResolves};
-use crate::server::PeerAddr;
+use super::deferred::{self, CallerResolves};
+use super::PeerAddr;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use axum::http::{StatusCode, Uri, Version};
@@ -49,7 +49,7 @@ const COALESCE: usize = 16 * 1024;
 /// How many requests are read and worked on at once, across every plain-TCP connection
 /// (`[api] max_requests_in_progress`). A connection waits for its turn before it reads a
 /// request, so a waiting request costs nothing but its bytes in the kernel's socket buffer;
-/// the turn ends when the app answers — or parks the answer ([`crate::api`]'s deferred
+/// the turn ends when the app answers — or parks the answer ([`super::deferred`]'s deferred
 /// answers: a held long poll).
 #[derive(Clone)]
 pub struct Admission(Option<Arc<Semaphore>>);
@@ -79,7 +79,7 @@ pub struct Limits {
 }
 
 /// Serve one plain-TCP connection until the peer closes, an answer closes it, or `stopping`
-/// finds it idle. Same contract as [`crate::server`]'s hyper path: the `PeerAddr` extension,
+/// finds it idle. Same contract as [`super::hyper_conn`]'s hyper path: the `PeerAddr` extension,
 /// the header timeout and `Connection: close` on the last answer (see [`Limits`]).
 pub async fn serve(
     mut tcp: TcpStream,
@@ -550,7 +550,7 @@ async fn hand_off(
     stopping: CancellationToken,
 ) {
     let io = Rewind { read, tcp };
-    crate::server::serve_connection(io, peer, app, header_timeout, max_requests, stopping).await
+    super::serve_connection(io, peer, app, header_timeout, max_requests, stopping).await
 }
 
 /// A socket whose reads first return bytes that were already read from it.

@@ -11,7 +11,7 @@
 //! `driver_internal_info` keys; [`Runs::take_legacy`] moves them over when such a node is
 //! read, so an upgrade in the middle of a cleaning resumes it where it was.
 
-use crate::conductor::steps::PlannedStep;
+use crate::steps::PlannedStep;
 use chrono::{DateTime, Utc};
 use rivet_protocol::steps::{RequestedDeployStep, RequestedStep};
 use serde::{Deserialize, Serialize};

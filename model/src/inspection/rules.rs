@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::net::IpAddr;
 
+// Rules are admin bodies (POST/PATCH /v1/inspection_rules): admin limits.
+impl rivet_protocol::limits::Limited for Rule {}
+
 /// The one inspection phase Ironic has.
 pub const PHASES: &[&str] = &["main"];
 

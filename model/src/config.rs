@@ -1,8 +1,9 @@
 //! rivetd configuration: one TOML file; every key has a default, and the command line and
 //! environment override the file (`rivetd --print-config` shows the result).
 
+use rivet_protocol::discovery::DiscoveryEnd;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use std::path::PathBuf;
 
 /// Whole configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,18 +42,18 @@ pub struct Config {
     /// Periodic power-state sync with the BMCs.
     pub power_sync: PowerSyncConfig,
     /// Out-of-band driver timeouts and retries.
-    pub drivers: crate::drivers::DriversConfig,
+    pub drivers: DriversConfig,
     /// Inspection.
     pub inspection: InspectionConfig,
     /// The key BMC passwords are sealed with in the store.
-    pub secrets: crate::secrets::SecretsConfig,
+    pub secrets: SecretsConfig,
     /// Store connections.
     pub store: StoreConfig,
     /// Enrolling unknown machines that boot the ramdisk (off by default).
-    pub discovery: crate::conductor::discovery::DiscoveryConfig,
+    pub discovery: DiscoveryConfig,
     /// Prometheus metrics: an extra listener without credentials (`/metrics` on the API
     /// address is always there, behind auth).
-    pub metrics: crate::metrics::MetricsConfig,
+    pub metrics: MetricsConfig,
 }
 
 /// Store connections.
@@ -356,10 +357,10 @@ impl Default for Config {
             cleaning: CleaningConfig::default(),
             deploy: DeployConfig::default(),
             inspection: InspectionConfig::default(),
-            secrets: crate::secrets::SecretsConfig::default(),
+            secrets: SecretsConfig::default(),
             store: StoreConfig::default(),
             power_sync: PowerSyncConfig::default(),
-            drivers: crate::drivers::DriversConfig::default(),
+            drivers: DriversConfig::default(),
             discovery: Default::default(),
             metrics: Default::default(),
         }
@@ -468,87 +469,107 @@ impl Config {
     }
 }
 
-/// Hash a secret (an admin password or API token) for the config: argon2id with a random
-/// salt, as a PHC string (`$argon2id$v=19$m=19456,t=2,p=1$…`), the parameters OWASP names
-/// for argon2id. Slow on purpose; [`verify_secret`] callers cache successes.
-pub fn hash_secret(secret: &str) -> Result<String, String> {
-    use argon2::password_hash::{PasswordHasher, SaltString};
-    use rand::RngCore;
-    let mut salt = [0u8; 16];
-    rand::thread_rng().fill_bytes(&mut salt);
-    let fail = |e: argon2::password_hash::Error| format!("argon2 could not hash the secret: {e}");
-    let salt = SaltString::encode_b64(&salt).map_err(fail)?;
-    argon2::Argon2::default()
-        .hash_password(secret.as_bytes(), &salt)
-        .map(|h| h.to_string())
-        .map_err(fail)
+/// Out-of-band driver timeouts and retries (`[drivers]` in the config file).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DriversConfig {
+    /// Redfish: TCP/TLS connect timeout of one request.
+    pub redfish_connect_timeout_s: u64,
+    /// Redfish: whole-request timeout.
+    pub redfish_request_timeout_s: u64,
+    /// Redfish: extra attempts after a connection error or a 5xx answer (GETs also after
+    /// a dropped connection or a timeout; see `redfish/client.rs`).
+    pub redfish_retries: u32,
+    /// Redfish: first back-off between attempts (doubles each time).
+    pub redfish_retry_backoff_ms: u64,
+    /// How long a power change may take to show on the BMC.
+    pub power_wait_s: u64,
+    /// Interval between two reads while waiting for the BMC (power, tasks).
+    pub poll_interval_ms: u64,
+    /// How long a BMC task (firmware update) may run.
+    pub task_timeout_s: u64,
+    /// The ipmitool executable.
+    pub ipmitool: String,
+    /// IPMI: timeout of one ipmitool call (the child is killed after it).
+    pub ipmi_timeout_s: u64,
+    /// IPMI: ipmitool's own retries (`-R`).
+    pub ipmi_retries: u32,
+    /// IPMI: ipmitool's per-try timeout (`-N`, seconds).
+    pub ipmi_retry_timeout_s: u64,
 }
 
-/// The legacy form, `sha256$SALT$HEX`: still verified (configs written by older rivetd),
-/// never written.
-#[cfg(test)]
-fn legacy_sha256_hash(secret: &str, salt: &str) -> String {
-    format!("sha256${salt}${}", salted_hex(salt, secret))
-}
-
-fn salted_hex(salt: &str, secret: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(salt.as_bytes());
-    h.update(b"$");
-    h.update(secret.as_bytes());
-    hex(&h.finalize())
-}
-
-/// Lower-case hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Check a secret against a hash from the config: argon2id (PHC string, what
-/// [`hash_secret`] writes) or the legacy `sha256$SALT$HEX`, in constant time.
-pub fn verify_secret(secret: &str, hash: &str) -> bool {
-    if hash.starts_with("$argon2") {
-        use argon2::password_hash::{PasswordHash, PasswordVerifier};
-        return PasswordHash::new(hash).is_ok_and(|parsed| {
-            argon2::Argon2::default()
-                .verify_password(secret.as_bytes(), &parsed)
-                .is_ok()
-        });
+impl Default for DriversConfig {
+    fn default() -> Self {
+        DriversConfig {
+            redfish_connect_timeout_s: 10,
+            redfish_request_timeout_s: 30,
+            redfish_retries: 2,
+            redfish_retry_backoff_ms: 500,
+            power_wait_s: 60,
+            poll_interval_ms: 1000,
+            task_timeout_s: 3600,
+            ipmitool: "ipmitool".into(),
+            ipmi_timeout_s: 15,
+            ipmi_retries: 2,
+            ipmi_retry_timeout_s: 1,
+        }
     }
-    let mut parts = hash.splitn(3, '$');
-    let (Some("sha256"), Some(salt), Some(want)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return false;
-    };
-    constant_time_eq(salted_hex(salt, secret).as_bytes(), want.as_bytes())
 }
 
-/// Compare without an early exit, so timing does not reveal the common prefix.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// `[secrets]`: the key driver_info secrets are sealed with.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    /// File holding the key: 64 hex characters (32 random bytes), mode 0600; make one with
+    /// `rivetd secrets init-key PATH`. `RIVET_SECRETS_KEY` (the key itself) overrides it.
+    /// Neither set: SQLite uses `<database file>.key`, generated on first start; PostgreSQL
+    /// refuses to start.
+    pub key_file: Option<PathBuf>,
+    /// An older key still accepted for reading, never for writing (during a rotation).
+    pub previous_key_file: Option<PathBuf>,
+}
+
+/// The `[discovery]` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// Enrol unknown machines that send their inventory (off: they get 403).
+    pub enabled: bool,
+    /// Driver of discovered nodes until a rule sets another (Ironic's
+    /// `[auto_discovery] driver`).
+    pub driver: String,
+    /// What the ramdisk does afterwards: `poweroff` or `wait`.
+    pub end: DiscoveryEnd,
+    /// Discovery requests per minute per source address.
+    pub per_minute: u32,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            enabled: false,
+            driver: "fake-hardware".into(),
+            end: DiscoveryEnd::Poweroff,
+            // An honest ramdisk discovers once per boot; a burst of a rack booting at once is
+            // absorbed by the bucket, a source posting inventories in a loop is not.
+            per_minute: 60,
+        }
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `[metrics]` in the config file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `ADDR:PORT` of an extra listener serving `GET /metrics` without credentials (plain
+    /// HTTP: keep it on loopback or a monitoring network). Unset: only the API address
+    /// serves it, behind auth.
+    pub listen: Option<String>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secret_hash_verifies() {
-        let h = hash_secret("s3cret").expect("hash");
-        assert!(h.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{h}");
-        assert!(verify_secret("s3cret", &h));
-        assert!(!verify_secret("s3cre", &h));
-        assert_ne!(h, hash_secret("s3cret").expect("hash"), "salted");
-        assert!(!verify_secret("s3cret", "md5$x$y"));
-        assert!(!verify_secret("s3cret", "$argon2id$garbage"));
-        // Hashes written by older rivetd still verify.
-        let old = legacy_sha256_hash("s3cret", "NaCl");
-        assert!(verify_secret("s3cret", &old));
-        assert!(!verify_secret("s3cre", &old));
-    }
 
     #[test]
     fn config_round_trip_and_unknown_key() {

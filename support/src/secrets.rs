@@ -4,7 +4,7 @@
 //! backends call this module; everything above them sees clear values in memory, and the API
 //! masks them as before.
 //!
-//! Which keys are secret is [`crate::drivers::is_secret_key`], the same list the API masks.
+//! Which keys are secret is [`is_secret_key`], the same list the API masks.
 //! A sealed value is the string `rivet-sealed:v2:<key id>:<base64url(ciphertext ‖ tag)>`:
 //! the key id (8 hex characters, a fingerprint of the key) says which key sealed it, so a
 //! rotation can tell old from new and a wrong key is named in the error. The node UUID and
@@ -26,11 +26,10 @@
 //! to start. `[secrets] previous_key_file` is read but never written with: it lets rivetd
 //! run during a rotation (`rivetd secrets rotate`).
 
-use crate::drivers::is_secret_key;
-use crate::store::{Node, NodeQuery, Store, StoreError};
+pub use rivet_model::config::SecretsConfig;
+
 use base64::Engine;
 use ring::{aead, digest, hkdf, rand::SecureRandom};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -53,17 +52,20 @@ const PAD: usize = 32;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-/// `[secrets]`: the key driver_info secrets are sealed with.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SecretsConfig {
-    /// File holding the key: 64 hex characters (32 random bytes), mode 0600; make one with
-    /// `rivetd secrets init-key PATH`. `RIVET_SECRETS_KEY` (the key itself) overrides it.
-    /// Neither set: SQLite uses `<database file>.key`, generated on first start; PostgreSQL
-    /// refuses to start.
-    pub key_file: Option<PathBuf>,
-    /// An older key still accepted for reading, never for writing (during a rotation).
-    pub previous_key_file: Option<PathBuf>,
+/// Keys of `driver_info` whose values are secrets: sealed at rest, masked in every output and
+/// log line.
+pub fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "private_key",
+        "credential",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 /// Sealing and key failures. Messages never carry a secret or a key.
@@ -139,7 +141,7 @@ impl Key {
             &digest::SHA256,
             &[b"rivet-secrets key id\0" as &[u8], &bytes].concat(),
         );
-        let id = crate::config::hex(&d.as_ref()[..4]);
+        let id = crate::credentials::hex(&d.as_ref()[..4]);
         Key { bytes, id }
     }
 
@@ -212,7 +214,7 @@ impl Key {
             .mode(0o600)
             .open(path)
             .map_err(err)?;
-        f.write_all(format!("{}\n", crate::config::hex(&self.bytes)).as_bytes())
+        f.write_all(format!("{}\n", crate::credentials::hex(&self.bytes)).as_bytes())
             .and_then(|_| f.sync_all())
             .map_err(err)
     }
@@ -389,7 +391,7 @@ fn split_sealed(s: &str) -> Option<(Format, &str, &str)> {
     Some((format, id, payload))
 }
 
-/// Counts from [`rotate`].
+/// Counts from a rotation (`rivetd secrets rotate`, run by the store layer).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RotateReport {
     /// Nodes read.
@@ -407,7 +409,7 @@ enum Mode {
         current: Box<Sealer>,
         previous: Vec<Sealer>,
     },
-    /// Values cross unchanged (only [`rotate`], which handles sealed text itself).
+    /// Values cross unchanged (only a rotation, which handles sealed text itself).
     Passthrough,
 }
 
@@ -456,7 +458,9 @@ impl Secrets {
         Arc::new(Secrets::new(&key, &[]))
     }
 
-    pub(crate) fn passthrough() -> Secrets {
+    /// Seals and opens nothing: sealed text crosses as it is (a rotation reads and writes
+    /// it itself).
+    pub fn passthrough() -> Secrets {
         Secrets {
             mode: Mode::Passthrough,
         }
@@ -470,12 +474,14 @@ impl Secrets {
         }
     }
 
-    /// The key for `[secrets]`, `RIVET_SECRETS_KEY` or (SQLite) the file next to the
-    /// database, generating that file on first start when `create` is set.
+    /// The secrets of a controller: the key from `RIVET_SECRETS_KEY`, `[secrets] key_file`,
+    /// or (SQLite) the key file next to the database, made when `create` and the database
+    /// holds no sealed values yet (`holds_sealed`: the store's answer for a database file).
     pub fn from_config(
         config: &SecretsConfig,
         db_url: &str,
         create: bool,
+        holds_sealed: &dyn Fn(&Path) -> bool,
     ) -> Result<Secrets, SecretsError> {
         let current = match std::env::var(KEY_ENV) {
             Ok(text) if !text.trim().is_empty() => {
@@ -489,7 +495,7 @@ impl Secrets {
                     tracing::info!(key = k.id(), path = %path.display(), "secrets key file");
                     k
                 }
-                None => default_key(db_url, create)?,
+                None => default_key(db_url, create, holds_sealed)?,
             },
         };
         let previous = match &config.previous_key_file {
@@ -509,19 +515,14 @@ impl Secrets {
         }
     }
 
-    /// `node` with its driver_info secrets opened (values still in clear, written before
-    /// sealing existed, are kept).
-    pub fn open_node(&self, mut node: Node) -> Result<Node, StoreError> {
+    /// A node's `driver_info` (of node `uuid`) with its secrets opened in place (values
+    /// still in clear, written before sealing existed, are kept). A passthrough instance
+    /// leaves sealed text as it is (`rivetd secrets rotate` reads it raw).
+    pub fn open_info(&self, uuid: &str, info: &mut Map<String, Value>) -> Result<(), SecretsError> {
         if let Mode::Keyed { .. } = self.mode {
-            let uuid = node.uuid.clone();
-            self.open_map(&uuid, "driver_info", &mut node.driver_info)?;
+            self.open_map(uuid, "driver_info", info)?;
         }
-        Ok(node)
-    }
-
-    /// [`Secrets::open_node`] on each.
-    pub fn open_nodes(&self, nodes: Vec<Node>) -> Result<Vec<Node>, StoreError> {
-        nodes.into_iter().map(|n| self.open_node(n)).collect()
+        Ok(())
     }
 
     fn sealer_for(&self, id: &str) -> Option<&Sealer> {
@@ -654,56 +655,27 @@ fn reseal_map(
     Ok((changed, clear))
 }
 
-/// Re-seal every node's driver_info secrets in the database at `url` with `new`, opening
-/// the old values with `old` (`rivetd secrets rotate`). One write per node with the usual
-/// version check, so a concurrent change is re-read, never overwritten. Values already
-/// under `new` in the current format (v2) are left alone: running it again changes nothing;
-/// v1 values are rewritten as v2 even when `new` is the key that sealed them.
-pub async fn rotate(url: &str, old: &Secrets, new: &Key) -> Result<RotateReport, StoreError> {
-    // The backends' own sealing is off: this function reads and writes the sealed text.
-    let store: Arc<dyn Store> = crate::store::open(url, Arc::new(Secrets::passthrough()))?;
-    let new = Sealer::new(new);
-    let mut report = RotateReport::default();
-    let mut marker: Option<String> = None;
-    loop {
-        let page = store
-            .list_nodes(&NodeQuery {
-                limit: 500,
-                marker: marker.clone(),
-                ..NodeQuery::default()
-            })
-            .await?;
-        let Some(last) = page.last() else { break };
-        marker = Some(last.uuid.clone());
-        for node in page {
-            report.nodes_checked += 1;
-            let mut node = node;
-            // A node changed under us is read again; a handful of tries is plenty offline
-            // and for a quiet fleet.
-            for attempt in 0.. {
-                let uuid = node.uuid.clone();
-                let (changed, clear) =
-                    reseal_map(old, &new, &uuid, "driver_info", &mut node.driver_info)?;
-                if changed == 0 {
-                    break;
-                }
-                match store.update_node(&node).await {
-                    Ok(_) => {
-                        report.nodes_changed += 1;
-                        report.fields_resealed += changed;
-                        report.fields_were_clear += clear;
-                        break;
-                    }
-                    Err(StoreError::Conflict { .. }) if attempt < 5 => {
-                        node = store.get_node(&uuid).await?;
-                    }
-                    Err(StoreError::NotFound { .. }) => break,
-                    Err(e) => return Err(e),
-                }
-            }
-        }
+/// Re-seals stored `driver_info` maps with a new key (`rivetd secrets rotate`, which the
+/// store layer runs over every node).
+pub struct Resealer(Sealer);
+
+impl Resealer {
+    /// Sealing with `new`.
+    pub fn new(new: &Key) -> Resealer {
+        Resealer(Sealer::new(new))
     }
-    Ok(report)
+
+    /// Re-seal, in the stored `info` of node `uuid`, every secret not yet sealed with the new
+    /// key in the current format, opening old values with `old`. Returns (values re-sealed,
+    /// of which were in clear).
+    pub fn reseal_info(
+        &self,
+        old: &Secrets,
+        uuid: &str,
+        info: &mut Map<String, Value>,
+    ) -> Result<(u64, u64), SecretsError> {
+        reseal_map(old, &self.0, uuid, "driver_info", info)
+    }
 }
 
 /// Where the key of a SQLite database without configured key lives.
@@ -713,26 +685,11 @@ pub fn default_key_path(db_url: &str) -> Option<PathBuf> {
     (!path.is_empty() && !path.starts_with(':')).then(|| PathBuf::from(format!("{path}.key")))
 }
 
-/// Whether the SQLite file at `db` already stores sealed secrets (so its key exists somewhere).
-/// A missing file or a database without nodes holds none.
-fn holds_sealed_values(db: &Path) -> bool {
-    if !db.exists() {
-        return false;
-    }
-    let Ok(conn) =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-    else {
-        return false;
-    };
-    conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM nodes WHERE driver_info LIKE '%rivet-sealed:%')",
-        [],
-        |r| r.get::<_, bool>(0),
-    )
-    .unwrap_or(false)
-}
-
-fn default_key(db_url: &str, create: bool) -> Result<Key, SecretsError> {
+fn default_key(
+    db_url: &str,
+    create: bool,
+    holds_sealed: &dyn Fn(&Path) -> bool,
+) -> Result<Key, SecretsError> {
     if db_url.starts_with("postgres") {
         return Err(SecretsError::NoKey(format!(
             "no secrets key configured: a PostgreSQL store is shared by controllers that must all \
@@ -752,7 +709,7 @@ fn default_key(db_url: &str, create: bool) -> Result<Key, SecretsError> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
             let db = path.with_extension("");
-            if holds_sealed_values(&db) {
+            if holds_sealed(&db) {
                 return Err(SecretsError::NoKey(format!(
                     "database {} holds BMC passwords sealed with a key, but its key file {} is \
                      missing: restore the key file from your backup (or set [secrets] key_file or \
@@ -783,10 +740,26 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// What sealing sees of a node: its uuid and its driver_info.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Node {
+        uuid: String,
+        driver_info: Map<String, Value>,
+    }
+
     fn node(uuid: &str, info: Value) -> Node {
-        let mut n = Node::new(uuid.into(), "ipmi".into());
-        n.driver_info = info.as_object().cloned().unwrap_or_default();
-        n
+        Node {
+            uuid: uuid.into(),
+            driver_info: info.as_object().cloned().unwrap_or_default(),
+        }
+    }
+
+    impl Secrets {
+        /// What the store does with a row it reads.
+        fn open_node(&self, mut n: Node) -> Result<Node, SecretsError> {
+            self.open_info(&n.uuid.clone(), &mut n.driver_info)?;
+            Ok(n)
+        }
     }
 
     /// What the store would write, read back as a node.
@@ -919,7 +892,7 @@ mod tests {
         // With the old key as the previous one it opens.
         let both = Secrets::new(
             &k2,
-            &[Key::from_text(&crate::config::hex(&k1.bytes), "t").expect("k1")],
+            &[Key::from_text(&crate::credentials::hex(&k1.bytes), "t").expect("k1")],
         );
         assert_eq!(
             both.open_node(raw).expect("open").driver_info["ipmi_password"],
@@ -934,10 +907,7 @@ mod tests {
         let mut other = node("u2", json!({}));
         other.driver_info = raw.driver_info.clone();
         let err = s.open_node(other).expect_err("other node");
-        assert!(
-            matches!(err, StoreError::Secrets(SecretsError::Tampered { .. })),
-            "{err}"
-        );
+        assert!(matches!(err, SecretsError::Tampered { .. }), "{err}");
         assert!(err.to_string().contains("of node u2"), "{err}");
 
         let mut swapped = raw.clone();
@@ -1027,7 +997,7 @@ mod tests {
         assert!(err.to_string().contains("mode 0640"), "{err}");
         let err = Key::from_text("abc", "RIVET_SECRETS_KEY").expect_err("short");
         assert!(err.to_string().contains("64 hex"), "{err}");
-        assert!(!format!("{k:?}").contains(&crate::config::hex(&k.bytes)));
+        assert!(!format!("{k:?}").contains(&crate::credentials::hex(&k.bytes)));
     }
 
     #[test]
@@ -1036,41 +1006,14 @@ mod tests {
         let url = format!("sqlite:{}", dir.path().join("r.db").display());
         let cfg = SecretsConfig::default();
         assert!(
-            Secrets::from_config(&cfg, &url, false).is_err(),
+            Secrets::from_config(&cfg, &url, false, &|_| false).is_err(),
             "no file yet, no create"
         );
-        let a = Secrets::from_config(&cfg, &url, true).expect("generate");
-        let b = Secrets::from_config(&cfg, &url, true).expect("reuse");
+        let a = Secrets::from_config(&cfg, &url, true, &|_| false).expect("generate");
+        let b = Secrets::from_config(&cfg, &url, true, &|_| false).expect("reuse");
         assert_eq!(a.key_id(), b.key_id());
         assert!(dir.path().join("r.db.key").exists());
-        let err = Secrets::from_config(&cfg, "postgres://u@h/d", true).expect_err("pg");
+        let err = Secrets::from_config(&cfg, "postgres://u@h/d", true, &|_| false).expect_err("pg");
         assert!(err.to_string().contains("key_file"), "{err}");
-    }
-
-    #[test]
-    fn lost_key_file_is_not_replaced_while_the_database_holds_sealed_values() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = dir.path().join("r.db");
-        let url = format!("sqlite:{}", db.display());
-        let cfg = SecretsConfig::default();
-        let secrets = Arc::new(Secrets::from_config(&cfg, &url, true).expect("generate"));
-        let store = crate::store::open(&url, secrets).expect("open");
-        let n = node(
-            "u1",
-            json!({"ipmi_address": "10.0.0.1", "ipmi_password": "hunter2"}),
-        );
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        rt.block_on(store.create_node(&n)).expect("create");
-        drop(store);
-        std::fs::remove_file(dir.path().join("r.db.key")).expect("lose the key");
-        let err = Secrets::from_config(&cfg, &url, true).expect_err("must not regenerate");
-        let msg = err.to_string();
-        assert!(msg.contains("key file") && msg.contains("restore"), "{msg}");
-        assert!(
-            !dir.path().join("r.db.key").exists(),
-            "a new key was written"
-        );
     }
 }

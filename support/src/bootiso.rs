@@ -97,7 +97,7 @@ pub fn node_region(public_url: &str, node: &str) -> Result<String, BootIsoError>
 }
 
 /// The URL a BMC downloads `node`'s ISO from.
-pub fn iso_url(boot: &crate::config::BootConfig, node: &str) -> Result<String, BootIsoError> {
+pub fn iso_url(boot: &rivet_model::config::BootConfig, node: &str) -> Result<String, BootIsoError> {
     let base = boot
         .external_http_url
         .as_deref()
@@ -111,7 +111,7 @@ pub fn iso_url(boot: &crate::config::BootConfig, node: &str) -> Result<String, B
 
 /// Everything a virtual-media boot of `node` needs, checked before the BMC is asked: the URL
 /// to give it (and that the ISO it will fetch exists and can carry the node's parameters).
-pub fn check(boot: &crate::config::BootConfig, node: &str) -> Result<String, BootIsoError> {
+pub fn check(boot: &rivet_model::config::BootConfig, node: &str) -> Result<String, BootIsoError> {
     let dir = boot
         .artefact_dir
         .as_deref()
@@ -141,7 +141,7 @@ mod tests {
 
     #[test]
     fn check_names_what_is_missing() {
-        let mut boot = crate::config::BootConfig::default();
+        let mut boot = rivet_model::config::BootConfig::default();
         assert!(matches!(check(&boot, "n"), Err(BootIsoError::NoArtefacts)));
         boot.artefact_dir = Some("/nonexistent".into());
         assert!(matches!(check(&boot, "n"), Err(BootIsoError::NoUrl)));

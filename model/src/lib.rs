@@ -1,0 +1,19 @@
+//! The bottom layer of rivetd: what a node's life *is*, with no I/O. Everything above it
+//! (support, store, drivers, conductor, api, the daemon) may use it; it uses only
+//! `rivet-protocol`, serde and a few pure crates — no tokio, no axum, no SQL — so the compiler
+//! keeps it that way. docs/architecture.md draws the layers.
+//!
+//! - [`fsm`]: Ironic's provision state machine (states, events, who may fire them).
+//! - [`runs`]: the typed run state of a node's operations (cleaning, deploy, inspection…).
+//! - [`steps`]: planned steps, where they run, and Ironic's ordering rules.
+//! - [`interfaces`]: hardware types and the interfaces each enables.
+//! - [`inspection`]: what an inventory says about a node, and the operator's inspection rules.
+//! - [`config`]: every section of rivetd's configuration file.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod fsm;
+pub mod inspection;
+pub mod interfaces;
+pub mod runs;
+pub mod steps;
