@@ -10,10 +10,11 @@
 pub use rivet_model::{config, fsm, inspection, interfaces, runs};
 // The support layer likewise.
 pub use rivet_support::{bootiso, cluster, configdrive, secrets, tls};
+// The drivers layer likewise.
+pub use rivet_drivers as drivers;
 
 pub mod api;
 pub mod conductor;
-pub mod drivers;
 pub mod metrics;
 pub mod server;
 pub mod store;

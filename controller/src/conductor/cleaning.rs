@@ -582,7 +582,7 @@ impl Conductor {
         clear_run(&mut node);
         let _ = self.store.cancel_pending(&node.uuid).await;
         tracing::info!(node = %node.uuid, manual, "cleaning finished");
-        crate::drivers::management::refresh_caches_logged(
+        crate::conductor::bmc_caches::refresh_caches_logged(
             self.store.as_ref(),
             bmc,
             &node.uuid,

@@ -223,7 +223,7 @@ impl Conductor {
         node.inspection_finished_at = Some(Utc::now());
         clear_run(&mut node);
         tracing::info!(node = %node.uuid, cpus = derived.cpus, memory_mb = derived.memory_mb, local_gb = derived.local_gb, "inspection finished");
-        crate::drivers::management::refresh_caches_logged(
+        crate::conductor::bmc_caches::refresh_caches_logged(
             self.store.as_ref(),
             bmc,
             &node.uuid,

@@ -9,6 +9,7 @@
 pub mod agent;
 mod agent_logs;
 mod allocations;
+pub mod bmc_caches;
 pub mod boot;
 mod cleaning;
 mod deploying;
@@ -310,7 +311,7 @@ impl Conductor {
                 match checked {
                     Ok(power) => {
                         node.power_state = Some(power);
-                        crate::drivers::management::refresh_caches_logged(
+                        crate::conductor::bmc_caches::refresh_caches_logged(
                             self.store.as_ref(),
                             bmc.as_ref(),
                             &node.uuid,

@@ -35,7 +35,7 @@ pub(crate) async fn verify_and_refresh(
             result,
         )
         .await;
-    crate::drivers::management::refresh_caches_logged(store, bmc, &node.uuid, &node.driver_info)
+    crate::conductor::bmc_caches::refresh_caches_logged(store, bmc, &node.uuid, &node.driver_info)
         .await;
     verified
 }
@@ -51,7 +51,7 @@ pub(crate) async fn reboot_verify_refresh(
     ramdisk: Option<BootDevice>,
 ) -> Result<(), DriverError> {
     if !reboot_needed(step, result) {
-        crate::drivers::management::refresh_caches_logged(
+        crate::conductor::bmc_caches::refresh_caches_logged(
             store,
             bmc,
             &node.uuid,

@@ -298,7 +298,7 @@ mod tests {
 
     /// The names of the methods declared in `pub trait Bmc` in drivers/mod.rs.
     fn trait_methods() -> Vec<String> {
-        let src = include_str!("../drivers/mod.rs");
+        let src = include_str!("../../../drivers/src/lib.rs");
         let start = src
             .find("pub trait Bmc")
             .expect("trait Bmc in drivers/mod.rs");

@@ -1048,20 +1048,7 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
-/// Lower-case a MAC and check its shape (`aa:bb:cc:dd:ee:ff`).
-pub fn normalize_mac(mac: &str) -> Option<String> {
-    let m = mac.trim().to_ascii_lowercase().replace('-', ":");
-    let parts: Vec<&str> = m.split(':').collect();
-    if parts.len() == 6
-        && parts
-            .iter()
-            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
-    {
-        Some(m)
-    } else {
-        None
-    }
-}
+pub use rivet_model::records::normalize_mac;
 
 #[cfg(test)]
 mod tests {

@@ -140,32 +140,7 @@ pub struct FirmwareComponent {
     pub updated_at: Option<DateTime<Utc>>,
 }
 
-/// One firmware component as a BMC reports it: the version now and, where the BMC names
-/// them, its vendor, model and serial number (Ironic's `cache_firmware_components` dicts).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FirmwareReading {
-    /// `bios`, `bmc`, or `nic:<serial or id>`.
-    pub component: String,
-    /// The version it reports.
-    pub version: String,
-    /// Its maker.
-    pub vendor: Option<String>,
-    /// Its model.
-    pub model: Option<String>,
-    /// Its serial number.
-    pub serial_number: Option<String>,
-}
-
-impl FirmwareReading {
-    /// A component with only a version.
-    pub fn new(component: &str, version: &str) -> FirmwareReading {
-        FirmwareReading {
-            component: component.to_string(),
-            version: version.to_string(),
-            ..Default::default()
-        }
-    }
-}
+pub use rivet_model::records::FirmwareReading;
 
 const CONNECTOR_SELECT: &str = "uuid, node_uuid, type, connector_id, extra, created_at, updated_at";
 const TARGET_SELECT: &str = "uuid, node_uuid, volume_type, properties, boot_index, volume_id, \

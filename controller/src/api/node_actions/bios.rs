@@ -1,7 +1,7 @@
 //! The node's BIOS settings (API 1.40; registry fields, `detail` and `fields` 1.74) and
 //! firmware components (1.86; vendor, model and serial number 1.114): read-only caches of
 //! what the BMC reported when the node was last managed, inspected or cleaned
-//! ([`crate::drivers::management::refresh_caches`]). Drivers with nothing to read
+//! ([`crate::conductor::bmc_caches::refresh_caches`]). Drivers with nothing to read
 //! (fake-hardware, ipmi) leave them empty.
 //!
 //! `GET /v1/nodes/{node}/bios`, `GET …/bios/{name}`, `GET /v1/nodes/{node}/firmware`.

@@ -170,7 +170,7 @@ async fn record_boot_state(
     node: &crate::store::Node,
     bmc: &dyn crate::drivers::Bmc,
 ) -> Result<(), ApiError> {
-    crate::drivers::management::refresh_boot_state(
+    crate::conductor::bmc_caches::refresh_boot_state(
         state.conductor.store.as_ref(),
         bmc,
         &node.uuid,

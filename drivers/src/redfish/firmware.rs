@@ -4,7 +4,7 @@
 //! must never be interrupted.
 
 use super::Ctx;
-use crate::drivers::DriverError;
+use crate::DriverError;
 use rivet_protocol::steps::{ArgInfo, StepDescriptor};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};

@@ -569,6 +569,6 @@ mod tests {
         assert!(i.uefi && i.port == 6230);
         let bad = json!({"ipmi_address": "-h", "ipmi_username": "-u", "ipmi_password": 1,
             "ipmi_port": "x", "boot_mode": "efi"});
-        crate::drivers::check_properties(PROPERTIES, &full, &bad, parse, &["ipmi_address"]);
+        crate::check_properties(PROPERTIES, &full, &bad, parse, &["ipmi_address"]);
     }
 }

@@ -3,7 +3,7 @@
 //! BMC does not serve are left empty rather than failing the whole inspection.
 
 use super::{members, Ctx};
-use crate::drivers::{DriverError, OobInventory};
+use crate::{DriverError, OobInventory};
 use serde_json::Value;
 
 /// Redfish `InstructionSet` / `ProcessorArchitecture` → the kernel's name.
@@ -54,7 +54,7 @@ async fn macs(ctx: &Ctx, path: &str) -> Result<Vec<String>, DriverError> {
         let mac = n["MACAddress"]
             .as_str()
             .or_else(|| n["PermanentMACAddress"].as_str())
-            .and_then(crate::store::normalize_mac);
+            .and_then(rivet_model::records::normalize_mac);
         if let Some(m) = mac {
             if !out.contains(&m) {
                 out.push(m);

@@ -4,7 +4,7 @@
 //! `redfish_password`, `redfish_verify_ca`, `redfish_auth_type`; plus `boot_mode`
 //! (`uefi` or `bios`) for the boot override.
 
-use crate::drivers::DriverError;
+use crate::DriverError;
 use reqwest::Url;
 use serde_json::{Map, Value};
 use std::fmt;
@@ -75,7 +75,7 @@ pub(crate) struct RedfishInfo {
 }
 
 impl RedfishInfo {
-    /// The password, for [`crate::drivers::redact`].
+    /// The password, for [`crate::redact`].
     pub(crate) fn secret(&self) -> Option<&str> {
         self.password.as_ref().map(|s| s.0.as_str())
     }
@@ -331,6 +331,6 @@ mod tests {
         let bad = json!({"redfish_address": "ftp://x", "redfish_system_id": 1,
             "redfish_username": 1, "redfish_password": 1, "redfish_verify_ca": 1,
             "redfish_auth_type": "kerberos", "boot_mode": "efi"});
-        crate::drivers::check_properties(PROPERTIES, &full, &bad, parse, &["redfish_address"]);
+        crate::check_properties(PROPERTIES, &full, &bad, parse, &["redfish_address"]);
     }
 }

@@ -515,7 +515,7 @@ impl Bmc for RedfishBmc {
         &self,
         node: &str,
         driver_info: &Map<String, Value>,
-    ) -> Result<Vec<crate::store::FirmwareReading>, DriverError> {
+    ) -> Result<Vec<rivet_model::records::FirmwareReading>, DriverError> {
         let ctx = self.ctx(driver_info).await?;
         ctx.scrub(
             management::firmware_versions(&ctx)

@@ -9,9 +9,9 @@
 //! `Boot.BootSourceOverrideMode`; secure boot through the `SecureBoot` resource.
 
 use super::Ctx;
-use crate::drivers::management::{value_text, BiosReading, Indicator};
-use crate::drivers::DriverError;
-use crate::store::FirmwareReading;
+use crate::management::{value_text, BiosReading, Indicator};
+use crate::DriverError;
+use rivet_model::records::FirmwareReading;
 use serde_json::{json, Value};
 
 /// The BIOS attributes, as readings with their registry fields. A registry that cannot be

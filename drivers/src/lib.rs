@@ -2,8 +2,12 @@
 //!
 //! `fake-hardware` (in memory), `redfish` (HTTP, tested against sushy-tools) and `ipmi`
 //! (ipmitool lanplus, tested against OpenIPMI's ipmi_sim); [`for_node`] picks one by name.
+//!
+//! A layer of rivetd beside the store, above `rivet-model` and `rivet-support`: drivers talk
+//! to BMCs and know nothing of the database (the conductor stores what they read).
+#![warn(missing_docs)]
 
-pub use crate::config::DriversConfig;
+pub use rivet_model::config::DriversConfig;
 
 pub mod fake;
 pub mod ipmi;
@@ -305,7 +309,7 @@ pub trait Bmc: Send + Sync {
         &self,
         _node: &str,
         _driver_info: &Map<String, Value>,
-    ) -> Result<Vec<crate::store::FirmwareReading>, DriverError> {
+    ) -> Result<Vec<rivet_model::records::FirmwareReading>, DriverError> {
         Ok(Vec::new())
     }
 

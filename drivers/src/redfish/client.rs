@@ -8,7 +8,7 @@
 //! whole process. No credential is ever logged or put into an error message.
 
 use super::info::{AuthType, RedfishInfo, Secret, Verify};
-use crate::drivers::{DriverError, DriversConfig};
+use crate::{DriverError, DriversConfig};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -288,7 +288,7 @@ impl RedfishClient {
                 self.address()
             ),
         };
-        bmc(crate::drivers::redact(
+        bmc(crate::redact(
             &msg,
             self.password.as_ref().map(|p| p.0.as_str()),
         ))
@@ -386,7 +386,7 @@ impl RedfishClient {
                 self.address()
             )
         };
-        bmc(crate::drivers::redact(
+        bmc(crate::redact(
             &msg,
             self.password.as_ref().map(|p| p.0.as_str()),
         ))

@@ -8,7 +8,7 @@
 //! `PublicationUri` documents from the Internet nor unpack `ArchiveUri` files.
 
 use super::Ctx;
-use crate::drivers::DriverError;
+use crate::DriverError;
 use serde_json::{Map, Value};
 
 /// The language sushy asks for by default, as Ironic uses it.

@@ -2,7 +2,7 @@
 //! serves it, or under its Managers, as most BMCs do), insert an ISO by URL, eject.
 
 use super::{members, Ctx};
-use crate::drivers::DriverError;
+use crate::DriverError;
 use serde_json::{json, Value};
 
 /// VirtualMedia collections of the system: its own, then its managers'.
@@ -114,7 +114,7 @@ pub(crate) async fn eject(ctx: &Ctx) -> Result<(), DriverError> {
 
 /// Every virtual media device of the first collection that has any (the system's, else its
 /// managers'), as Ironic's `get_virtual_media` reports them.
-pub(crate) async fn list(ctx: &Ctx) -> Result<Vec<crate::drivers::VirtualMedia>, DriverError> {
+pub(crate) async fn list(ctx: &Ctx) -> Result<Vec<crate::VirtualMedia>, DriverError> {
     for coll in collections(ctx).await? {
         let list = ctx.client.get(&coll).await?;
         let paths = members(&list);
@@ -124,7 +124,7 @@ pub(crate) async fn list(ctx: &Ctx) -> Result<Vec<crate::drivers::VirtualMedia>,
         let mut out = Vec::with_capacity(paths.len());
         for path in paths {
             let dev = ctx.client.get(&path).await?;
-            out.push(crate::drivers::VirtualMedia {
+            out.push(crate::VirtualMedia {
                 media_types: dev["MediaTypes"]
                     .as_array()
                     .into_iter()

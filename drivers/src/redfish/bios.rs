@@ -4,8 +4,8 @@
 //! boot, and the step descriptors say so with `reboot_requested`.
 
 use super::Ctx;
-use crate::drivers::management::value_text;
-use crate::drivers::DriverError;
+use crate::management::value_text;
+use crate::DriverError;
 use rivet_protocol::steps::{ArgInfo, StepDescriptor};
 use serde_json::{json, Map, Value};
 
