@@ -12,9 +12,10 @@ pub use rivet_model::{config, fsm, inspection, interfaces, runs};
 pub use rivet_support::{bootiso, cluster, configdrive, secrets, tls};
 // The drivers layer likewise.
 pub use rivet_drivers as drivers;
+// The store layer, beside the drivers.
+pub use rivet_store as store;
 
 pub mod api;
 pub mod conductor;
 pub mod metrics;
 pub mod server;
-pub mod store;

@@ -12,9 +12,9 @@ use super::{
     CHASSIS_SORT_KEYS, NODE_SORT_KEYS,
 };
 use super::{Portgroup, PortgroupQuery};
-use crate::runs::Runs;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use rivet_model::runs::Runs;
 use rivet_protocol::agent::{Command, CommandResult};
 use rivet_protocol::states::ProvisionState;
 use serde_json::{Map, Value};
@@ -24,11 +24,11 @@ use std::sync::{Arc, LazyLock};
 pub struct SqlStore<E> {
     pub(crate) engine: E,
     /// Seals driver_info secrets on write, opens them on read.
-    secrets: Arc<crate::secrets::Secrets>,
+    secrets: Arc<rivet_support::secrets::Secrets>,
 }
 
 impl<E: Engine> SqlStore<E> {
-    pub(crate) fn new(engine: E, secrets: Arc<crate::secrets::Secrets>) -> SqlStore<E> {
+    pub(crate) fn new(engine: E, secrets: Arc<rivet_support::secrets::Secrets>) -> SqlStore<E> {
         SqlStore { engine, secrets }
     }
 
@@ -258,7 +258,7 @@ fn free_text(s: &Option<String>) -> Arg {
 }
 
 /// A node's values in [`NODE_COLUMNS`] order, with its `driver_info` sealed
-/// ([`crate::secrets::Secrets::seal_info`]).
+/// ([`rivet_support::secrets::Secrets::seal_info`]).
 fn node_values(n: &Node, driver_info: String) -> Vec<Arg> {
     let state = |s: Option<ProvisionState>| Arg::from(s.map(|s| s.as_str()));
     let power = |s: Option<rivet_protocol::states::PowerState>| Arg::from(s.map(|s| s.as_str()));

@@ -141,19 +141,19 @@ impl SqlStore<PostgresEngine> {
     /// date. Refuses a schema newer than this build.
     pub fn open(
         url: &str,
-        secrets: std::sync::Arc<crate::secrets::Secrets>,
+        secrets: std::sync::Arc<rivet_support::secrets::Secrets>,
     ) -> Result<PostgresStore, StoreError> {
         Self::open_with(
             url,
             secrets,
-            crate::config::StoreConfig::default().postgres_pool,
+            rivet_model::config::StoreConfig::default().postgres_pool,
         )
     }
 
     /// [`PostgresStore::open`] with a pool of `connections`.
     pub fn open_with(
         url: &str,
-        secrets: std::sync::Arc<crate::secrets::Secrets>,
+        secrets: std::sync::Arc<rivet_support::secrets::Secrets>,
         connections: usize,
     ) -> Result<PostgresStore, StoreError> {
         let config = parse_url(url)?;

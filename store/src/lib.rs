@@ -5,6 +5,10 @@
 //!
 //! Every write is optimistic: an update names the `version` it read and fails with
 //! [`StoreError::Conflict`] when someone wrote in between. The version is the node's ETag.
+//!
+//! A layer of rivetd beside the drivers, above `rivet-model` and `rivet-support`: it never
+//! talks to a BMC or decides anything about a node's life (the conductor does).
+#![warn(missing_docs)]
 
 pub mod allocations;
 pub mod counts;
@@ -70,7 +74,7 @@ pub enum StoreError {
     Unavailable(String),
     /// A sealed driver_info secret could not be opened (wrong key, altered value).
     #[error(transparent)]
-    Secrets(#[from] crate::secrets::SecretsError),
+    Secrets(#[from] rivet_support::secrets::SecretsError),
     /// A stored field of the node does not decode: the record is shown, never rewritten.
     #[error("{message}")]
     Corrupt {
@@ -149,9 +153,9 @@ pub struct Node {
     /// Traits (e.g. from inspection rules).
     pub traits: Vec<String>,
     /// The node's interface implementations (`boot_interface`, `deploy_interface`, …).
-    pub interfaces: crate::interfaces::Interfaces,
+    pub interfaces: rivet_model::interfaces::Interfaces,
     /// The conductor's bookkeeping of the running operation (its own column, typed).
-    pub runs: crate::runs::Runs,
+    pub runs: rivet_model::runs::Runs,
     /// Ironic's ownership and lifecycle fields (owner, lessee, retired, protected…).
     pub attrs: Attributes,
     /// Set when a stored field did not decode: the node is shown with that error and every
@@ -163,7 +167,7 @@ pub struct Node {
     /// The chassis the node is in (Ironic's `chassis_uuid`).
     pub chassis_uuid: Option<String>,
     /// Hardware health the BMC last reported (`OK`, `Warning`, `Critical`; 1.109), kept by
-    /// power sync ([`crate::conductor::power_sync`]); `None` when the driver reports none.
+    /// power sync (the conductor's power sync); `None` when the driver reports none.
     pub health: Option<String>,
     /// The allocation holding the node (1.52): read from the allocations, never written
     /// with the node.
@@ -251,8 +255,8 @@ impl Node {
             inspection_started_at: None,
             inspection_finished_at: None,
             traits: Vec::new(),
-            interfaces: crate::interfaces::Interfaces::default(),
-            runs: crate::runs::Runs::default(),
+            interfaces: rivet_model::interfaces::Interfaces::default(),
+            runs: rivet_model::runs::Runs::default(),
             attrs: Attributes::default(),
             corrupt: None,
             liveness: Liveness::default(),
@@ -305,7 +309,7 @@ pub struct NodeSummary {
     /// Running deploy step.
     pub deploy_step: Option<Value>,
     /// The conductor's run state.
-    pub runs: crate::runs::Runs,
+    pub runs: rivet_model::runs::Runs,
     /// What the node's agent last said of itself.
     pub liveness: Liveness,
     /// One of the fields read does not decode (the full read says which).
@@ -590,7 +594,7 @@ pub(crate) fn where_clause<S: AsRef<str>>(conditions: &[S]) -> String {
 }
 
 /// The outcome of a statement that writes node `uuid`'s own row: one row, or `NotFound`.
-pub(crate) fn one_node_row(rows: u64, uuid: &str) -> Result<(), StoreError> {
+pub fn one_node_row(rows: u64, uuid: &str) -> Result<(), StoreError> {
     if rows == 1 {
         Ok(())
     } else {
@@ -971,19 +975,19 @@ pub struct StoredCommand {
 
 /// Open the store named by a `--db` URL (`sqlite:PATH` or `postgres://…`), applying pending
 /// migrations. `secrets` seals driver_info secrets on write and opens them on read
-/// ([`crate::secrets::Secrets::ephemeral`] for a throwaway store).
+/// ([`rivet_support::secrets::Secrets::ephemeral`] for a throwaway store).
 pub fn open(
     url: &str,
-    secrets: std::sync::Arc<crate::secrets::Secrets>,
+    secrets: std::sync::Arc<rivet_support::secrets::Secrets>,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    open_with(url, secrets, &crate::config::StoreConfig::default())
+    open_with(url, secrets, &rivet_model::config::StoreConfig::default())
 }
 
 /// [`open`] with the connection settings of `[store]`.
 pub fn open_with(
     url: &str,
-    secrets: std::sync::Arc<crate::secrets::Secrets>,
-    options: &crate::config::StoreConfig,
+    secrets: std::sync::Arc<rivet_support::secrets::Secrets>,
+    options: &rivet_model::config::StoreConfig,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     match backend_of(url)? {
         Backend::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open_with(
@@ -1070,9 +1074,12 @@ mod tests {
 
     #[test]
     fn unknown_scheme_is_refused() {
-        let err = open("mysql://u:pw@h/db", crate::secrets::Secrets::ephemeral())
-            .err()
-            .expect("refused");
+        let err = open(
+            "mysql://u:pw@h/db",
+            rivet_support::secrets::Secrets::ephemeral(),
+        )
+        .err()
+        .expect("refused");
         assert!(err.to_string().contains("expected sqlite:PATH"), "{err}");
         assert!(!err.to_string().contains("pw"), "{err}");
     }

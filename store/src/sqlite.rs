@@ -180,12 +180,12 @@ impl SqlStore<SqliteEngine> {
     /// Open (creating if needed) the database file and bring its schema up to date.
     pub fn open(
         path: &str,
-        secrets: std::sync::Arc<crate::secrets::Secrets>,
+        secrets: std::sync::Arc<rivet_support::secrets::Secrets>,
     ) -> Result<SqliteStore, StoreError> {
         Self::open_with(
             path,
             secrets,
-            crate::config::StoreConfig::default().sqlite_readers,
+            rivet_model::config::StoreConfig::default().sqlite_readers,
         )
     }
 
@@ -194,7 +194,7 @@ impl SqlStore<SqliteEngine> {
     /// see a database of its own.
     pub fn open_with(
         path: &str,
-        secrets: std::sync::Arc<crate::secrets::Secrets>,
+        secrets: std::sync::Arc<rivet_support::secrets::Secrets>,
         readers: usize,
     ) -> Result<SqliteStore, StoreError> {
         let conn = connect(path)?;
@@ -435,7 +435,7 @@ fn migrate(conn: &Connection) -> Result<i64, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Node, NodeQuery, Port, SortDir, Store};
+    use crate::{Node, NodeQuery, Port, SortDir, Store};
     use rivet_protocol::states::ProvisionState;
     use serde_json::{Map, Value};
 
@@ -444,7 +444,7 @@ mod tests {
         let path = dir.path().join("t.db");
         let s = SqliteStore::open(
             path.to_str().expect("utf8"),
-            crate::secrets::Secrets::ephemeral(),
+            rivet_support::secrets::Secrets::ephemeral(),
         )
         .expect("open");
         (dir, s)
@@ -589,12 +589,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.db");
         let p = path.to_str().expect("utf8");
-        drop(SqliteStore::open(p, crate::secrets::Secrets::ephemeral()).expect("open"));
+        drop(SqliteStore::open(p, rivet_support::secrets::Secrets::ephemeral()).expect("open"));
         let c = Connection::open(p).expect("raw");
         c.execute("INSERT INTO schema_version (version) VALUES (999)", [])
             .expect("bump");
         drop(c);
-        let err = SqliteStore::open(p, crate::secrets::Secrets::ephemeral())
+        let err = SqliteStore::open(p, rivet_support::secrets::Secrets::ephemeral())
             .err()
             .expect("must refuse");
         assert!(err.to_string().contains("newer"), "{err}");
