@@ -14,8 +14,8 @@ pub use rivet_support::{bootiso, cluster, configdrive, secrets, tls};
 pub use rivet_drivers as drivers;
 // The store layer, beside the drivers.
 pub use rivet_store as store;
+// The conductor layer, over both, and its metrics exposition.
+pub use rivet_conductor::{self as conductor, metrics};
 
 pub mod api;
-pub mod conductor;
-pub mod metrics;
 pub mod server;

@@ -12,6 +12,7 @@ mod body;
 mod boot;
 mod chassis;
 mod conductors;
+mod metrics_route;
 pub(crate) use rivet_support::http::deferred;
 mod deploy_templates;
 mod discovery;
@@ -188,7 +189,7 @@ pub fn router(state: AppState) -> Router {
         .merge(deploy_templates::routes())
         .merge(runbooks::routes())
         .merge(volume::routes())
-        .route("/metrics", get(crate::metrics::scrape))
+        .route("/metrics", get(metrics_route::scrape))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,

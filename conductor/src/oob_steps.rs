@@ -1,0 +1,93 @@
+//! The end of an out-of-band step that asked for a reboot (`reboot_requested`, e.g. Redfish
+//! `bios.apply_configuration`): reboot so the BMC applies what the step staged, let the
+//! driver check the effect ([`Bmc::verify_step`]), and refresh the node's BIOS/firmware
+//! caches so `GET /v1/nodes/{node}/bios` shows the new values. Cleaning reboots in its own
+//! `step_done` and calls [`verify_and_refresh`]; servicing calls [`reboot_verify_refresh`].
+
+use rivet_drivers::{Bmc, BootDevice, DriverError};
+use rivet_protocol::states::PowerState;
+use rivet_store::{Node, Store};
+use serde_json::Value;
+
+use super::steps::PlannedStep;
+
+/// Whether the step's own result still asks for the reboot: a driver that found nothing to
+/// change says `"reboot_required": false` and the reboot is skipped (as Ironic does).
+pub(crate) fn reboot_needed(step: &PlannedStep, result: &Value) -> bool {
+    step.step.reboot_requested && result["reboot_required"] != false
+}
+
+/// After the step's reboot: the driver's check, then the caches (refreshed even when the
+/// check fails, so the API shows what the BMC really has).
+pub(crate) async fn verify_and_refresh(
+    store: &dyn Store,
+    bmc: &dyn Bmc,
+    node: &Node,
+    step: &PlannedStep,
+    result: &Value,
+) -> Result<(), DriverError> {
+    let verified = bmc
+        .verify_step(
+            &node.uuid,
+            &node.driver_info,
+            &step.step,
+            &step.args,
+            result,
+        )
+        .await;
+    crate::bmc_caches::refresh_caches_logged(store, bmc, &node.uuid, &node.driver_info).await;
+    verified
+}
+
+/// Reboot (into `ramdisk` when the run booted one, since each boot consumes the one-time
+/// override), then [`verify_and_refresh`]. Without a reboot only the caches are refreshed.
+pub(crate) async fn reboot_verify_refresh(
+    store: &dyn Store,
+    bmc: &dyn Bmc,
+    node: &Node,
+    step: &PlannedStep,
+    result: &Value,
+    ramdisk: Option<BootDevice>,
+) -> Result<(), DriverError> {
+    if !reboot_needed(step, result) {
+        crate::bmc_caches::refresh_caches_logged(store, bmc, &node.uuid, &node.driver_info).await;
+        return Ok(());
+    }
+    if let Some(device) = ramdisk {
+        bmc.set_boot_device(&node.uuid, &node.driver_info, device)
+            .await?;
+    }
+    bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
+        .await
+        .map_err(|e| DriverError::Bmc(format!("reboot to apply the step failed: {e}")))?;
+    verify_and_refresh(store, bmc, node, step, result).await
+}
+
+/// Record the driver's steps in `cached_clean_steps` (`GET /v1/nodes/{node}/clean_steps`)
+/// when a manual cleaning runs without the ramdisk: the agent's steps of an earlier run stay,
+/// the driver's are replaced by what it offers now.
+pub(crate) fn cache_driver_steps(
+    node: &mut Node,
+    driver_steps: &[rivet_protocol::steps::StepDescriptor],
+) {
+    let agent: Vec<_> = node
+        .driver_internal_info
+        .get("cached_clean_steps")
+        .cloned()
+        .and_then(|v| serde_json::from_value::<Vec<PlannedStep>>(v).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.source == super::steps::Source::Agent)
+        .map(|p| p.step)
+        .collect();
+    let available = super::steps::available(&agent, driver_steps);
+    let dii = &mut node.driver_internal_info;
+    dii.insert(
+        "cached_clean_steps".into(),
+        serde_json::to_value(&available).unwrap_or(Value::Null),
+    );
+    dii.insert(
+        "cached_clean_steps_at".into(),
+        serde_json::json!(chrono::Utc::now().to_rfc3339()),
+    );
+}
