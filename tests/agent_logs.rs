@@ -238,6 +238,51 @@ fn failed_step_log_is_kept_with_the_node() -> Result<()> {
         ours.iter().all(|l| has_key(l, "node", &|v| v == "n1")),
         "{ours:?}"
     );
+    // A caller's well-formed X-OpenStack-Request-Id is the request's global id: it rides
+    // beside the fresh local id on every line of the request; a malformed one is ignored.
+    let global = "req-5d2c1b0a-9e8f-4a7b-8c6d-5e4f3a2b1c0d";
+    let client = reqwest::blocking::Client::new();
+    let mut locals = Vec::new();
+    for sent in [global, "req-not-a-uuid"] {
+        let resp = client
+            .get(format!("{}/v1/nodes/n1", rivetd.url))
+            .header("X-OpenStack-Request-Id", sent)
+            .send()?;
+        let local = resp
+            .headers()
+            .get("x-openstack-request-id")
+            .and_then(|h| h.to_str().ok())
+            .context("request id header")?
+            .to_string();
+        assert!(local != sent, "the local id is rivetd's own");
+        locals.push(local);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let lines = json_lines(&rivetd.log_text())?;
+    let with = |rid: &str| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|l| has_key(l, "request_id", &|v| v == rid))
+            .cloned()
+            .collect()
+    };
+    let traced = with(&locals[0]);
+    assert!(
+        !traced.is_empty()
+            && traced
+                .iter()
+                .all(|l| has_key(l, "global_request_id", &|v| v == global)),
+        "lines of {} lack global_request_id {global}: {traced:?}",
+        locals[0]
+    );
+    let untraced = with(&locals[1]);
+    assert!(
+        !untraced.is_empty()
+            && untraced
+                .iter()
+                .all(|l| !l.to_string().contains("global_request_id")),
+        "a malformed id became a global id: {untraced:?}"
+    );
     // Conductor lines about the failed step name node and step.
     assert!(
         lines.iter().any(|l| has_key(l, "step", &|v| v == "boom")

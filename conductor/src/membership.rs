@@ -89,7 +89,9 @@ impl Conductor {
 
     fn publish(&self, notice: Notice) {
         let store = self.store.clone();
-        tokio::spawn(async move {
+        // On the node-task tracker, so shutdown waits for a notice in flight like for any
+        // other work it started.
+        self.tasks.spawn(async move {
             if let Err(e) = store.publish(&notice).await {
                 // The periodic scan and the owner's own rescan pick the node up anyway.
                 tracing::warn!(error = %e, notice = %notice.encode(), "cannot notify the other controllers");

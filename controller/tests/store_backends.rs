@@ -45,6 +45,7 @@ on_every_backend!(
     liveness_in_batches,
     summary_and_pending_in_one_read,
     upgrade_from_the_first_schema,
+    notification_connection_ends_with_its_listener,
 );
 
 /// Times as the store keeps them (microseconds).
@@ -1137,6 +1138,47 @@ async fn cut_connections(db: &TestDb) -> u64 {
         .await
         .expect("terminate")
         .len() as u64
+}
+
+/// The LISTEN connection lives as long as the conductor's notice loop holds the receiver:
+/// dropped (shutdown), the connection closes at once (PostgreSQL; SQLite has no notices).
+async fn notification_connection_ends_with_its_listener(db: TestDb) {
+    let s = db.open(secrets());
+    let Some(rx) = s.subscribe() else {
+        assert!(!db.is_postgres(), "PostgreSQL carries notices");
+        return;
+    };
+    let client = pg(&db.url()).await;
+    let listening = || async {
+        client
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+                 AND query = 'LISTEN rivet'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .len()
+    };
+    let mut seen = 0;
+    for _ in 0..100 {
+        seen = listening().await;
+        if seen > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, 1, "the notification connection is up");
+    drop(rx);
+    let mut left = seen;
+    for _ in 0..40 {
+        left = listening().await;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, 0, "the notification connection outlived its listener");
 }
 
 async fn survives_lost_connections(db: TestDb) {

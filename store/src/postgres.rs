@@ -413,6 +413,9 @@ fn parse_url(url: &str) -> Result<tokio_postgres::Config, StoreError> {
 
 /// Forward the `rivet` channel's notifications to `tx` until nobody listens, reconnecting
 /// (with a [`Notice::Resync`], since some may have been missed) when the connection drops.
+/// Every wait also watches the receiver: when the conductor's notice loop ends (shutdown, or
+/// the supervisor stopping the controller) the notification connection closes at once,
+/// instead of lingering until the next notice arrives.
 async fn listen(
     config: tokio_postgres::Config,
     target: String,
@@ -422,9 +425,16 @@ async fn listen(
     let mut first = true;
     while !tx.is_closed() {
         if !first {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tx.closed() => return,
+            }
         }
-        let (client, mut connection) = match config.connect(NoTls).await {
+        let connected = tokio::select! {
+            c = config.connect(NoTls) => c,
+            _ = tx.closed() => return,
+        };
+        let (client, mut connection) = match connected {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(database = %target, error = %db_message(&e), "cannot open the notification connection; retrying");
@@ -436,7 +446,11 @@ async fn listen(
         let forward = tx.clone();
         let driver = tokio::spawn(async move {
             loop {
-                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                let message = tokio::select! {
+                    m = std::future::poll_fn(|cx| connection.poll_message(cx)) => m,
+                    _ = forward.closed() => return,
+                };
+                match message {
                     Some(Ok(AsyncMessage::Notification(n))) => {
                         if let Some(notice) = Notice::decode(n.payload()) {
                             if forward.send(notice).is_err() {

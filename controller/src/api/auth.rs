@@ -146,7 +146,11 @@ fn strip_driver_info(v: &mut Value) {
 /// in-process has no peer address and is not limited).
 fn too_many_failures(state: &AppState, req: &Request) -> Option<Response> {
     use super::ratelimit::{Decision, SourceKey};
-    let ip = req.extensions().get::<rivet_support::http::PeerAddr>()?.0.ip();
+    let ip = req
+        .extensions()
+        .get::<rivet_support::http::PeerAddr>()?
+        .0
+        .ip();
     let limiter = &state.admin_auth_failures;
     let Decision::Limited { retry_after, warn } = limiter.take(ip) else {
         return None;

@@ -79,6 +79,17 @@ fn request_id() -> String {
     format!("req-{}", uuid::Uuid::new_v4())
 }
 
+/// The caller's id of the request, as oslo.middleware's `global_request_id`: an inbound
+/// `X-OpenStack-Request-Id` of the form `req-<uuid>` (anything else is ignored, so a client
+/// cannot put arbitrary text into rivetd's log). One id then traces a call from the client
+/// (nova, an operator's tool) through rivetd.
+fn global_request_id(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(REQUEST_ID_HEADERS[1])?.to_str().ok()?.trim();
+    let uuid = v.strip_prefix("req-")?;
+    // Hyphenated, 36 characters: what oslo's regex accepts.
+    (uuid.len() == 36 && uuid::Uuid::parse_str(uuid).is_ok()).then(|| v.to_ascii_lowercase())
+}
+
 /// Middleware: negotiate, 406 outside the range, echo the version used, and name the
 /// request (its id is in the response headers and in the log lines of the request).
 pub async fn negotiate(mut req: Request, next: Next) -> Response {
@@ -90,7 +101,13 @@ pub async fn negotiate(mut req: Request, next: Next) -> Response {
         .and_then(|rest| rest.split('/').next())
         .filter(|n| !n.is_empty() && *n != "detail" && *n != "validate")
         .map(str::to_string);
-    let span = tracing::info_span!("request", request_id = %id, node = node.as_deref());
+    let global = global_request_id(req.headers());
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        global_request_id = global.as_deref(),
+        node = node.as_deref()
+    );
     let method = req.method().clone();
     let mut resp = match requested(req.headers()) {
         Ok(v) => {
@@ -168,6 +185,25 @@ pub async fn v1(headers: HeaderMap) -> impl IntoResponse {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_well_formed_caller_id_is_the_global_id() {
+        let mut h = HeaderMap::new();
+        assert_eq!(global_request_id(&h), None);
+        let id = "req-0b1c7e3a-6d2e-4c55-9d1b-7f1e2a3b4c5d";
+        h.insert("x-openstack-request-id", HeaderValue::from_static(id));
+        assert_eq!(global_request_id(&h).as_deref(), Some(id));
+        for bad in [
+            "hello",
+            "req-",
+            "req-0b1c7e3a6d2e4c559d1b7f1e2a3b4c5d",
+            "req-0b1c7e3a-6d2e-4c55-9d1b-7f1e2a3b4c5dX",
+        ] {
+            h.insert("x-openstack-request-id", HeaderValue::from_static(bad));
+            assert_eq!(global_request_id(&h), None, "{bad}");
+        }
+    }
+
     use super::*;
 
     fn h(v: &str) -> HeaderMap {
