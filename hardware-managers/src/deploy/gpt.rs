@@ -189,7 +189,10 @@ impl Gpt {
                 "GPT with {count} entries of {esize} bytes is not supported"
             )));
         }
-        let entries = dev.read(u64_at(&header, 72) * dev.sector, count * esize)?;
+        let at = u64_at(&header, 72)
+            .checked_mul(dev.sector)
+            .ok_or_else(|| dev.refused("the GPT partition array's sector is out of range"))?;
+        let entries = dev.read(at, count * esize)?;
         if crc32(&entries) != u32_at(&header, 88) {
             return Err(dev.refused("the GPT partition array's CRC is wrong; the image is damaged"));
         }
@@ -216,10 +219,23 @@ impl Gpt {
         (self.entries.len() as u64).div_ceil(sector)
     }
 
+    /// Where the backup partition array goes on this disk (just before its last sector), and
+    /// the last sector partitions may then use; refused when the disk cannot hold them.
+    fn tail(&self, dev: &Device<'_>) -> Result<(u64, u64), TableError> {
+        match dev.last_lba().checked_sub(self.entry_sectors(dev.sector)) {
+            Some(backup_entries) if backup_entries > 2 => Ok((backup_entries, backup_entries - 1)),
+            _ => Err(dev.refused(format!(
+                "the disk ({} bytes) is too small for its GPT's {}-byte partition array",
+                dev.size,
+                self.entries.len()
+            ))),
+        }
+    }
+
     /// Write the primary and backup copies with the backup at the end of the disk.
     fn write_both(&mut self, dev: &Device<'_>, last_usable: u64) -> Result<(), TableError> {
         let last = dev.last_lba();
-        let backup_entries = last - self.entry_sectors(dev.sector);
+        let (backup_entries, _) = self.tail(dev)?;
         let hsize = u32_at(&self.header, 12) as usize;
         let entries_crc = crc32(&self.entries);
         put_u32(&mut self.header, 88, entries_crc);
@@ -265,7 +281,7 @@ pub fn relocate_backup(dev: &Device<'_>) -> Result<bool, TableError> {
             "the image's GPT ends at sector {old_alt}, past the end of this disk (sector {last}): the disk is smaller than the image"
         )));
     }
-    let last_usable = last - gpt.entry_sectors(dev.sector) - 1;
+    let (_, last_usable) = gpt.tail(dev)?;
     gpt.write_both(dev, last_usable)?;
     // The old backup header in the middle of the disk would confuse tools: wipe it.
     if old_alt > 1 {
@@ -314,32 +330,41 @@ pub fn config_partition(
     let need_sectors = need.div_ceil(dev.sector);
     // The start for a partition ending at `end` (inclusive) after `used_end`: `want` before
     // the end if it fits, else the first aligned sector after the last partition.
+    // `end` is on the disk; `used_end` is whatever the image's table says.
     let start_for = |end: u64, used_end: u64| -> Option<u64> {
         let preferred = (end + 1).saturating_sub(want) / align * align;
         let start = if preferred > used_end {
             preferred
         } else {
-            (used_end + 1).div_ceil(align) * align
+            used_end.checked_add(1)?.checked_next_multiple_of(align)?
         };
         (start <= end && end + 1 - start >= need_sectors).then_some(start)
+    };
+    // Sectors `first..=last` as bytes, when they are a partition on this disk: an entry
+    // past its end (or ending before it starts) is no place for the configdrive.
+    let on_disk = |first: u64, last: u64| -> Option<(u64, u64)> {
+        (first <= last && last <= dev.last_lba())
+            .then(|| (first * dev.sector, (last - first + 1) * dev.sector))
     };
     match table_kind(dev)? {
         TableKind::Gpt => {
             relocate_backup(dev)?;
             let mut gpt = Gpt::read(dev)?;
             for (i, e) in gpt.used() {
-                let first = u64_at(e, 32);
-                let last = u64_at(e, 40);
-                if gpt_name(e).eq_ignore_ascii_case("config-2") || label_at(first * dev.sector) {
+                let Some((offset, len)) = on_disk(u64_at(e, 32), u64_at(e, 40)) else {
+                    continue;
+                };
+                if gpt_name(e).eq_ignore_ascii_case("config-2") || label_at(offset) {
                     return Ok(Placed {
                         number: i as u32 + 1,
-                        offset: first * dev.sector,
-                        len: (last - first + 1) * dev.sector,
+                        offset,
+                        len,
                         reused: true,
                     });
                 }
             }
-            let last_usable = u64_at(&gpt.header, 48);
+            // The image's own claim, but never into the backup table at the disk's end.
+            let last_usable = u64_at(&gpt.header, 48).min(gpt.tail(dev)?.1);
             let used_end = gpt
                 .used()
                 .map(|(_, e)| u64_at(e, 40))
@@ -393,11 +418,17 @@ pub fn config_partition(
                 })
                 .collect();
             for (i, t, first, count) in &entries {
-                if *t != 0 && *count > 0 && label_at(first * dev.sector) {
+                if *t == 0 || *count == 0 {
+                    continue;
+                }
+                let Some((offset, len)) = on_disk(*first, first + count - 1) else {
+                    continue;
+                };
+                if label_at(offset) {
                     return Ok(Placed {
                         number: *i as u32 + 1,
-                        offset: first * dev.sector,
-                        len: count * dev.sector,
+                        offset,
+                        len,
                         reused: true,
                     });
                 }
@@ -536,6 +567,48 @@ mod tests {
             .output()
             .unwrap();
         assert!(String::from_utf8_lossy(&list.stdout).contains("config-2"));
+    }
+
+    /// Fuzzing found a `config-2` entry ending before it starts panicking on its length; an
+    /// entry that is not on the disk (that, or one past its end) is never reused.
+    #[test]
+    fn entries_off_the_disk_are_not_reused() {
+        let f = tempfile::tempfile().unwrap();
+        let size = 8u64 << 20;
+        f.set_len(size).unwrap();
+        let last = size / 512 - 1;
+        let mut entries = vec![0u8; 128 * 128];
+        for (i, (first, end)) in [(3000u64, 2048u64), (4096, 1 << 40)]
+            .into_iter()
+            .enumerate()
+        {
+            let e = &mut entries[i * 128..(i + 1) * 128];
+            e[..16].copy_from_slice(&LINUX_FS_TYPE);
+            put_u64(e, 32, first);
+            put_u64(e, 40, end);
+            for (k, u) in "config-2".encode_utf16().enumerate() {
+                e[56 + 2 * k..58 + 2 * k].copy_from_slice(&u.to_le_bytes());
+            }
+        }
+        let mut h = vec![0u8; 512];
+        h[..8].copy_from_slice(SIG);
+        put_u32(&mut h, 8, 0x0001_0000);
+        put_u32(&mut h, 12, 92);
+        put_u64(&mut h, 24, 1);
+        put_u64(&mut h, 32, last);
+        put_u64(&mut h, 40, 34);
+        put_u64(&mut h, 48, last - 33);
+        put_u64(&mut h, 72, 2);
+        put_u32(&mut h, 80, 128);
+        put_u32(&mut h, 84, 128);
+        put_u32(&mut h, 88, crc32(&entries));
+        let crc = crc32(&h[..92]);
+        put_u32(&mut h, 16, crc);
+        f.write_all_at(&h, 512).unwrap();
+        f.write_all_at(&entries, 1024).unwrap();
+        let dev = Device::new(&f, "d.img", 512, size);
+        let e = config_partition(&dev, 1 << 20, 1 << 20, &|_| true).unwrap_err();
+        assert!(e.to_string().contains("no room"), "{e}");
     }
 
     #[test]
