@@ -17,6 +17,24 @@ use std::os::unix::fs::FileExt;
 /// entries (with 512 or 4096-byte sectors), and the boot loader's first stage.
 pub const HEAD: u64 = 1 << 20;
 
+/// Written ranges kept before they are merged (16 bytes each).
+const COMPACT_AT: usize = 1 << 16;
+/// Written ranges allowed after merging: 64 MiB of bookkeeping at most.
+pub const MAX_RANGES: usize = 4 << 20;
+
+/// `ranges` sorted, with touching and overlapping ones joined.
+fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (s, l) in ranges {
+        match out.last_mut() {
+            Some((ps, pl)) if *ps + *pl >= s => *pl = (*pl).max(s + l - *ps),
+            _ => out.push((s, l)),
+        }
+    }
+    out
+}
+
 /// Alignment O_DIRECT needs for buffers, offsets and lengths (covers 4 KiB-sector disks).
 pub const ALIGN: usize = 4096;
 
@@ -57,8 +75,10 @@ pub struct DiskWriter {
     /// Size in bytes.
     pub size: u64,
     block: bool,
-    /// Guest ranges written so far (cluster-granular for qcow2), merged.
+    /// Guest ranges written so far (cluster-granular for qcow2), merged now and then.
     written: Vec<(u64, u64)>,
+    /// List length at which it is merged next.
+    compact_at: usize,
     /// The image's first [`HEAD`] bytes, held until [`DiskWriter::commit_head`].
     head: AlignedBuf,
     /// End of the held bytes (0: none held).
@@ -81,6 +101,7 @@ impl DiskWriter {
             size: target.size,
             block: !matches!(target.kind, TargetKind::File),
             written: Vec::new(),
+            compact_at: COMPACT_AT,
             head: AlignedBuf::new(HEAD.min(target.size) as usize),
             head_end: 0,
         })
@@ -116,7 +137,7 @@ impl DiskWriter {
             let at = offset as usize;
             self.head.buf_mut()[at..at + n].copy_from_slice(&data[..n]);
             self.head_end = self.head_end.max(offset + n as u64);
-            self.note(offset, n as u64);
+            self.note(offset, n as u64)?;
             return self.write_at(offset + n as u64, &data[n..]);
         }
         let aligned = offset.is_multiple_of(ALIGN as u64)
@@ -128,7 +149,7 @@ impl DiskWriter {
         };
         f.write_all_at(data, offset)
             .map_err(|e| format!("{}: write at offset {offset}: {e}", self.device))?;
-        self.note(offset, data.len() as u64);
+        self.note(offset, data.len() as u64)?;
         Ok(())
     }
 
@@ -157,11 +178,27 @@ impl DiskWriter {
         Ok(())
     }
 
-    fn note(&mut self, offset: u64, len: u64) {
+    /// Remember a written range. Out-of-order writes (a qcow2's clusters arrive in file
+    /// order) are merged now and then, so the list stays small for any image qemu-img
+    /// writes; one fragmented beyond [`MAX_RANGES`] even after merging is refused rather than
+    /// let the list grow with the disk's size.
+    fn note(&mut self, offset: u64, len: u64) -> Result<(), String> {
         match self.written.last_mut() {
             Some((s, l)) if *s + *l == offset => *l += len,
             _ => self.written.push((offset, len)),
         }
+        if self.written.len() >= self.compact_at {
+            self.written = merged(std::mem::take(&mut self.written));
+            if self.written.len() > MAX_RANGES {
+                return Err(format!(
+                    "the image is fragmented into more than {MAX_RANGES} separate written ranges of {}: it cannot be written in bounded memory; convert it with `qemu-img convert -O raw` (or -O qcow2) and deploy that",
+                    self.device
+                ));
+            }
+            // Merge again once the list has doubled: amortised O(n log n) in all.
+            self.compact_at = (self.written.len() * 2).max(COMPACT_AT);
+        }
+        Ok(())
     }
 
     /// Zero every byte of `[0, upto)` that no write covered (unallocated and zero clusters
@@ -336,5 +373,28 @@ mod tests {
         w.wipe_ends().unwrap();
         let got = std::fs::read(&p).unwrap();
         assert!(got.iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn out_of_order_ranges_are_merged_and_stay_few() {
+        assert_eq!(
+            merged(vec![(10, 5), (0, 5), (5, 5), (30, 1), (29, 3)]),
+            vec![(0, 15), (29, 3)]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.img");
+        let n = (COMPACT_AT * 3) as u64;
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(HEAD + n * 512)
+            .unwrap();
+        let t = Target::open(&p).unwrap();
+        let mut w = DiskWriter::open(&t).unwrap();
+        // Sectors past the head, last first: every write is out of order.
+        for i in (0..n).rev() {
+            w.write_at(HEAD + i * 512, &[7u8; 512]).unwrap();
+        }
+        assert!(w.written.len() <= COMPACT_AT, "{}", w.written.len());
+        assert_eq!(merged(w.written.clone()), vec![(HEAD, n * 512)]);
     }
 }
