@@ -124,16 +124,7 @@ fn unsafe_and_mislabelled_images_are_refused_before_writing() -> Result<()> {
     )?;
     let disk = lab.disk("d", 128)?;
     let m = manager(vec![disk.path().to_path_buf()]);
-    let hints = disk.hints();
-    let base = |name: &str| -> Result<WriteImageArgs> {
-        Ok(WriteImageArgs {
-            image_source: lab.server.url_of(name),
-            os_hash_algo: Some("sha256".into()),
-            os_hash_value: Some(sha256_file(&lab.www(name))?),
-            root_device: Some(hints.clone()),
-            ..Default::default()
-        })
-    };
+    let base = |name: &str| lab.args(name, &disk);
     let before = disk.read(0, MIB as usize)?;
     let e = write(&m, &base("backed.qcow2")?).expect_err("refused");
     assert!(e.contains("backing file"), "{e}");
