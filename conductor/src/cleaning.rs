@@ -226,14 +226,10 @@ impl Conductor {
             let driver_steps = bmc.steps(&uuid, &node.driver_info).await;
             let available = steps::available(&agent_steps, &driver_steps);
             // Shown by GET …/clean_steps; kept after the run (not run state).
-            let dii = &mut node.driver_internal_info;
-            dii.insert(
-                "cached_clean_steps".into(),
-                serde_json::to_value(&available).unwrap_or(Value::Null),
-            );
-            dii.insert(
-                "cached_clean_steps_at".into(),
-                json!(Utc::now().to_rfc3339()),
+            rivet_model::internal_info::set_cached_clean_steps(
+                &mut node.driver_internal_info,
+                &available,
+                Utc::now(),
             );
             let planned = if manual {
                 let requested = requested(&node).unwrap_or_default();

@@ -28,8 +28,6 @@ use rivet_protocol::steps::{RequestedDeployStep, StepDescriptor};
 use rivet_store::Node;
 use serde_json::{Map, Value};
 
-/// `driver_internal_info` key of what the last `write_image` reported (kept while `active`).
-pub(crate) const IMAGE_KEY: &str = "deployed_image";
 /// How long `tear_down_agent` waits for the agent to power the machine off itself before
 /// the BMC does it.
 const SOFT_POWER_OFF_WAIT_S: i64 = 30;
@@ -395,8 +393,10 @@ impl Conductor {
                 tracing::info!(node = %uuid, step = %step.step.step, "deploy step succeeded");
                 crate::metrics::step_finished("deploy", step, run.step_started_at);
                 if step.step.step == WRITE_IMAGE {
-                    node.driver_internal_info
-                        .insert(IMAGE_KEY.into(), result.result.clone());
+                    rivet_model::internal_info::set_deployed_image(
+                        &mut node.driver_internal_info,
+                        result.result.clone(),
+                    );
                 }
                 run.index += 1;
                 run.command = None;

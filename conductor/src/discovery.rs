@@ -110,10 +110,7 @@ impl Conductor {
 
         let inventory = serde_json::to_value(&req.inventory).unwrap_or(Value::Null);
         let mut node = rivet_store::Node::new(uuid::Uuid::new_v4().to_string(), cfg.driver.clone());
-        node.driver_internal_info
-            .insert("auto_discovered".into(), Value::Bool(true));
-        node.driver_internal_info
-            .insert("discovered_at".into(), json!(Utc::now().to_rfc3339()));
+        rivet_model::internal_info::mark_discovered(&mut node.driver_internal_info, Utc::now());
         if let Ok(d) = derive::derive(&req.inventory, None) {
             let p = &mut node.properties;
             if d.cpus > 0 {
@@ -197,11 +194,7 @@ impl Conductor {
     /// and the log names the node and its state.
     async fn end_for_known(&self, uuid: &str) -> Result<DiscoveryEnd, StoreError> {
         let node = self.store.get_node(uuid).await?;
-        let discovered = node
-            .driver_internal_info
-            .get("auto_discovered")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let discovered = rivet_model::internal_info::is_auto_discovered(&node.driver_internal_info);
         if discovered && node.provision_state == ProvisionState::Enroll {
             return Ok(self.config.discovery.end);
         }

@@ -375,7 +375,7 @@ impl Conductor {
                 }
                 node.instance_info.clear();
                 node.runs.deploy = None;
-                node.driver_internal_info.remove(deploying::IMAGE_KEY);
+                rivet_model::internal_info::forget_deployed_image(&mut node.driver_internal_info);
                 node.runs.service = None;
                 rescue::clear_run(&mut node);
                 agent::forget_agent_token(&mut node);

@@ -70,24 +70,16 @@ pub(crate) fn cache_driver_steps(
     node: &mut Node,
     driver_steps: &[rivet_protocol::steps::StepDescriptor],
 ) {
-    let agent: Vec<_> = node
-        .driver_internal_info
-        .get("cached_clean_steps")
-        .cloned()
-        .and_then(|v| serde_json::from_value::<Vec<PlannedStep>>(v).ok())
+    let agent: Vec<_> = rivet_model::internal_info::cached_clean_steps(&node.driver_internal_info)
         .unwrap_or_default()
         .into_iter()
         .filter(|p| p.source == super::steps::Source::Agent)
         .map(|p| p.step)
         .collect();
     let available = super::steps::available(&agent, driver_steps);
-    let dii = &mut node.driver_internal_info;
-    dii.insert(
-        "cached_clean_steps".into(),
-        serde_json::to_value(&available).unwrap_or(Value::Null),
-    );
-    dii.insert(
-        "cached_clean_steps_at".into(),
-        serde_json::json!(chrono::Utc::now().to_rfc3339()),
+    rivet_model::internal_info::set_cached_clean_steps(
+        &mut node.driver_internal_info,
+        &available,
+        chrono::Utc::now(),
     );
 }

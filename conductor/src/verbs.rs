@@ -5,6 +5,7 @@ use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use chrono::Utc;
 use rivet_model::fsm::{self, Event};
+use rivet_model::internal_info;
 use rivet_protocol::agent::CommandKind;
 use rivet_protocol::api::ProvisionRequest;
 use rivet_protocol::states::{PowerState, ProvisionState, Verb};
@@ -12,10 +13,6 @@ use rivet_protocol::steps::RequestedStep;
 use rivet_store::{AuditEntry, Node, StoreError};
 use serde_json::Value;
 use std::sync::Arc;
-
-/// driver_internal_info key: the verb and caller that started the node's current operation,
-/// the cause its transitions record in the audit trail.
-const CAUSE_KEY: &str = "provision_cause";
 
 /// At most `max` characters of `s`.
 pub(super) fn truncate_chars(s: &str, max: usize) -> String {
@@ -387,9 +384,9 @@ impl Conductor {
             node.reservation = Some(self.owner_of(&node.uuid));
         }
         // Every transition of the operation this verb starts names it as its cause.
-        node.driver_internal_info.insert(
-            CAUSE_KEY.into(),
-            Value::from(format!("{verb} by {}", truncate_chars(by, 200))),
+        internal_info::set_provision_cause(
+            &mut node.driver_internal_info,
+            format!("{verb} by {}", truncate_chars(by, 200)),
         );
         if verb == Verb::Abort
             && matches!(state, ProvisionState::CleanWait | ProvisionState::CleanHold)
@@ -470,8 +467,7 @@ impl Conductor {
             // A fresh run: the conductor plans it from the default steps and these.
             node.runs.deploy = None;
             node.runs.deploy_request = req.deploy_steps.clone();
-            node.driver_internal_info
-                .remove(super::deploying::IMAGE_KEY);
+            internal_info::forget_deployed_image(&mut node.driver_internal_info);
             node.deploy_step = None;
             node.reservation = Some(self.owner_of(&node.uuid));
         }
@@ -645,9 +641,7 @@ impl Conductor {
         // Without an agent (fake deploy interface) there are no in-band steps to wait for:
         // every requested step is checked now.
         let cached: Option<Vec<PlannedStep>> = if node.interfaces.uses_agent(&node.driver) {
-            node.driver_internal_info
-                .get("cached_clean_steps")
-                .and_then(|v| serde_json::from_value(v.clone()).ok())
+            internal_info::cached_clean_steps(&node.driver_internal_info)
         } else {
             Some(Vec::new())
         };
@@ -877,10 +871,7 @@ impl Conductor {
     /// error when the node failed. A failed insert is a warning, never a failed transition.
     pub(super) async fn record_transition(&self, node: &Node, from: ProvisionState, how: &str) {
         let to = node.provision_state;
-        let origin = node
-            .driver_internal_info
-            .get(CAUSE_KEY)
-            .and_then(Value::as_str);
+        let origin = internal_info::provision_cause(&node.driver_internal_info);
         // A failure event records its error even when the node falls back to a stable state
         // (verifying -> enroll): node history shows it as an ERROR entry.
         let error = node

@@ -8,6 +8,7 @@
 //! - [`steps`]: planned steps, where they run, and Ironic's ordering rules.
 //! - [`interfaces`]: hardware types and the interfaces each enables.
 //! - [`inspection`]: what an inventory says about a node, and the operator's inspection rules.
+//! - [`internal_info`]: the `driver_internal_info` keys Rivet writes, one typed reader and writer each.
 //! - [`records`]: firmware readings and MAC addresses, shared by drivers and store.
 //! - [`config`]: every section of rivetd's configuration file.
 #![warn(missing_docs)]
@@ -16,6 +17,7 @@ pub mod config;
 pub mod fsm;
 pub mod inspection;
 pub mod interfaces;
+pub mod internal_info;
 pub mod records;
 pub mod runs;
 pub mod steps;

@@ -1108,11 +1108,10 @@ async fn clean_steps(
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let node = state.conductor.store.get_node(&ident).await?;
-    let steps = node.driver_internal_info.get("cached_clean_steps").cloned();
-    match steps {
-        Some(steps) => Ok(Json(json!({
+    match rivet_model::internal_info::cached_clean_steps_doc(&node.driver_internal_info) {
+        Some((steps, updated_at)) => Ok(Json(json!({
             "clean_steps": steps,
-            "updated_at": node.driver_internal_info.get("cached_clean_steps_at").cloned().unwrap_or(Value::Null),
+            "updated_at": updated_at,
         }))),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
