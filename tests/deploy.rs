@@ -457,6 +457,41 @@ fn deploy_with_configdrive_then_undeploy() -> Result<()> {
     Ok(())
 }
 
+/// A download cut twice mid-way is resumed by the agent (HTTP Range) and the deploy still
+/// ends `active` with the image's bytes on the disk and the digest over the whole image.
+#[test]
+fn a_download_cut_twice_still_ends_active() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut sc = Scene::new()?;
+    let image = sc.path("cut.raw");
+    make_image(&image, 5)?;
+    let digest = sha256_file(&image)?;
+    sc.set_image(&image, &digest)?;
+    sc.boot()?;
+    sc.images.cut_next(2, 8 * MIB);
+    let ranges = sc.images.range_requests();
+    sc.verb(json!({"target": "active"}))?;
+    let active = sc.state("active", 180)?;
+    assert_eq!(
+        sc.images.range_requests() - ranges,
+        2,
+        "two resumed requests: {}",
+        sc.logs()
+    );
+    let written = &active["driver_internal_info"]["deployed_image"];
+    assert_eq!(written["hash_value"], digest.as_str(), "{active}");
+    assert_eq!(written["image_bytes"], IMAGE_MIB * MIB, "{active}");
+    let want = read_at(&image, 2 * MIB, ((IMAGE_MIB - 4) * MIB) as usize)?;
+    let got = read_at(&sc.disk.path, 2 * MIB, ((IMAGE_MIB - 4) * MIB) as usize)?;
+    assert!(
+        want == got,
+        "the disk does not hold the image after the cuts"
+    );
+    Ok(())
+}
+
 /// A digest mismatch fails the deploy with both digests, powers the node off through its
 /// power interface (history says so) and leaves nothing bootable on a disk that held an old
 /// GPT; fixed, `rebuild` deploys.
