@@ -108,8 +108,9 @@ fn null_column(i: usize) -> StoreError {
     ))
 }
 
-/// How a read is run. SQLite sends reads to its read-only connections and runs long ones
-/// where they cannot hold up a worker thread; PostgreSQL treats them alike.
+/// What a statement does, so an engine can place it: SQLite runs every statement on threads
+/// of its own, a short read on the writer's when it is idle, a scan always on a reader's,
+/// a write on the writer's; PostgreSQL treats them alike. Also the label of its timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     /// A short read by key.

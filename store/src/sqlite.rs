@@ -1,12 +1,15 @@
 //! SQLite engine: one file in WAL mode, migrations embedded and run at open.
 //!
-//! One connection writes (SQLite serialises writers anyway) and a few read-only connections
-//! read beside it: in WAL mode a reader sees the last commit and never waits for the writer,
-//! so the periodic scan reading every waiting node does not hold up heartbeat writes. A call
-//! waits for its connection asynchronously (no thread is held while waiting), then runs on
-//! the worker for tens of microseconds; only listings and scans, which may take long, run
-//! under `block_in_place` so tokio moves the worker's other tasks elsewhere. JSON fields are
-//! stored as text, times as RFC 3339 text with microseconds, flags as 0/1.
+//! Every statement runs on a thread made for blocking, never on a tokio worker: one thread
+//! owns the connection that writes (SQLite serialises writers anyway), a few threads own
+//! read-only connections and share one queue. An async caller hands its statement over and
+//! awaits the answer; nothing waits on a lock on a worker, so a 5 s `busy_timeout` or a WAL
+//! checkpoint stalls one SQLite thread, not the runtime, whatever the call site. In WAL mode a
+//! reader sees the last commit and never waits for the writer, so the periodic scan reading
+//! every waiting node does not hold up heartbeat writes; a short read goes to the writer's
+//! thread when it has nothing queued (its page cache survives its own commits, while a
+//! reader's is emptied by every commit). JSON fields are stored as text, times as RFC 3339
+//! text with microseconds, flags as 0/1.
 //!
 //! The queries themselves are in [`super::queries`]; their `$n` placeholders are SQLite's
 //! `?n`. Each connection gets two SQL functions the queries use: `now()` (this process's
@@ -18,7 +21,9 @@ use super::StoreError;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::types::Value as Cell;
 use rusqlite::Connection;
-use tokio::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 
 /// The schema version this build knows (store/migrations.rs holds the migrations).
 pub use super::migrations::SCHEMA_VERSION;
@@ -26,16 +31,54 @@ pub use super::migrations::SCHEMA_VERSION;
 /// The SQLite store.
 pub type SqliteStore = SqlStore<SqliteEngine>;
 
+/// A statement to run on a SQLite thread, with the connection that thread owns.
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
 /// The SQLite engine.
 pub struct SqliteEngine {
-    /// The one connection that writes.
-    conn: Mutex<Connection>,
-    /// Read-only connections (none: reads go to the writer).
-    pub(crate) readers: Vec<Mutex<Connection>>,
-    /// Where the next read starts looking for a free reader.
-    next_reader: std::sync::atomic::AtomicUsize,
+    /// The writer thread's queue.
+    writer: Sender<Job>,
+    /// Jobs queued or running on the writer thread.
+    writer_load: Arc<AtomicUsize>,
+    /// The reader threads' shared queue (none: reads go to the writer).
+    readers: Option<Sender<Job>>,
+    /// How many reader threads there are (the tests check the default).
+    #[cfg(test)]
+    reader_threads: usize,
     /// The database file, for messages.
     path: String,
+}
+
+/// Run jobs from `queue` on `conn` until every sender is gone. A job that panics takes only
+/// itself down: its caller hears that the statement failed, the thread keeps serving.
+fn serve(mut conn: Connection, queue: Arc<Mutex<Receiver<Job>>>, load: Option<Arc<AtomicUsize>>) {
+    loop {
+        let job = {
+            let Ok(rx) = queue.lock() else { return };
+            match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            }
+        };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)));
+        if let Some(load) = &load {
+            load.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Start a thread named `name` serving `queue` on `conn`.
+fn start(
+    name: String,
+    conn: Connection,
+    queue: Arc<Mutex<Receiver<Job>>>,
+    load: Option<Arc<AtomicUsize>>,
+) -> Result<(), StoreError> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || serve(conn, queue, load))
+        .map(|_| ())
+        .map_err(|e| StoreError::Backend(format!("cannot start a SQLite thread: {e}")))
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -201,13 +244,35 @@ impl SqlStore<SqliteEngine> {
         migrate(&conn)?;
         let in_memory = path.is_empty() || path == ":memory:" || path.contains("mode=memory");
         let readers = if in_memory { 0 } else { readers };
-        let readers = (0..readers)
-            .map(|_| connect_reader(path).map(Mutex::new))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (writer, queue) = channel::<Job>();
+        let writer_load = Arc::new(AtomicUsize::new(0));
+        start(
+            "sqlite-writer".into(),
+            conn,
+            Arc::new(Mutex::new(queue)),
+            Some(writer_load.clone()),
+        )?;
+        let reader_queue = if readers > 0 {
+            let (tx, rx) = channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..readers {
+                start(
+                    format!("sqlite-reader-{i}"),
+                    connect_reader(path)?,
+                    rx.clone(),
+                    None,
+                )?;
+            }
+            Some(tx)
+        } else {
+            None
+        };
         let engine = SqliteEngine {
-            conn: Mutex::new(conn),
-            readers,
-            next_reader: std::sync::atomic::AtomicUsize::new(0),
+            writer,
+            writer_load,
+            readers: reader_queue,
+            #[cfg(test)]
+            reader_threads: readers,
             path: path.to_string(),
         };
         Ok(SqlStore::new(engine, secrets))
@@ -215,60 +280,63 @@ impl SqlStore<SqliteEngine> {
 }
 
 impl SqliteEngine {
-    /// Run `f` on the writer connection, waiting for it asynchronously: a write holds it for
-    /// tens of microseconds, and a waiting request must not hold a thread (under a burst of
-    /// thousands of requests, waits that each block a thread made tokio start a thread per
-    /// waiter).
-    async fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
-        let mut conn = self.conn.lock().await;
-        f(&mut conn)
-    }
-
-    /// Run `f` (a short read) on the writer when it is free, else on a free reader, else
-    /// wait for a reader. The writer first: its page cache survives its own commits, while a
-    /// reader's is emptied by every commit (at thousands of heartbeat writes a second, every
-    /// read on a reader starts cold).
-    async fn read<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
-        if self.readers.is_empty() {
-            return self.with(f).await;
+    /// Run `f` on a SQLite thread through `queue` and await its answer.
+    async fn on<T: Send + 'static>(
+        &self,
+        queue: &Sender<Job>,
+        load: Option<&Arc<AtomicUsize>>,
+        f: impl FnOnce(&mut Connection) -> T + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |c| {
+            let _ = tx.send(f(c));
+        });
+        if let Some(load) = load {
+            load.fetch_add(1, Ordering::AcqRel);
         }
-        if let Ok(mut conn) = self.conn.try_lock() {
-            return f(&mut conn);
-        }
-        let mut conn = self.reader().await;
-        f(&mut conn)
-    }
-
-    /// Run `f` (a read that may take long: a listing, a scan of every waiting node) on a
-    /// reader, under `block_in_place` so the worker's other tasks move on meanwhile.
-    async fn read_long<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
-        let mut conn = if self.readers.is_empty() {
-            self.conn.lock().await
-        } else {
-            self.reader().await
-        };
-        blocking(|| f(&mut conn))
-    }
-
-    /// A reader: one that is free now, trying each once from a rotating start, else the
-    /// next one in turn, waited for. Needs at least one reader.
-    async fn reader(&self) -> MutexGuard<'_, Connection> {
-        let n = self.readers.len();
-        let start = self
-            .next_reader
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        for i in 0..n {
-            if let Ok(conn) = self.readers[(start + i) % n].try_lock() {
-                return conn;
+        if queue.send(job).is_err() {
+            if let Some(load) = load {
+                load.fetch_sub(1, Ordering::AcqRel);
             }
+            return Err(self.stopped());
         }
-        self.readers[start % n].lock().await
+        rx.await.map_err(|_| self.stopped())
+    }
+
+    fn stopped(&self) -> StoreError {
+        StoreError::Backend(format!(
+            "SQLite {}: the statement's thread stopped (a panic in the statement; see the log)",
+            self.path
+        ))
+    }
+
+    /// Run `f` on the writer's thread.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> T + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.on(&self.writer, Some(&self.writer_load), f).await
+    }
+
+    /// Run `f` (a read) on the writer's thread when nothing is queued there and `short`,
+    /// else on a reader thread (the writer's when there are none).
+    async fn read<T: Send + 'static>(
+        &self,
+        short: bool,
+        f: impl FnOnce(&mut Connection) -> T + Send + 'static,
+    ) -> Result<T, StoreError> {
+        match &self.readers {
+            Some(readers) if !(short && self.writer_load.load(Ordering::Acquire) == 0) => {
+                self.on(readers, None, f).await
+            }
+            _ => self.write(f).await,
+        }
     }
 }
 
 /// Run `sql` on `c` and collect its rows.
 fn query(c: &mut Connection, sql: &str, args: Vec<Arg>) -> Result<Vec<SqliteRow>, rusqlite::Error> {
-    let mut st = c.prepare_cached(&numbered(sql))?;
+    let mut st = c.prepare_cached(sql)?;
     let width = st.column_count();
     let mut rows = st.query(rusqlite::params_from_iter(args.into_iter().map(cell)))?;
     let mut out = Vec::new();
@@ -295,27 +363,30 @@ impl Engine for SqliteEngine {
         sql: &str,
         args: Vec<Arg>,
     ) -> Result<Vec<SqliteRow>, StoreError> {
+        let sql = numbered(sql);
         let r = match access {
-            Access::Read => self.read(|c| query(c, sql, args)).await,
-            Access::Scan => self.read_long(|c| query(c, sql, args)).await,
+            Access::Read => self.read(true, move |c| query(c, &sql, args)).await?,
+            Access::Scan => self.read(false, move |c| query(c, &sql, args)).await?,
             Access::Write => {
-                self.with(|c| query(c, sql, args).inspect_err(|_| settle(c)))
-                    .await
+                self.write(move |c| query(c, &sql, args).inspect_err(|_| settle(c)))
+                    .await?
             }
         };
         r.map_err(|e| fault(&self.path, e))
     }
 
     async fn execute(&self, sql: &str, args: Vec<Arg>) -> Result<u64, ExecError> {
+        let sql = numbered(sql);
         let r = self
-            .with(|c| {
-                c.prepare_cached(&numbered(sql))
+            .write(move |c| {
+                c.prepare_cached(&sql)
                     .and_then(|mut st| {
                         st.execute(rusqlite::params_from_iter(args.into_iter().map(cell)))
                     })
                     .inspect_err(|_| settle(c))
             })
-            .await;
+            .await
+            .map_err(ExecError::Store)?;
         match r {
             Ok(n) => Ok(n as u64),
             Err(e) => Err(match unique_violation(&e) {
@@ -323,18 +394,6 @@ impl Engine for SqliteEngine {
                 None => ExecError::Store(fault(&self.path, e)),
             }),
         }
-    }
-}
-
-/// Run `f`, which blocks on the disk for long: under `block_in_place` on the multi-thread
-/// runtime, so the worker's other tasks move to another thread; inline where
-/// that is not possible (a current-thread runtime, or no runtime).
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
     }
 }
 
@@ -456,7 +515,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn readers_see_every_commit_at_once() {
         let (_dir, s) = store();
-        assert_eq!(s.engine.readers.len(), 4);
+        assert_eq!(s.engine.reader_threads, 4);
         let s = std::sync::Arc::new(s);
         let mut tasks = Vec::new();
         for t in 0..8 {
@@ -484,11 +543,48 @@ mod tests {
         }
         let all = s.list_nodes(&NodeQuery::default()).await.expect("list");
         assert_eq!(all.len(), 200);
-        let refused = s.engine.readers[0]
-            .lock()
+        let readers = s.engine.readers.as_ref().expect("readers");
+        let refused = s
+            .engine
+            .on(readers, None, |c| c.execute("DELETE FROM nodes", []))
             .await
-            .execute("DELETE FROM nodes", []);
+            .expect("a reader thread answers");
         assert!(refused.is_err(), "a reader could write");
+    }
+
+    /// A slow statement runs on a SQLite thread: on a one-worker runtime, another task keeps
+    /// running meanwhile (run on the worker, the statement would stall it, ticks and all).
+    #[tokio::test]
+    async fn a_slow_statement_does_not_stall_the_runtime() {
+        let (_dir, s) = store();
+        let ticks = std::sync::Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        tokio::task::yield_now().await;
+        let sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                   WHERE x < 3000000) SELECT count(*) FROM c";
+        for access in [Access::Read, Access::Scan, Access::Write] {
+            let before = ticks.load(Ordering::Relaxed);
+            let started = std::time::Instant::now();
+            s.engine.rows(access, sql, vec![]).await.expect("count");
+            let took = started.elapsed();
+            let ticked = ticks.load(Ordering::Relaxed) - before;
+            // A 5 ms timer on an idle runtime ticks many times during a statement this long;
+            // a stalled one not at all.
+            let expected = (took.as_millis() / 5 / 4) as usize;
+            assert!(
+                took.as_millis() >= 40 && ticked >= expected.max(2),
+                "{access:?}: {ticked} ticks during a {took:?} statement"
+            );
+        }
+        ticker.abort();
     }
 
     #[tokio::test]
