@@ -406,12 +406,22 @@ fn an_image_that_cannot_fit_is_refused_with_the_disk_untouched() -> Result<()> {
         );
         assert!(snapshot(&disk)? == before, "{name}: the disk changed");
     }
-    // The image fits, but not with the configdrive's 64 MiB partition.
-    let mut args = lab.args("img.raw", &disk)?;
+    // On a 25 MiB disk the 24 MiB image fits, but not with its configdrive's partition.
+    let small = lab.disk("small", 25)?;
+    let m = manager(vec![small.path().to_path_buf()]);
+    let before = snapshot(&small)?;
+    let mut args = lab.args("img.raw", &small)?;
     args.configdrive = Some(configdrive_b64(&lab)?);
     let e = write(&m, &args).expect_err("no room for the configdrive");
     assert!(e.contains("for the configdrive"), "{e}");
-    assert!(snapshot(&disk)? == before, "the disk changed");
+    assert!(snapshot(&small)? == before, "the disk changed");
+    // On the 40 MiB disk both fit: the config-2 partition shrinks to what the ISO needs.
+    let m = manager(vec![disk.path().to_path_buf()]);
+    let mut args = lab.args("img.raw", &disk)?;
+    args.configdrive = Some(configdrive_b64(&lab)?);
+    let r = write(&m, &args).map_err(anyhow::Error::msg)?;
+    assert!(r.configdrive_partition.is_some());
+    check_image(&disk, &lab.raw)?;
     Ok(())
 }
 

@@ -665,7 +665,14 @@ impl DeployManager {
                 ),
             },
         };
-        let cd = plan.configdrive_len.map(|l| l.max(64 << 20)).unwrap_or(0);
+        // The config-2 partition shrinks below its usual 64 MiB on a small disk as long as the
+        // ISO fits (gpt::config_partition): what must fit is the ISO, MiB-aligned, plus a MiB
+        // for the partition's alignment and the backup GPT behind it.
+        const MIB: u64 = 1 << 20;
+        let cd = plan
+            .configdrive_len
+            .map(|l| l.div_ceil(MIB) * MIB + MIB)
+            .unwrap_or(0);
         if let Some(needed) = needed {
             if needed.saturating_add(cd) > target.size {
                 let with = if cd > 0 {
