@@ -3,11 +3,13 @@
 //! an oversize body is a 413 naming the limit.
 
 use super::ApiError;
+use crate::store::normalize_mac;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use rivet_protocol::limits::Limited;
 use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 
 /// A JSON request body of type `T`, parsed under `T`'s limits.
 pub struct JsonBody<T>(pub T);
@@ -33,4 +35,94 @@ impl<T: DeserializeOwned + Limited, S: Send + Sync> FromRequest<S> for JsonBody<
 /// Parse bytes as `T` under `T`'s limits, with field-naming errors.
 pub fn parse<T: DeserializeOwned + Limited>(bytes: &[u8]) -> Result<T, ApiError> {
     rivet_protocol::limits::parse(bytes).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+// ------------------------------------------------- the field checks of Ironic's schemas
+
+/// A UUID in a path, query or body: anything else is a 400, as Ironic's `args.uuid`.
+pub(super) fn check_uuid(what: &str, v: &str) -> Result<String, ApiError> {
+    uuid::Uuid::parse_str(v)
+        .map(|u| u.to_string())
+        .map_err(|_| ApiError::bad_request(format!("Expected UUID for {what}: {v}")))
+}
+
+/// A MAC as Ironic's `args.mac_address` takes it (lower-cased).
+pub(super) fn mac(address: &str) -> Result<String, ApiError> {
+    normalize_mac(address).ok_or_else(|| {
+        ApiError::bad_request(format!("Expected a MAC address but received {address}."))
+    })
+}
+
+/// Ironic's `args.boolean`: a JSON boolean or one of its strings.
+pub(super) fn boolean(name: &str, v: &Value) -> Result<bool, ApiError> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "true" | "1" | "t" | "yes" | "y" | "on" => Ok(true),
+            "false" | "0" | "f" | "no" | "n" | "off" => Ok(false),
+            _ => Err(ApiError::bad_request(format!(
+                "Invalid {name}: unrecognized value '{s}', acceptable values are: '0', '1', \
+                 'f', 'false', 'n', 'no', 'off', 'on', 't', 'true', 'y', 'yes'"
+            ))),
+        },
+        other => Err(ApiError::bad_request(format!(
+            "{other} is not of type 'string', 'boolean', 'null'"
+        ))),
+    }
+}
+
+/// An optional string field of at most `max` characters (`None` for absent or null).
+pub(super) fn opt_string(
+    doc: &Map<String, Value>,
+    key: &str,
+    max: Option<usize>,
+) -> Result<Option<String>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => {
+            if let Some(max) = max {
+                if s.chars().count() > max {
+                    return Err(ApiError::bad_request(format!(
+                        "'{s}' is too long: {key} is {} characters; at most {max} are allowed",
+                        s.chars().count()
+                    )));
+                }
+            }
+            Ok(Some(s.clone()))
+        }
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{other} is not of type 'string', 'null' ({key})"
+        ))),
+    }
+}
+
+/// An object field (`{}` for absent or null).
+pub(super) fn opt_object(
+    doc: &Map<String, Value>,
+    key: &str,
+) -> Result<Map<String, Value>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(m)) => Ok(m.clone()),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{other} is not of type 'object', 'null' ({key})"
+        ))),
+    }
+}
+
+/// Ironic's `is_valid_logical_name`: RFC 3986 unreserved characters, at most 255.
+pub(super) fn check_logical_name(kind: &str, name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "Cannot use invalid name '{name}' for a {kind}: use 1-255 characters from \
+             A-Z a-z 0-9 - . _ ~"
+        )))
+    }
 }
