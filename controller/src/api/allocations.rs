@@ -2,18 +2,18 @@
 //! allocation (`/v1/nodes/{node}/allocation`). The conductor picks the node
 //! (`conductor::allocations`); here requests are checked and answered as Ironic does.
 
-use super::render::{base_url, links, parse_fields, select, time};
-use super::resource::{self, fetch, Access, Page, Parent, Resource};
+use super::body::{at_most, is_logical_name, object_in, string_in, Named};
+use super::render::{base_url, document, parse_fields, select};
+use super::resource::{self, fetch, page_of, paged, Access, Listing, Page, Patched, Resource};
 use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::allocations::alloc_state;
-use crate::store::{Allocation, AllocationQuery, SortDir, StoreError, ALLOCATION_SORT_KEYS};
+use crate::store::{Allocation, AllocationQuery, StoreError, ALLOCATION_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -40,7 +40,8 @@ fn not_acceptable(what: &str) -> ApiError {
 
 /// The allocation document at `version`.
 fn doc(a: &Allocation, base: &str, version: (u32, u32)) -> Map<String, Value> {
-    let mut m = match json!({
+    let mut m = document(
+        json!({
         "uuid": a.uuid,
         "name": a.name,
         "node_uuid": a.node_uuid,
@@ -51,33 +52,27 @@ fn doc(a: &Allocation, base: &str, version: (u32, u32)) -> Map<String, Value> {
         "traits": a.traits,
         "extra": a.extra,
         "owner": a.owner,
-        "created_at": time(&Some(a.created_at)),
-        "updated_at": time(&a.updated_at),
-        "links": links(base, "allocations", &a.uuid),
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
+        }),
+        base,
+        "allocations",
+        &a.uuid,
+        a.created_at,
+        a.updated_at,
+    );
     if version < OWNER_SINCE {
         m.remove("owner");
     }
     m
 }
 
-/// Ironic's `is_valid_logical_name`: RFC 3986 unreserved characters, at most 255.
+/// A logical name, in the words of the allocation API.
 fn check_name(name: &str, action: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "Cannot {action} allocation with invalid name '{name}'"
-        )))
+    if is_logical_name(name) {
+        return Ok(());
     }
+    Err(ApiError::bad_request(format!(
+        "Cannot {action} allocation with invalid name '{name}'"
+    )))
 }
 
 /// A node named in a request: its UUID; 400 when there is none (Ironic's NodeNotFound as a
@@ -92,13 +87,7 @@ async fn node_uuid_of(state: &AppState, ident: &str) -> ApiResult<crate::store::
 }
 
 fn opt_string(doc: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "{other} is not of type 'string', 'null' (field {key})"
-        ))),
-    }
+    string_in(doc, key, Named::Field)
 }
 
 fn string_list(doc: &Map<String, Value>, key: &str) -> Result<Vec<String>, ApiError> {
@@ -170,11 +159,9 @@ pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Allocation;
-    type Query = AllocationQuery;
     type ShowQuery = listing::ShowParams;
     type Body = Value;
     const PATH: &'static str = "allocations";
-    const KEY: &'static str = "allocations";
     const NAME: &'static str = "Allocation";
     const DETAIL_ROUTE: bool = false;
     const SINCE: (u32, u32) = SINCE;
@@ -192,11 +179,8 @@ impl Resource for Api {
         "fields",
     ];
     const SORT_KEYS: &'static [&'static str] = ALLOCATION_SORT_KEYS;
+    const PATCHABLE: &'static [&'static str] = &["name", "extra"];
     const UNSORTABLE: &'static [&'static str] = &["extra", "candidate_nodes", "traits"];
-
-    fn uuid(a: &Allocation) -> &str {
-        &a.uuid
-    }
 
     fn doc(a: &Allocation, base: &str, version: (u32, u32)) -> Map<String, Value> {
         doc(a, base, version)
@@ -235,12 +219,9 @@ impl Resource for Api {
         too_old(version, access)
     }
 
-    fn check_list(
-        params: &HashMap<String, String>,
-        version: (u32, u32),
-        _parent: Option<&Parent>,
-        _path: &str,
-    ) -> ApiResult<()> {
+    fn check_list(l: &Listing<'_>) -> ApiResult<()> {
+        let params = l.params;
+        let version = l.version;
         if params.contains_key("owner") && version < OWNER_SINCE {
             return Err(not_acceptable("the owner filter"));
         }
@@ -267,31 +248,22 @@ impl Resource for Api {
         Ok(fetch::<Self>(state, marker, Access::Read).await?.uuid)
     }
 
-    async fn query(
-        state: &AppState,
-        params: &HashMap<String, String>,
-        _version: (u32, u32),
-        _parent: Option<&Parent>,
-        page: Page,
-    ) -> ApiResult<AllocationQuery> {
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Allocation>> {
+        let params = l.params;
         let node_uuid = match params.get("node") {
             Some(n) => Some(node_uuid_of(state, n).await?.uuid),
             None => None,
         };
-        Ok(AllocationQuery {
-            limit: page.limit,
-            marker: page.marker,
-            sort_key: page.sort_key,
-            sort_dir: page.sort_dir.unwrap_or(SortDir::Asc),
-            node_uuid,
-            resource_class: params.get("resource_class").cloned(),
-            state: params.get("state").cloned(),
-            owner: params.get("owner").cloned(),
-        })
-    }
-
-    async fn list(state: &AppState, q: &AllocationQuery) -> Result<Vec<Allocation>, StoreError> {
-        state.conductor.store.list_allocations(q).await
+        let q = paged!(
+            AllocationQuery {
+                node_uuid,
+                resource_class: params.get("resource_class").cloned(),
+                state: params.get("state").cloned(),
+                owner: params.get("owner").cloned(),
+            },
+            page
+        );
+        page_of::<Self, _>(state.conductor.store.list_allocations(&q).await)
     }
 
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Allocation> {
@@ -310,32 +282,11 @@ impl Resource for Api {
         if let Some(n) = &name {
             check_name(n, "create")?;
         }
-        let resource_class = opt_string(&body, "resource_class")?;
-        if resource_class
-            .as_ref()
-            .is_some_and(|r| r.chars().count() > 80)
-        {
-            return Err(ApiError::bad_request(
-                "resource_class is too long: at most 80 characters are allowed",
-            ));
-        }
+        let resource_class = at_most("resource_class", opt_string(&body, "resource_class")?, 80)?;
         let traits = string_list(&body, "traits")?;
         check_traits(&traits)?;
-        let owner = opt_string(&body, "owner")?;
-        if owner.as_ref().is_some_and(|o| o.chars().count() > 255) {
-            return Err(ApiError::bad_request(
-                "owner is too long: at most 255 characters are allowed",
-            ));
-        }
-        let extra = match body.get("extra") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m.clone(),
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "{other} is not of type 'object', 'null' (field extra)"
-                )))
-            }
-        };
+        let owner = at_most("owner", opt_string(&body, "owner")?, 255)?;
+        let extra = object_in(&body, "extra", Named::Field)?;
         let node = match opt_string(&body, "node")? {
             Some(_) if version < BACKFILL_SINCE => {
                 return Err(ApiError::bad_request(
@@ -391,34 +342,13 @@ impl Resource for Api {
         Ok(saved)
     }
 
-    fn patch_doc(a: &Allocation, _version: (u32, u32)) -> ApiResult<Value> {
-        Ok(json!({ "name": a.name, "extra": a.extra }))
-    }
-
-    fn patchable(_version: (u32, u32)) -> Vec<&'static str> {
-        vec!["name", "extra"]
-    }
-
-    async fn patched(
-        state: &AppState,
-        a: Allocation,
-        d: Map<String, Value>,
-        _ops: &[PatchOp],
-        _version: (u32, u32),
-    ) -> ApiResult<Allocation> {
+    async fn patched(state: &AppState, a: Allocation, p: Patched<'_>) -> ApiResult<Allocation> {
+        let d = p.doc;
         let name = opt_string(&d, "name")?;
         if let Some(n) = &name {
             check_name(n, "update")?;
         }
-        let extra = match d.get("extra") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m.clone(),
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "{other} is not of type 'object', 'null' (field extra)"
-                )))
-            }
-        };
+        let extra = object_in(&d, "extra", Named::Field)?;
         Ok(state
             .conductor
             .store

@@ -1,6 +1,8 @@
 //! Strict JSON bodies: a syntax error, an unknown field, a wrong type or a broken limit (depth,
 //! string length, steps per request — `rivet_protocol::limits`) is a 400 that names the field;
-//! an oversize body is a 413 naming the limit.
+//! an oversize body is a 413 naming the limit. The checks of a body's fields that Ironic's
+//! schemas make (UUIDs, MACs, booleans, strings, objects, logical names) are here too, for
+//! every resource's body.
 
 use super::ApiError;
 use crate::store::normalize_mac;
@@ -71,29 +73,86 @@ pub(super) fn boolean(name: &str, v: &Value) -> Result<bool, ApiError> {
     }
 }
 
+/// How a resource's messages name a body field: Ironic's schema errors read differently
+/// per resource (`… (extra)`, `… (field extra)`, or without the name).
+#[derive(Clone, Copy)]
+pub(super) enum Named {
+    Key,
+    Field,
+    Bare,
+}
+
+fn type_error(other: &Value, types: &str, key: &str, named: Named) -> ApiError {
+    let name = match named {
+        Named::Key => format!(" ({key})"),
+        Named::Field => format!(" (field {key})"),
+        Named::Bare => String::new(),
+    };
+    ApiError::bad_request(format!("{other} is not of type {types}{name}"))
+}
+
+/// A string field (`None` for absent or null).
+pub(super) fn string_in(
+    doc: &Map<String, Value>,
+    key: &str,
+    named: Named,
+) -> Result<Option<String>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(type_error(other, "'string', 'null'", key, named)),
+    }
+}
+
+/// An object field (`{}` for absent or null).
+pub(super) fn object_in(
+    doc: &Map<String, Value>,
+    key: &str,
+    named: Named,
+) -> Result<Map<String, Value>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(m)) => Ok(m.clone()),
+        Some(other) => Err(type_error(other, "'object', 'null'", key, named)),
+    }
+}
+
+/// A string of at most `max` characters, in Ironic's schema words.
+pub(super) fn check_length(key: &str, s: &str, max: usize) -> Result<(), ApiError> {
+    let n = s.chars().count();
+    if n > max {
+        return Err(ApiError::bad_request(format!(
+            "'{s}' is too long: {key} is {n} characters; at most {max} are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// A string of at most `max` characters, in the words of the allocation and template APIs.
+pub(super) fn at_most(
+    key: &str,
+    v: Option<String>,
+    max: usize,
+) -> Result<Option<String>, ApiError> {
+    if v.as_ref().is_some_and(|s| s.chars().count() > max) {
+        return Err(ApiError::bad_request(format!(
+            "{key} is too long: at most {max} characters are allowed"
+        )));
+    }
+    Ok(v)
+}
+
 /// An optional string field of at most `max` characters (`None` for absent or null).
 pub(super) fn opt_string(
     doc: &Map<String, Value>,
     key: &str,
     max: Option<usize>,
 ) -> Result<Option<String>, ApiError> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => {
-            if let Some(max) = max {
-                if s.chars().count() > max {
-                    return Err(ApiError::bad_request(format!(
-                        "'{s}' is too long: {key} is {} characters; at most {max} are allowed",
-                        s.chars().count()
-                    )));
-                }
-            }
-            Ok(Some(s.clone()))
-        }
-        Some(other) => Err(ApiError::bad_request(format!(
-            "{other} is not of type 'string', 'null' ({key})"
-        ))),
+    let v = string_in(doc, key, Named::Key)?;
+    if let (Some(s), Some(max)) = (&v, max) {
+        check_length(key, s, max)?;
     }
+    Ok(v)
 }
 
 /// An object field (`{}` for absent or null).
@@ -101,23 +160,21 @@ pub(super) fn opt_object(
     doc: &Map<String, Value>,
     key: &str,
 ) -> Result<Map<String, Value>, ApiError> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(Map::new()),
-        Some(Value::Object(m)) => Ok(m.clone()),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "{other} is not of type 'object', 'null' ({key})"
-        ))),
-    }
+    object_in(doc, key, Named::Key)
 }
 
 /// Ironic's `is_valid_logical_name`: RFC 3986 unreserved characters, at most 255.
-pub(super) fn check_logical_name(kind: &str, name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
+pub(super) fn is_logical_name(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= 255
         && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c));
-    if ok {
+            .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
+}
+
+/// A name that [`is_logical_name`], or a 400 naming the `kind` of resource.
+pub(super) fn check_logical_name(kind: &str, name: &str) -> Result<(), ApiError> {
+    if is_logical_name(name) {
         Ok(())
     } else {
         Err(ApiError::bad_request(format!(

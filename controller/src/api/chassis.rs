@@ -1,18 +1,19 @@
 //! `/v1/chassis`: Ironic's grouping of nodes (API 1.1), and the nodes of a chassis.
 
-use super::body::check_uuid;
+use super::body::{check_length, check_uuid, object_in, string_in, Named};
 use super::nodes;
-use super::render::{links, time};
-use super::resource::{self, fetch, found, Access, Page, Parent, Resource};
+use super::render::{document, links};
+use super::resource::{
+    self, fetch, found, page_of, paged, Access, Listing, Page, Patched, Resource,
+};
 use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
-use crate::store::{Chassis, ChassisQuery, SortDir, StoreError, CHASSIS_SORT_KEYS};
+use crate::store::{Chassis, ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -20,9 +21,12 @@ pub fn routes() -> Router<AppState> {
     resource::routes::<Api>()
         .route(
             "/v1/chassis/{uuid}/nodes",
-            get(chassis_nodes).delete(no_nodes_delete),
+            get(chassis_nodes::<false>).delete(no_nodes_delete),
         )
-        .route("/v1/chassis/{uuid}/nodes/detail", get(chassis_nodes_detail))
+        .route(
+            "/v1/chassis/{uuid}/nodes/detail",
+            get(chassis_nodes::<true>),
+        )
 }
 
 /// Fields a chassis listing shows without `detail` (Ironic's DEFAULT_RETURN_FIELDS, and links).
@@ -34,49 +38,29 @@ const MAX_DESCRIPTION: usize = 255;
 /// The chassis document.
 fn chassis_full(c: &Chassis, base: &str) -> Map<String, Value> {
     let nodes = format!("{}/nodes", c.uuid);
-    let v = json!({
+    document(
+        json!({
         "uuid": c.uuid,
         "description": c.description,
         "extra": c.extra,
-        "created_at": time(&Some(c.created_at)),
-        "updated_at": time(&c.updated_at),
-        "links": links(base, "chassis", &c.uuid),
         "nodes": links(base, "chassis", &nodes),
-    });
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+        }),
+        base,
+        "chassis",
+        &c.uuid,
+        c.created_at,
+        c.updated_at,
+    )
 }
 
 /// `description` and `extra` of a body or patched document, checked as Ironic's
 /// CHASSIS_SCHEMA checks them.
 fn fields_of(doc: &Map<String, Value>) -> Result<(Option<String>, Map<String, Value>), ApiError> {
-    let description = match doc.get("description") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.chars().count() > MAX_DESCRIPTION => {
-            return Err(ApiError::bad_request(format!(
-                "'{s}' is too long: description is {} characters; at most {MAX_DESCRIPTION} are allowed",
-                s.chars().count()
-            )))
-        }
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'string', 'null'"
-            )))
-        }
-    };
-    let extra = match doc.get("extra") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'object', 'null'"
-            )))
-        }
-    };
-    Ok((description, extra))
+    let description = string_in(doc, "description", Named::Bare)?;
+    if let Some(d) = &description {
+        check_length("description", d, MAX_DESCRIPTION)?;
+    }
+    Ok((description, object_in(doc, "extra", Named::Bare)?))
 }
 
 /// The chassis collection.
@@ -84,11 +68,9 @@ pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Chassis;
-    type Query = ChassisQuery;
     type ShowQuery = listing::ShowParams;
     type Body = Value;
     const PATH: &'static str = "chassis";
-    const KEY: &'static str = "chassis";
     const NAME: &'static str = "Chassis";
     const IDENT: &'static str = "uuid";
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
@@ -96,10 +78,7 @@ impl Resource for Api {
         "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
     ];
     const SORT_KEYS: &'static [&'static str] = CHASSIS_SORT_KEYS;
-
-    fn uuid(c: &Chassis) -> &str {
-        &c.uuid
-    }
+    const PATCHABLE: &'static [&'static str] = &["description", "extra"];
 
     fn doc(c: &Chassis, base: &str, _version: (u32, u32)) -> Map<String, Value> {
         chassis_full(c, base)
@@ -125,23 +104,9 @@ impl Resource for Api {
         state.conductor.store.get_chassis(uuid).await
     }
 
-    async fn query(
-        _state: &AppState,
-        _params: &HashMap<String, String>,
-        _version: (u32, u32),
-        _parent: Option<&Parent>,
-        page: Page,
-    ) -> ApiResult<ChassisQuery> {
-        Ok(ChassisQuery {
-            limit: page.limit,
-            marker: page.marker,
-            sort_key: page.sort_key,
-            sort_dir: page.sort_dir.unwrap_or(SortDir::Asc),
-        })
-    }
-
-    async fn list(state: &AppState, q: &ChassisQuery) -> Result<Vec<Chassis>, StoreError> {
-        state.conductor.store.list_chassis(q).await
+    async fn list(state: &AppState, _l: &Listing<'_>, page: Page) -> ApiResult<Vec<Chassis>> {
+        let q = paged!(ChassisQuery {}, page);
+        page_of::<Self, _>(state.conductor.store.list_chassis(&q).await)
     }
 
     async fn create(state: &AppState, body: Value, _version: (u32, u32)) -> ApiResult<Chassis> {
@@ -175,24 +140,8 @@ impl Resource for Api {
         Ok(state.conductor.store.create_chassis(&chassis).await?)
     }
 
-    fn patch_doc(c: &Chassis, _version: (u32, u32)) -> ApiResult<Value> {
-        Ok(json!({
-            "description": c.description,
-            "extra": c.extra,
-        }))
-    }
-
-    fn patchable(_version: (u32, u32)) -> Vec<&'static str> {
-        vec!["description", "extra"]
-    }
-
-    async fn patched(
-        state: &AppState,
-        c: Chassis,
-        doc: Map<String, Value>,
-        _ops: &[PatchOp],
-        _version: (u32, u32),
-    ) -> ApiResult<Chassis> {
+    async fn patched(state: &AppState, c: Chassis, p: Patched<'_>) -> ApiResult<Chassis> {
+        let doc = p.doc;
         let (description, extra) = fields_of(&doc)?;
         let new = Chassis {
             description,
@@ -214,14 +163,14 @@ impl Resource for Api {
     }
 }
 
-/// The node listing of `/v1/nodes` limited to the chassis (404 when there is none).
-async fn nodes_of(
-    state: AppState,
+/// `GET /v1/chassis/{uuid}/nodes` (`DETAIL`: its `/detail`): the node listing of
+/// `/v1/nodes` limited to the chassis (404 when there is none).
+async fn chassis_nodes<const DETAIL: bool>(
+    State(state): State<AppState>,
     headers: HeaderMap,
     version: Version,
-    uuid: String,
-    mut params: HashMap<String, String>,
-    detail: bool,
+    Path(uuid): Path<String>,
+    Query(mut params): Query<HashMap<String, String>>,
 ) -> ApiResult<super::node_json::JsonBytes> {
     let chassis = fetch::<Api>(&state, &uuid, Access::Read).await?;
     if params.contains_key("chassis_uuid") {
@@ -230,27 +179,7 @@ async fn nodes_of(
         ));
     }
     params.insert("chassis_uuid".into(), chassis.uuid);
-    nodes::list_inner(&state, &headers, ver(&version), params, detail).await
-}
-
-async fn chassis_nodes(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(uuid): Path<String>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<super::node_json::JsonBytes> {
-    nodes_of(state, headers, version, uuid, params, false).await
-}
-
-async fn chassis_nodes_detail(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(uuid): Path<String>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<super::node_json::JsonBytes> {
-    nodes_of(state, headers, version, uuid, params, true).await
+    nodes::list_inner(&state, &headers, ver(&version), params, DETAIL).await
 }
 
 /// Nodes are not deleted through their chassis (Ironic: 400).

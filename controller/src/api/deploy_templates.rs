@@ -3,17 +3,17 @@
 //! template's steps join the deploy of a node whose `instance_info.traits` names it
 //! (`conductor::deploying`); a runbook's run as a manual clean or service.
 
-use super::render::{links, time};
-use super::resource::{self, fetch, found, Access, Page, Parent, Resource};
-use super::{listing, ApiError, ApiResult, AppState};
-use crate::store::{
-    SortDir, StepTemplate, StoreError, TemplateKind, TemplateQuery, TEMPLATE_SORT_KEYS,
+use super::body::{at_most, is_logical_name, object_in, string_in, Named};
+use super::render::document;
+use super::resource::{
+    self, fetch, found, page_of, paged, Access, Listing, Page, Patched, Resource,
 };
+use super::{listing, ApiError, ApiResult, AppState};
+use crate::store::{StepTemplate, StoreError, TemplateKind, TemplateQuery, TEMPLATE_SORT_KEYS};
 use axum::Router;
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::marker::PhantomData;
 
 /// What differs between deploy templates and runbooks.
@@ -29,10 +29,8 @@ pub(super) struct Spec {
     pub order_key: &'static str,
     /// Whether a step must carry `args`.
     pub args_required: bool,
-    /// Top-level fields a create body may have.
+    /// Top-level fields a create body may have; a patch may change them all but `uuid`.
     pub create_fields: &'static [&'static str],
-    /// Top-level fields a patch may change.
-    pub patchable: &'static [&'static str],
     /// Query parameters of a listing.
     pub list_params: &'static [&'static str],
     /// The version from which `description` and `traits` are shown and the name is any
@@ -49,7 +47,6 @@ pub(super) const DEPLOY: Spec = Spec {
     order_key: "priority",
     args_required: true,
     create_fields: &["uuid", "name", "description", "steps", "extra"],
-    patchable: &["name", "description", "steps", "extra"],
     list_params: &[
         "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
     ],
@@ -90,18 +87,19 @@ pub(super) fn doc(
             s
         })
         .collect();
-    let mut m = match json!({
+    let mut m = document(
+        json!({
         "uuid": t.uuid,
         "name": t.name,
         "steps": steps,
         "extra": t.extra,
-        "created_at": time(&Some(t.created_at)),
-        "updated_at": time(&t.updated_at),
-        "links": links(base, spec.collection, &t.uuid),
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
+        }),
+        base,
+        spec.collection,
+        &t.uuid,
+        t.created_at,
+        t.updated_at,
+    );
     match spec.kind {
         TemplateKind::Deploy => {
             m.insert("description".into(), json!(t.description));
@@ -229,13 +227,7 @@ pub(super) fn check_steps(spec: &Spec, steps: &Value) -> Result<Vec<Value>, ApiE
 /// A name: a trait, or (runbooks from 1.112) any RFC 3986 unreserved string.
 fn check_name(name: &Value, logical: bool) -> Result<String, ApiError> {
     if logical {
-        let ok = name.as_str().is_some_and(|n| {
-            !n.is_empty()
-                && n.chars().count() <= 255
-                && n.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
-        });
-        if !ok {
+        if !name.as_str().is_some_and(is_logical_name) {
             return Err(ApiError::bad_request(format!(
                 "name: {name} does not match '^[A-Za-z0-9\\-._~]+$' (1-255 characters)"
             )));
@@ -247,16 +239,7 @@ fn check_name(name: &Value, logical: bool) -> Result<String, ApiError> {
 }
 
 fn opt_string(doc: &Map<String, Value>, key: &str, max: usize) -> Result<Option<String>, ApiError> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.chars().count() > max => Err(ApiError::bad_request(format!(
-            "{key} is too long: at most {max} characters are allowed"
-        ))),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "{other} is not of type 'string', 'null' (field {key})"
-        ))),
-    }
+    at_most(key, string_in(doc, key, Named::Field)?, max)
 }
 
 fn opt_bool(doc: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
@@ -286,15 +269,7 @@ fn from_doc(
         d.get("steps")
             .ok_or_else(|| ApiError::bad_request("'steps' is a required property"))?,
     )?;
-    let extra = match d.get("extra") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'object', 'null' (field extra)"
-            )))
-        }
-    };
+    let extra = object_in(d, "extra", Named::Field)?;
     let mut t = StepTemplate {
         name,
         steps,
@@ -332,21 +307,15 @@ pub(super) struct Api<K>(PhantomData<fn() -> K>);
 
 impl<K: Kind> Resource for Api<K> {
     type Record = StepTemplate;
-    type Query = TemplateQuery;
     type ShowQuery = listing::ShowParams;
     type Body = Value;
     const PATH: &'static str = K::SPEC.collection;
-    const KEY: &'static str = K::SPEC.collection;
     const NAME: &'static str = K::SPEC.label;
     const SINCE: (u32, u32) = K::SPEC.since;
     const LIST_FIELDS: &'static [&'static str] = &["uuid", "name", "links"];
     const LIST_PARAMS: &'static [&'static str] = K::SPEC.list_params;
     const SORT_KEYS: &'static [&'static str] = TEMPLATE_SORT_KEYS;
     const UNSORTABLE: &'static [&'static str] = &[];
-
-    fn uuid(t: &StepTemplate) -> &str {
-        &t.uuid
-    }
 
     fn doc(t: &StepTemplate, base: &str, version: (u32, u32)) -> Map<String, Value> {
         doc(&K::SPEC, t, base, version)
@@ -389,26 +358,17 @@ impl<K: Kind> Resource for Api<K> {
         Ok(fetch::<Self>(state, marker, Access::Read).await?.uuid)
     }
 
-    async fn query(
-        _state: &AppState,
-        params: &HashMap<String, String>,
-        _version: (u32, u32),
-        _parent: Option<&Parent>,
-        page: Page,
-    ) -> ApiResult<TemplateQuery> {
-        Ok(TemplateQuery {
-            limit: page.limit,
-            marker: page.marker,
-            sort_key: page.sort_key,
-            sort_dir: page.sort_dir.unwrap_or(SortDir::Asc),
-            owner: params.get("owner").cloned(),
-            public: listing::bool_param(params, "public")?,
-            ..TemplateQuery::all(K::SPEC.kind)
-        })
-    }
-
-    async fn list(state: &AppState, q: &TemplateQuery) -> Result<Vec<StepTemplate>, StoreError> {
-        state.conductor.store.list_templates(q).await
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<StepTemplate>> {
+        let params = l.params;
+        let q = paged!(
+            TemplateQuery {
+                owner: params.get("owner").cloned(),
+                public: listing::bool_param(params, "public")?,
+                ..TemplateQuery::all(K::SPEC.kind)
+            },
+            page
+        );
+        page_of::<Self, _>(state.conductor.store.list_templates(&q).await)
     }
 
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<StepTemplate> {
@@ -464,20 +424,17 @@ impl<K: Kind> Resource for Api<K> {
     }
 
     fn patchable(version: (u32, u32)) -> Vec<&'static str> {
-        let mut patchable = K::SPEC.patchable.to_vec();
+        let mut patchable: Vec<&str> = K::SPEC.create_fields.to_vec();
+        patchable.retain(|f| *f != "uuid");
         if new_runbook(&K::SPEC, version) {
             patchable.push("description");
         }
         patchable
     }
 
-    async fn patched(
-        state: &AppState,
-        t: StepTemplate,
-        mut d: Map<String, Value>,
-        _ops: &[PatchOp],
-        version: (u32, u32),
-    ) -> ApiResult<StepTemplate> {
+    async fn patched(state: &AppState, t: StepTemplate, p: Patched<'_>) -> ApiResult<StepTemplate> {
+        let mut d = p.doc;
+        let version = p.version;
         if let Some(Value::Object(by_index)) = d.get("steps") {
             let mut items: Vec<(usize, Value)> = Vec::new();
             for (k, v) in by_index {

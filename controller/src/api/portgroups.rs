@@ -6,19 +6,19 @@
 
 use super::body::{boolean, check_logical_name, check_uuid, mac, opt_object, opt_string};
 use super::listing::{check_query_versions, list_param};
-use super::ports::{connectivity_editable, refuse_locked, PORTGROUP_SUB_VERSION};
-use super::render::{links, time};
-use super::resource::{self, found, Access, OfNode, Page, Parent, Resource};
+use super::ports::{connectivity_editable, ports_of, refuse_locked, PORTGROUP_SUB_VERSION};
+use super::render::{document, links, select};
+use super::resource::{
+    self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
+};
 use super::version::{check_gated, not_acceptable, vstr};
 use super::{listing, ApiError, ApiResult, AppState};
-use crate::store::{Node, PortQuery, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
+use crate::store::{Node, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 
 pub fn routes() -> Router<AppState> {
     resource::routes::<Api>()
@@ -100,7 +100,8 @@ pub(super) async fn fetch(state: &AppState, ident: &str) -> ApiResult<Portgroup>
 
 fn full(g: &Portgroup, base: &str) -> Map<String, Value> {
     let ports = format!("{}/ports", g.uuid);
-    let v = json!({
+    document(
+        json!({
         "uuid": g.uuid,
         "name": g.name,
         "node_uuid": g.node_uuid,
@@ -113,15 +114,14 @@ fn full(g: &Portgroup, base: &str) -> Map<String, Value> {
         "physical_network": g.physical_network,
         "category": g.category,
         "dynamic_portgroup": g.dynamic_portgroup,
-        "created_at": time(&Some(g.created_at)),
-        "updated_at": time(&g.updated_at),
-        "links": links(base, "portgroups", &g.uuid),
         "ports": links(base, "portgroups", &ports),
-    });
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+        }),
+        base,
+        "portgroups",
+        &g.uuid,
+        g.created_at,
+        g.updated_at,
+    )
 }
 
 /// A group's document as a client at `version` sees it.
@@ -174,11 +174,9 @@ fn fields_of(doc: &Map<String, Value>) -> Result<Fields, ApiError> {
 
 impl Resource for Api {
     type Record = Portgroup;
-    type Query = PortgroupQuery;
     type ShowQuery = listing::ShowParams;
     type Body = Value;
     const PATH: &'static str = "portgroups";
-    const KEY: &'static str = "portgroups";
     const NAME: &'static str = "Portgroup";
     const SINCE: (u32, u32) = PORTGROUP_VERSION;
     const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = FIELD_VERSIONS;
@@ -196,11 +194,8 @@ impl Resource for Api {
         "detail",
     ];
     const SORT_KEYS: &'static [&'static str] = PORTGROUP_SORT_KEYS;
+    const PATCHABLE: &'static [&'static str] = PATCHABLE;
     const UNSORTABLE: &'static [&'static str] = &["extra", "internal_info", "properties"];
-
-    fn uuid(g: &Portgroup) -> &str {
-        &g.uuid
-    }
 
     fn doc(g: &Portgroup, base: &str, version: (u32, u32)) -> Map<String, Value> {
         doc_at(g, base, version)
@@ -241,14 +236,11 @@ impl Resource for Api {
         )
     }
 
-    fn check_list(
-        params: &HashMap<String, String>,
-        version: (u32, u32),
-        parent: Option<&Parent>,
-        _path: &str,
-    ) -> ApiResult<()> {
+    fn check_list(l: &Listing<'_>) -> ApiResult<()> {
+        let params = l.params;
+        let version = l.version;
         // `/v1/nodes/{node}/portgroups` is 1.24 (Ironic: 404 below).
-        if parent.is_some() && version < PORTGROUP_SUB_VERSION {
+        if l.parent.is_some() && version < PORTGROUP_SUB_VERSION {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -265,17 +257,9 @@ impl Resource for Api {
         Ok(())
     }
 
-    async fn query(
-        state: &AppState,
-        params: &HashMap<String, String>,
-        _version: (u32, u32),
-        parent: Option<&Parent>,
-        page: Page,
-    ) -> ApiResult<PortgroupQuery> {
-        let node_ident = match parent {
-            Some(Parent::Node(n)) => Some(n),
-            _ => params.get("node"),
-        };
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Portgroup>> {
+        let params = l.params;
+        let node_ident = l.node("node");
         let address = params.get("address").map(|a| mac(a)).transpose()?;
         let shards = list_param(params, "shard");
         let conductor_groups = list_param(params, "conductor_groups");
@@ -297,20 +281,16 @@ impl Resource for Api {
             Some(n) => Some(node_of(state, n).await?.uuid),
             None => None,
         };
-        Ok(PortgroupQuery {
-            node_uuid,
-            address,
-            shards,
-            conductor_groups,
-            limit: page.limit,
-            marker: page.marker,
-            sort_key: page.sort_key,
-            sort_dir: page.sort_dir,
-        })
-    }
-
-    async fn list(state: &AppState, q: &PortgroupQuery) -> Result<Vec<Portgroup>, StoreError> {
-        state.conductor.store.list_portgroups(q).await
+        let q = paged!(
+            PortgroupQuery {
+                node_uuid,
+                address,
+                shards,
+                conductor_groups,
+            },
+            page
+        );
+        page_of::<Self, _>(state.conductor.store.list_portgroups(&q).await)
     }
 
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Portgroup> {
@@ -371,31 +351,13 @@ impl Resource for Api {
         Ok(state.conductor.store.create_portgroup(&g).await?)
     }
 
+    /// The whole group: a client that does not see some fields keeps them.
     fn patch_doc(g: &Portgroup, _version: (u32, u32)) -> ApiResult<Value> {
-        Ok(json!({
-            "address": g.address,
-            "extra": g.extra,
-            "mode": g.mode,
-            "name": g.name,
-            "node_uuid": g.node_uuid,
-            "properties": g.properties,
-            "standalone_ports_supported": g.standalone_ports_supported,
-            "physical_network": g.physical_network,
-            "category": g.category,
-        }))
+        Ok(select(full(g, ""), PATCHABLE))
     }
 
-    fn patchable(_version: (u32, u32)) -> Vec<&'static str> {
-        PATCHABLE.to_vec()
-    }
-
-    async fn patched(
-        state: &AppState,
-        g: Portgroup,
-        doc: Map<String, Value>,
-        _ops: &[PatchOp],
-        _version: (u32, u32),
-    ) -> ApiResult<Portgroup> {
+    async fn patched(state: &AppState, g: Portgroup, p: Patched<'_>) -> ApiResult<Portgroup> {
+        let doc = p.doc;
         if !doc.contains_key("mode") || doc.get("mode") == Some(&Value::Null) {
             return Err(ApiError::bad_request(
                 "'mode' is a mandatory attribute and can not be removed",
@@ -427,14 +389,7 @@ impl Resource for Api {
                 ),
             ));
         }
-        let members = state
-            .conductor
-            .store
-            .list_ports(&PortQuery {
-                portgroup_uuid: Some(g.uuid.clone()),
-                ..Default::default()
-            })
-            .await?;
+        let members = ports_of(state, None, Some(&g.uuid)).await?;
         // Ironic's conductor (update_portgroup): a group changes node only while its node is
         // not deployed, and only when empty.
         if node.uuid != g.node_uuid {

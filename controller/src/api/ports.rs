@@ -7,8 +7,11 @@ use super::body::{boolean, check_logical_name, check_uuid, mac, opt_object, opt_
 use super::listing::{check_query_versions, list_param};
 use super::patch::patched_fields;
 use super::portgroups;
-use super::render::{links, time};
-use super::resource::{self, found, Access, OfNode, OfPortgroup, Page, Parent, Resource};
+use super::render::{document, select};
+use super::resource::{
+    self, found, page_of, paged, Access, Listing, OfNode, OfPortgroup, Page, Parent, Patched,
+    Resource,
+};
 use super::version::{check_gated, not_acceptable, vstr};
 use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::{normalize_mac, Node, Port, PortAttrs, PortQuery, StoreError, PORT_SORT_KEYS};
@@ -18,7 +21,6 @@ use axum::Router;
 use chrono::Utc;
 use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 
 pub fn routes() -> Router<AppState> {
     resource::routes::<Api>()
@@ -211,7 +213,8 @@ fn datapath_id(s: &str) -> Option<String> {
 /// The whole port document (before gating).
 fn port_full(p: &Port, base: &str) -> Map<String, Value> {
     let a = &p.attrs;
-    let v = json!({
+    document(
+        json!({
         "uuid": p.uuid,
         "address": p.address,
         "node_uuid": p.node_uuid,
@@ -227,14 +230,13 @@ fn port_full(p: &Port, base: &str) -> Map<String, Value> {
         "vendor": a.vendor,
         "category": a.category,
         "available_for_dynamic_portgroup": a.available_for_dynamic_portgroup,
-        "created_at": time(&Some(p.created_at)),
-        "updated_at": time(&p.updated_at),
-        "links": links(base, "ports", &p.uuid),
-    });
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+        }),
+        base,
+        "ports",
+        &p.uuid,
+        p.created_at,
+        p.updated_at,
+    )
 }
 
 /// A port's document as a client at `version` sees it (Ironic's
@@ -385,6 +387,20 @@ pub(super) fn connectivity_editable(node: &Node) -> bool {
         )
 }
 
+/// Every port of a node, or of a port group (no page).
+pub(super) async fn ports_of(
+    state: &AppState,
+    node: Option<&str>,
+    group: Option<&str>,
+) -> Result<Vec<Port>, StoreError> {
+    let q = PortQuery {
+        node_uuid: node.map(str::to_string),
+        portgroup_uuid: group.map(str::to_string),
+        ..Default::default()
+    };
+    state.conductor.store.list_ports(&q).await
+}
+
 /// Ironic's `validate_port_physnet`: a port in a group has the physical network of the
 /// group's other ports (or, with none, the group's own).
 async fn check_physnet(
@@ -393,14 +409,7 @@ async fn check_physnet(
     pg: &crate::store::Portgroup,
     physnet: &Option<String>,
 ) -> Result<(), ApiError> {
-    let others = state
-        .conductor
-        .store
-        .list_ports(&PortQuery {
-            portgroup_uuid: Some(pg.uuid.clone()),
-            ..Default::default()
-        })
-        .await?;
+    let others = ports_of(state, None, Some(&pg.uuid)).await?;
     let theirs = others
         .iter()
         .find(|p| p.uuid != port_uuid)
@@ -436,11 +445,9 @@ pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Port;
-    type Query = PortQuery;
     type ShowQuery = listing::ShowParams;
     type Body = Value;
     const PATH: &'static str = "ports";
-    const KEY: &'static str = "ports";
     const NAME: &'static str = "Port";
     const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = PORT_FIELD_VERSIONS;
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
@@ -460,12 +467,9 @@ impl Resource for Api {
         "detail",
     ];
     const SORT_KEYS: &'static [&'static str] = PORT_SORT_KEYS;
+    const PATCHABLE: &'static [&'static str] = PATCHABLE;
     const UNSORTABLE: &'static [&'static str] =
         &["extra", "internal_info", "local_link_connection"];
-
-    fn uuid(p: &Port) -> &str {
-        &p.uuid
-    }
 
     fn doc(p: &Port, base: &str, version: (u32, u32)) -> Map<String, Value> {
         port_doc(p, base, version)
@@ -497,13 +501,11 @@ impl Resource for Api {
         }
     }
 
-    fn check_list(
-        params: &HashMap<String, String>,
-        version: (u32, u32),
-        parent: Option<&Parent>,
-        path: &str,
-    ) -> ApiResult<()> {
-        if let Some(Parent::Portgroup(_)) = parent {
+    fn check_list(l: &Listing<'_>) -> ApiResult<()> {
+        let params = l.params;
+        let version = l.version;
+        let path = l.path;
+        if let Some(Parent::Portgroup(_)) = l.parent {
             resource::gate::<portgroups::Api>(version, Access::Read)?;
             // Port group sub-resources are 1.24 (Ironic answers 404 below).
             if version < PORTGROUP_SUB_VERSION {
@@ -539,22 +541,13 @@ impl Resource for Api {
         )
     }
 
-    async fn query(
-        state: &AppState,
-        params: &HashMap<String, String>,
-        _version: (u32, u32),
-        parent: Option<&Parent>,
-        page: Page,
-    ) -> ApiResult<PortQuery> {
-        let (mut node_ident, mut pg_ident) = (
-            params.get("node").or(params.get("node_uuid")),
-            params.get("portgroup"),
-        );
-        match parent {
-            Some(Parent::Node(n)) => node_ident = Some(n),
-            Some(Parent::Portgroup(g)) => pg_ident = Some(g),
-            None => {}
-        }
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Port>> {
+        let params = l.params;
+        let node_ident = l.node("node").or(params.get("node_uuid"));
+        let pg_ident = match l.parent {
+            Some(Parent::Portgroup(g)) => Some(g),
+            _ => params.get("portgroup"),
+        };
         if let Some(u) = params.get("node_uuid") {
             check_uuid("node_uuid", u)?;
         }
@@ -584,22 +577,18 @@ impl Resource for Api {
             Some(g) => Some(portgroups::fetch(state, g).await?.uuid),
             None => None,
         };
-        Ok(PortQuery {
-            node_uuid,
-            address,
-            limit: page.limit,
-            marker: page.marker,
-            portgroup_uuid,
-            shards,
-            conductor_groups,
-            description_contains: params.get("description_contains").cloned(),
-            sort_key: page.sort_key,
-            sort_dir: page.sort_dir,
-        })
-    }
-
-    async fn list(state: &AppState, q: &PortQuery) -> Result<Vec<Port>, StoreError> {
-        state.conductor.store.list_ports(q).await
+        let q = paged!(
+            PortQuery {
+                node_uuid,
+                address,
+                portgroup_uuid,
+                shards,
+                conductor_groups,
+                description_contains: params.get("description_contains").cloned(),
+            },
+            page
+        );
+        page_of::<Self, _>(state.conductor.store.list_ports(&q).await)
     }
 
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Port> {
@@ -694,36 +683,15 @@ impl Resource for Api {
         Ok(())
     }
 
+    /// The whole port: a client that does not see some fields keeps them.
     fn patch_doc(port: &Port, _version: (u32, u32)) -> ApiResult<Value> {
-        let a = &port.attrs;
-        Ok(json!({
-            "address": port.address,
-            "node_uuid": port.node_uuid,
-            "pxe_enabled": port.pxe_enabled,
-            "extra": port.extra,
-            "local_link_connection": a.local_link_connection,
-            "portgroup_uuid": a.portgroup_uuid,
-            "physical_network": a.physical_network,
-            "is_smartnic": a.is_smartnic,
-            "name": a.name,
-            "description": a.description,
-            "vendor": a.vendor,
-            "category": a.category,
-            "available_for_dynamic_portgroup": a.available_for_dynamic_portgroup,
-        }))
+        Ok(select(port_full(port, ""), PATCHABLE))
     }
 
-    fn patchable(_version: (u32, u32)) -> Vec<&'static str> {
-        PATCHABLE.to_vec()
-    }
-
-    async fn patched(
-        state: &AppState,
-        port: Port,
-        doc: Map<String, Value>,
-        ops: &[PatchOp],
-        version: (u32, u32),
-    ) -> ApiResult<Port> {
+    async fn patched(state: &AppState, port: Port, p: Patched<'_>) -> ApiResult<Port> {
+        let doc = p.doc;
+        let ops = p.ops;
+        let version = p.version;
         let a = &port.attrs;
         let touched = patched_fields(ops);
         let address = match doc.get("address") {

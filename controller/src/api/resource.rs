@@ -51,6 +51,66 @@ pub(super) struct Page {
     pub sort_dir: Option<SortDir>,
 }
 
+/// A listing as its resource's hooks see it.
+pub(super) struct Listing<'a> {
+    pub params: &'a HashMap<String, String>,
+    pub version: (u32, u32),
+    pub parent: Option<&'a Parent>,
+    /// The listing's path (`/v1/nodes/{node}/ports/detail`), for messages and its next link.
+    pub path: &'a str,
+}
+
+impl Listing<'_> {
+    /// The node the listing is under, else the one its `param` filter names.
+    pub fn node(&self, param: &str) -> Option<&String> {
+        match self.parent {
+            Some(Parent::Node(n)) => Some(n),
+            _ => self.params.get(param),
+        }
+    }
+}
+
+/// A PATCH as its resource's hooks see it: the patched document, and the request.
+pub(super) struct Patched<'a> {
+    pub doc: Map<String, Value>,
+    pub ops: &'a [PatchOp],
+    pub version: (u32, u32),
+}
+
+/// A store query's `sort_dir`: some stores take the request's (`None`: their default), the
+/// others ascending unless told otherwise.
+pub(super) trait SortParam {
+    fn from_request(dir: Option<SortDir>) -> Self;
+}
+
+impl SortParam for Option<SortDir> {
+    fn from_request(dir: Option<SortDir>) -> Self {
+        dir
+    }
+}
+
+impl SortParam for SortDir {
+    fn from_request(dir: Option<SortDir>) -> Self {
+        dir.unwrap_or(SortDir::Asc)
+    }
+}
+
+/// A store query with a listing's [`Page`] and the resource's own filters:
+/// `paged!(PortQuery { node_uuid, address }, page)`.
+macro_rules! paged {
+    ($query:ident { $($filters:tt)* }, $page:expr) => {{
+        let page: super::resource::Page = $page;
+        $query {
+            limit: page.limit,
+            marker: page.marker,
+            sort_key: page.sort_key,
+            sort_dir: super::resource::SortParam::from_request(page.sort_dir),
+            $($filters)*
+        }
+    }};
+}
+pub(super) use paged;
+
 /// The `fields` of a single-resource GET's query.
 pub(super) trait ShowFields {
     fn fields(&self) -> Option<&str>;
@@ -66,8 +126,6 @@ impl ShowFields for listing::ShowParams {
 pub(super) trait Resource: Send + Sync + 'static {
     /// The stored record.
     type Record: Send + Sync;
-    /// The store's query of a listing.
-    type Query: Send + Sync;
     /// The query a single-resource GET takes.
     type ShowQuery: DeserializeOwned + ShowFields + Send;
     /// The body a create takes.
@@ -75,8 +133,6 @@ pub(super) trait Resource: Send + Sync + 'static {
 
     /// The path under `/v1` (`ports`, `volume/connectors`), also the kind of its links.
     const PATH: &'static str;
-    /// The listing's key in its JSON body (`ports`, `connectors`).
-    const KEY: &'static str;
     /// How Ironic names one in its messages (`Port`, `Volume connector`).
     const NAME: &'static str;
     /// The path parameter's name in the routes (the OpenAPI document names it so).
@@ -100,11 +156,11 @@ pub(super) trait Resource: Send + Sync + 'static {
     const SORT_KEYS: &'static [&'static str];
     /// Fields Ironic refuses to sort by (its `invalid_sort_key_list`).
     const UNSORTABLE: &'static [&'static str] = &["extra"];
+    /// Fields a PATCH may change (Ironic's `PATCH_ALLOWED_FIELDS`).
+    const PATCHABLE: &'static [&'static str] = &[];
     /// The largest page; `None`: `[api] max_limit`.
     const MAX_LIMIT: Option<usize> = None;
 
-    /// The record's UUID.
-    fn uuid(r: &Self::Record) -> &str;
     /// The record's document as a client at `version` sees it.
     fn doc(r: &Self::Record, base: &str, version: (u32, u32)) -> Map<String, Value>;
     /// An empty record: its document names the fields `fields=` may ask for.
@@ -115,19 +171,13 @@ pub(super) trait Resource: Send + Sync + 'static {
         ident: &str,
     ) -> impl Future<Output = Result<Self::Record, StoreError>> + Send;
 
-    /// The store query of a listing: the resource's filters, and the page.
-    fn query(
-        state: &AppState,
-        params: &HashMap<String, String>,
-        version: (u32, u32),
-        parent: Option<&Parent>,
-        page: Page,
-    ) -> impl Future<Output = ApiResult<Self::Query>> + Send;
-    /// One page of records.
+    /// One page of a listing: the resource's filters, the page, the store's answer (see
+    /// [`page_of`]).
     fn list(
         state: &AppState,
-        q: &Self::Query,
-    ) -> impl Future<Output = Result<Vec<Self::Record>, StoreError>> + Send;
+        listing: &Listing<'_>,
+        page: Page,
+    ) -> impl Future<Output = ApiResult<Vec<Self::Record>>> + Send;
 
     /// A new record from a create's body (checked, stored).
     fn create(
@@ -136,17 +186,11 @@ pub(super) trait Resource: Send + Sync + 'static {
         version: (u32, u32),
     ) -> impl Future<Output = ApiResult<Self::Record>> + Send;
 
-    /// The document a PATCH applies to.
-    fn patch_doc(r: &Self::Record, version: (u32, u32)) -> ApiResult<Value>;
-    /// Fields a PATCH may change at `version`.
-    fn patchable(_version: (u32, u32)) -> Vec<&'static str>;
     /// The record a patched document describes (checked, stored).
     fn patched(
         state: &AppState,
         r: Self::Record,
-        doc: Map<String, Value>,
-        ops: &[PatchOp],
-        version: (u32, u32),
+        patch: Patched<'_>,
     ) -> impl Future<Output = ApiResult<Self::Record>> + Send;
 
     /// Deletes the record (after the resource's own refusals).
@@ -176,6 +220,18 @@ pub(super) trait Resource: Send + Sync + 'static {
         )
     }
 
+    /// Fields a PATCH may change at `version`.
+    fn patchable(_version: (u32, u32)) -> Vec<&'static str> {
+        Self::PATCHABLE.to_vec()
+    }
+
+    /// The document a PATCH applies to: the patchable fields of the record's document.
+    /// Resources whose document hides fields from older clients patch the whole one, so that
+    /// a PATCH from such a client keeps what it cannot see.
+    fn patch_doc(r: &Self::Record, version: (u32, u32)) -> ApiResult<Value> {
+        Ok(select(Self::doc(r, "", version), &Self::patchable(version)))
+    }
+
     /// The identifier of a path, checked (some resources take UUIDs only).
     fn ident(ident: &str, _access: Access) -> ApiResult<String> {
         Ok(ident.to_string())
@@ -183,12 +239,7 @@ pub(super) trait Resource: Send + Sync + 'static {
 
     /// Gates of a listing's query parameters at `version`, and gates of its parent (`path`:
     /// the listing's, for the message).
-    fn check_list(
-        _params: &HashMap<String, String>,
-        _version: (u32, u32),
-        _parent: Option<&Parent>,
-        _path: &str,
-    ) -> ApiResult<()> {
+    fn check_list(_listing: &Listing<'_>) -> ApiResult<()> {
         Ok(())
     }
 
@@ -256,6 +307,14 @@ pub(super) fn not_found(name: &str, ident: &str) -> ApiError {
 pub(super) fn found<R: Resource, T>(ident: &str, r: Result<T, StoreError>) -> ApiResult<T> {
     match r {
         Err(StoreError::NotFound { .. }) => Err(not_found(R::NAME, ident)),
+        r => Ok(r?),
+    }
+}
+
+/// A page from the store, its NotFound (the marker's) `R`'s.
+pub(super) fn page_of<R: Resource, T>(r: Result<Vec<T>, StoreError>) -> ApiResult<Vec<T>> {
+    match r {
+        Err(StoreError::NotFound { ident, .. }) => Err(not_found(R::NAME, &ident)),
         r => Ok(r?),
     }
 }
@@ -346,7 +405,13 @@ pub(super) async fn list_at<R: Resource>(
     if from_detail {
         path.push_str("/detail");
     }
-    R::check_list(&params, version, parent.as_ref(), &path)?;
+    let listing = Listing {
+        params: &params,
+        version,
+        parent: parent.as_ref(),
+        path: &path,
+    };
+    R::check_list(&listing)?;
     let base = base_url(headers);
     let fields = fields_of::<R>(params.get("fields").map(String::as_str), &base, version)?;
     let (sort_key, sort_dir) = sort_of::<R>(&params, version)?;
@@ -363,11 +428,7 @@ pub(super) async fn list_at<R: Resource>(
         sort_key,
         sort_dir,
     };
-    let q = R::query(state, &params, version, parent.as_ref(), page).await?;
-    let found = match R::list(state, &q).await {
-        Err(StoreError::NotFound { ident, .. }) => return Err(not_found(R::NAME, &ident)),
-        r => r?,
-    };
+    let found = R::list(state, &listing, page).await?;
     let docs: Vec<Value> = found
         .iter()
         .map(|r| {
@@ -380,10 +441,14 @@ pub(super) async fn list_at<R: Resource>(
         })
         .collect();
     let mut body = Map::new();
-    body.insert(R::KEY.into(), Value::Array(docs));
+    // The listing's key: the collection's last path segment (`ports`, `connectors`).
+    let key = R::PATH.rsplit('/').next().unwrap_or(R::PATH);
+    body.insert(key.into(), Value::Array(docs));
     if found.len() == limit {
         if let Some(last) = found.last() {
-            let next = listing::next_link(&base, &path, &params, limit, R::uuid(last));
+            let doc = R::doc(last, &base, version);
+            let uuid = doc.get("uuid").and_then(Value::as_str).unwrap_or_default();
+            let next = listing::next_link(&base, &path, &params, limit, uuid);
             body.insert("next".into(), Value::from(next));
         }
     }
@@ -464,12 +529,13 @@ pub(super) async fn create<R: Resource>(
     gate::<R>(version, Access::Create)?;
     let r = R::create(&state, body, version).await?;
     let base = base_url(&headers);
-    Ok(created(
-        R::doc(&r, &base, version),
-        &base,
-        R::PATH,
-        R::uuid(&r),
-    ))
+    let doc = R::doc(&r, &base, version);
+    let uuid = doc
+        .get("uuid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Ok(created(doc, &base, R::PATH, &uuid))
 }
 
 /// `PATCH /v1/{collection}/{ident}` (JSON patch).
@@ -492,7 +558,12 @@ pub(super) async fn update<R: Resource>(
             R::NAME.to_lowercase()
         )));
     };
-    let saved = R::patched(&state, r, doc, &ops, version).await?;
+    let patch = Patched {
+        doc,
+        ops: &ops,
+        version,
+    };
+    let saved = R::patched(&state, r, patch).await?;
     Ok(Json(Value::Object(R::doc(
         &saved,
         &base_url(&headers),

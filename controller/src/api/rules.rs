@@ -4,7 +4,7 @@
 //! conditions and actions are never shown. Below 1.96 reads are 404 and writes 405, as Ironic.
 
 use super::render::links;
-use super::resource::{self, found, Access, Page, Parent, Resource};
+use super::resource::{self, found, Access, Listing, Page, Patched, Resource};
 use super::{body, listing, ApiError, ApiResult, ApiVersion, AppState};
 use crate::conductor::inspection_rules::load_rules;
 use crate::inspection::rules::{validate, Rule};
@@ -292,22 +292,14 @@ async fn remove_all(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// How a listing sorts and filters (rules are few: paged here, not in the store).
-pub(super) struct RuleQuery {
-    phase: Option<String>,
-    page: Page,
-}
-
 /// The inspection rule collection.
 pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Stored;
-    type Query = RuleQuery;
     type ShowQuery = listing::ShowParams;
     type Body = Rule;
     const PATH: &'static str = "inspection_rules";
-    const KEY: &'static str = "inspection_rules";
     const NAME: &'static str = "Inspection rule";
     const IDENT: &'static str = "uuid";
     const DETAIL_ROUTE: bool = false;
@@ -328,12 +320,9 @@ impl Resource for Api {
         "updated_at",
         "links",
     ];
+    const PATCHABLE: &'static [&'static str] = PATCHABLE;
     const UNSORTABLE: &'static [&'static str] = &["actions", "conditions"];
     const MAX_LIMIT: Option<usize> = Some(MAX_LIMIT);
-
-    fn uuid(s: &Stored) -> &str {
-        s.rule.uuid.as_deref().unwrap_or_default()
-    }
 
     fn doc(s: &Stored, base: &str, _version: (u32, u32)) -> Map<String, Value> {
         render(s, base)
@@ -407,25 +396,14 @@ impl Resource for Api {
         Ok(marker.to_string())
     }
 
-    async fn query(
-        _state: &AppState,
-        params: &HashMap<String, String>,
-        _version: (u32, u32),
-        _parent: Option<&Parent>,
-        page: Page,
-    ) -> ApiResult<RuleQuery> {
-        Ok(RuleQuery {
-            phase: params.get("phase").cloned(),
-            page,
-        })
-    }
-
-    async fn list(state: &AppState, q: &RuleQuery) -> Result<Vec<Stored>, StoreError> {
-        let sort_key = q.page.sort_key.as_str();
+    /// Rules are few: sorted, filtered and paged here, not in the store.
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Stored>> {
+        let phase = l.params.get("phase");
+        let sort_key = page.sort_key.as_str();
         let mut rows: Vec<(usize, Map<String, Value>, Stored)> = all(state)
             .await?
             .into_iter()
-            .filter(|s| q.phase.as_ref().is_none_or(|p| &s.rule.phase == p))
+            .filter(|s| phase.is_none_or(|p| &s.rule.phase == p))
             .enumerate()
             .map(|(i, s)| (i, render(&s, ""), s))
             .collect();
@@ -438,21 +416,18 @@ impl Resource for Api {
                 cmp_json(&key_of(a, "created_at"), &key_of(b, "created_at"))
             });
         }
-        if q.page.sort_dir == Some(SortDir::Desc) {
+        if page.sort_dir == Some(SortDir::Desc) {
             rows.reverse();
         }
         let mut found: Vec<Stored> = rows.into_iter().map(|(_, _, s)| s).collect();
-        if let Some(marker) = &q.page.marker {
+        if let Some(marker) = &page.marker {
             let pos = found
                 .iter()
                 .position(|s| s.rule.uuid.as_deref() == Some(marker.as_str()))
-                .ok_or_else(|| StoreError::NotFound {
-                    kind: "inspection rule",
-                    ident: marker.clone(),
-                })?;
+                .ok_or_else(|| resource::not_found(Self::NAME, marker))?;
             found.drain(..=pos);
         }
-        found.truncate(q.page.limit);
+        found.truncate(page.limit);
         Ok(found)
     }
 
@@ -483,23 +458,14 @@ impl Resource for Api {
         serde_json::to_value(&s.rule).map_err(|e| ApiError::bad_request(e.to_string()))
     }
 
-    fn patchable(_version: (u32, u32)) -> Vec<&'static str> {
-        PATCHABLE.to_vec()
-    }
-
     /// Rules are patched with array indices and `-` (see [`apply_patch`]).
     fn apply_patch(doc: &mut Value, ops: &[PatchOp], _version: (u32, u32)) -> ApiResult<()> {
         apply_patch(doc, ops)
     }
 
-    async fn patched(
-        state: &AppState,
-        current: Stored,
-        doc: Map<String, Value>,
-        _ops: &[PatchOp],
-        _version: (u32, u32),
-    ) -> ApiResult<Stored> {
-        let uuid = Self::uuid(&current).to_string();
+    async fn patched(state: &AppState, current: Stored, p: Patched<'_>) -> ApiResult<Stored> {
+        let doc = p.doc;
+        let uuid = current.rule.uuid.as_deref().unwrap_or_default().to_string();
         let rule: Rule = body::parse(Value::Object(doc).to_string().as_bytes())?;
         if current.rule.sensitive && !rule.sensitive {
             return Err(ApiError::bad_request(format!(
@@ -522,7 +488,7 @@ impl Resource for Api {
     }
 
     async fn delete(state: &AppState, s: Stored) -> ApiResult<()> {
-        let uuid = Self::uuid(&s);
+        let uuid = s.rule.uuid.as_deref().unwrap_or_default();
         found::<Self, _>(uuid, state.conductor.store.delete_rule(uuid).await)
     }
 }

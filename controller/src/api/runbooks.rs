@@ -35,14 +35,6 @@ const RUNBOOK: Spec = Spec {
         "public",
         "owner",
     ],
-    patchable: &[
-        "name",
-        "steps",
-        "disable_ramdisk",
-        "extra",
-        "public",
-        "owner",
-    ],
     list_params: &[
         "limit", "marker", "sort_key", "sort_dir", "fields", "detail", "owner", "public",
     ],

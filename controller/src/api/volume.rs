@@ -7,12 +7,14 @@
 //! `adopt failed` (400 otherwise); a node held by another operation answers 409.
 
 use super::body::check_uuid;
-use super::render::{base_url, links, time};
-use super::resource::{self, found, Access, OfNode, Page, Parent, Resource, ShowFields};
+use super::render::{base_url, document};
+use super::resource::{
+    self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource, ShowFields,
+};
 use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::{
-    Node, SortDir, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
+    Node, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
     TARGET_SORT_KEYS,
 };
 use axum::extract::{Path, State};
@@ -20,7 +22,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -49,6 +50,17 @@ pub const VOLUME_VERSION: (u32, u32) = (1, 32);
 /// Connector types Ironic documents (`api-ref`: iqn, ip, mac, wwnn, wwpn) and the port kinds
 /// its storage interfaces read.
 pub const CONNECTOR_TYPES: &[&str] = &["iqn", "ip", "mac", "wwnn", "wwpn", "port", "portgroup"];
+
+/// What a PATCH may change (Ironic's `PATCH_ALLOWED_FIELDS`); a body has these and `uuid`.
+const CONNECTOR_PATCHABLE: &[&str] = &["connector_id", "extra", "node_uuid", "type"];
+const TARGET_PATCHABLE: &[&str] = &[
+    "boot_index",
+    "extra",
+    "node_uuid",
+    "properties",
+    "volume_id",
+    "volume_type",
+];
 
 const CONNECTOR_FIELDS: &[&str] = &["uuid", "node_uuid", "type", "connector_id"];
 const TARGET_FIELDS: &[&str] = &[
@@ -141,28 +153,26 @@ const fn kind_text(kind: Kind, connector: &'static str, target: &'static str) ->
     }
 }
 
-fn obj(v: Value) -> Map<String, Value> {
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
-}
-
 fn connector_doc(c: &VolumeConnector, base: &str) -> Map<String, Value> {
-    obj(json!({
+    document(
+        json!({
         "uuid": c.uuid,
         "node_uuid": c.node_uuid,
         "type": c.kind,
         "connector_id": c.connector_id,
         "extra": c.extra,
-        "created_at": time(&Some(c.created_at)),
-        "updated_at": time(&c.updated_at),
-        "links": links(base, "volume/connectors", &c.uuid),
-    }))
+        }),
+        base,
+        "volume/connectors",
+        &c.uuid,
+        c.created_at,
+        c.updated_at,
+    )
 }
 
 fn target_doc(t: &VolumeTarget, base: &str) -> Map<String, Value> {
-    obj(json!({
+    document(
+        json!({
         "uuid": t.uuid,
         "node_uuid": t.node_uuid,
         "volume_type": t.volume_type,
@@ -170,10 +180,13 @@ fn target_doc(t: &VolumeTarget, base: &str) -> Map<String, Value> {
         "boot_index": t.boot_index,
         "volume_id": t.volume_id,
         "extra": t.extra,
-        "created_at": time(&Some(t.created_at)),
-        "updated_at": time(&t.updated_at),
-        "links": links(base, "volume/targets", &t.uuid),
-    }))
+        }),
+        base,
+        "volume/targets",
+        &t.uuid,
+        t.created_at,
+        t.updated_at,
+    )
 }
 
 fn volume_links(base: &str, prefix: &str) -> Value {
@@ -235,11 +248,9 @@ impl ShowFields for ShowParams {
 
 impl<K: VolumeKind> Resource for Api<K> {
     type Record = Record;
-    type Query = VolumeQuery;
     type ShowQuery = ShowParams;
     type Body = Value;
     const PATH: &'static str = kind_text(K::KIND, "volume/connectors", "volume/targets");
-    const KEY: &'static str = kind_text(K::KIND, "connectors", "targets");
     const NAME: &'static str = kind_text(K::KIND, "Volume connector", "Volume target");
     const IDENT: &'static str = "uuid";
     const DETAIL_ROUTE: bool = false;
@@ -257,10 +268,10 @@ impl<K: VolumeKind> Resource for Api<K> {
         Kind::Target => TARGET_SORT_KEYS,
     };
     const UNSORTABLE: &'static [&'static str] = &["extra", "properties"];
-
-    fn uuid(r: &Record) -> &str {
-        r.uuid()
-    }
+    const PATCHABLE: &'static [&'static str] = match K::KIND {
+        Kind::Connector => CONNECTOR_PATCHABLE,
+        Kind::Target => TARGET_PATCHABLE,
+    };
 
     fn doc(r: &Record, base: &str, _version: (u32, u32)) -> Map<String, Value> {
         r.doc(base)
@@ -320,45 +331,22 @@ impl<K: VolumeKind> Resource for Api<K> {
         Ok(detail)
     }
 
-    async fn query(
-        state: &AppState,
-        params: &HashMap<String, String>,
-        _version: (u32, u32),
-        parent: Option<&Parent>,
-        page: Page,
-    ) -> ApiResult<VolumeQuery> {
-        let node_ident = match parent {
-            Some(Parent::Node(n)) => Some(n),
-            _ => params.get("node"),
-        };
-        let node_uuid = match node_ident {
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Record>> {
+        let node_uuid = match l.node("node") {
             Some(n) => Some(state.conductor.store.get_node(n).await?.uuid),
             None => None,
         };
-        Ok(VolumeQuery {
-            node_uuid,
-            limit: page.limit,
-            marker: page.marker,
-            sort_key: page.sort_key,
-            sort_dir: page.sort_dir.unwrap_or(SortDir::Asc),
-        })
-    }
-
-    async fn list(state: &AppState, q: &VolumeQuery) -> Result<Vec<Record>, StoreError> {
+        let q = paged!(VolumeQuery { node_uuid }, page);
         let store = &state.conductor.store;
-        Ok(match K::KIND {
+        page_of::<Self, _>(match K::KIND {
             Kind::Connector => store
-                .list_volume_connectors(q)
-                .await?
-                .into_iter()
-                .map(Record::Connector)
-                .collect(),
+                .list_volume_connectors(&q)
+                .await
+                .map(|found| found.into_iter().map(Record::Connector).collect()),
             Kind::Target => store
-                .list_volume_targets(q)
-                .await?
-                .into_iter()
-                .map(Record::Target)
-                .collect(),
+                .list_volume_targets(&q)
+                .await
+                .map(|found| found.into_iter().map(Record::Target).collect()),
         })
     }
 
@@ -379,37 +367,10 @@ impl<K: VolumeKind> Resource for Api<K> {
         })
     }
 
-    fn patch_doc(r: &Record, _version: (u32, u32)) -> ApiResult<Value> {
-        let mut doc = r.doc("");
-        for k in ["created_at", "updated_at", "links", "uuid"] {
-            doc.remove(k);
-        }
-        Ok(Value::Object(doc))
-    }
-
-    fn patchable(_version: (u32, u32)) -> Vec<&'static str> {
-        match K::KIND {
-            Kind::Connector => vec!["connector_id", "extra", "node_uuid", "type"],
-            Kind::Target => vec![
-                "boot_index",
-                "extra",
-                "node_uuid",
-                "properties",
-                "volume_id",
-                "volume_type",
-            ],
-        }
-    }
-
     /// The patched document checked, and refused while the node (the new one too, when the
     /// patch moves it) is not powered off.
-    async fn patched(
-        state: &AppState,
-        r: Record,
-        mut doc: Map<String, Value>,
-        _ops: &[PatchOp],
-        _version: (u32, u32),
-    ) -> ApiResult<Record> {
+    async fn patched(state: &AppState, r: Record, p: Patched<'_>) -> ApiResult<Record> {
+        let mut doc = p.doc;
         let uuid = r.uuid().to_string();
         doc.insert("uuid".into(), Value::from(uuid.clone()));
         for k in ["extra", "properties"] {
@@ -465,27 +426,17 @@ fn schema_error(msg: String) -> ApiError {
 /// The body of a create, or the document after a patch, checked as Ironic's
 /// CONNECTOR_SCHEMA / TARGET_SCHEMA (and `args.uuid` on `node_uuid` and `uuid`).
 fn check_doc(kind: Kind, doc: &Map<String, Value>) -> Result<(), ApiError> {
-    let (allowed, required): (&[&str], &[&str]) = match kind {
-        Kind::Connector => (
-            &["connector_id", "extra", "node_uuid", "type", "uuid"],
-            &["connector_id", "node_uuid", "type"],
-        ),
+    // A body has the patchable fields and its UUID.
+    let (patchable, required): (&[&str], &[&str]) = match kind {
+        Kind::Connector => (CONNECTOR_PATCHABLE, &["connector_id", "node_uuid", "type"]),
         Kind::Target => (
-            &[
-                "boot_index",
-                "extra",
-                "node_uuid",
-                "properties",
-                "volume_id",
-                "volume_type",
-                "uuid",
-            ],
+            TARGET_PATCHABLE,
             &["boot_index", "node_uuid", "volume_id", "volume_type"],
         ),
     };
     let mut extras: Vec<&String> = doc
         .keys()
-        .filter(|k| !allowed.contains(&k.as_str()))
+        .filter(|k| *k != "uuid" && !patchable.contains(&k.as_str()))
         .collect();
     if !extras.is_empty() {
         extras.sort();
@@ -642,7 +593,10 @@ mod tests {
     use super::*;
 
     fn doc(v: Value) -> Map<String, Value> {
-        obj(v)
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
     }
 
     #[test]
