@@ -2,7 +2,7 @@
 //! allocation (`/v1/nodes/{node}/allocation`). The conductor picks the node
 //! (`conductor::allocations`); here requests are checked and answered as Ironic does.
 
-use super::body::{at_most, is_logical_name, object_in, string_in, Named};
+use super::body::{at_most, is_logical_name, object_body, object_in, string_in, Named};
 use super::render::{base_url, document, parse_fields, select};
 use super::resource::{self, fetch, page_of, paged, Access, Listing, Page, Patched, Resource};
 use super::version::{ver, Version};
@@ -36,33 +36,6 @@ fn not_acceptable(what: &str) -> ApiError {
             "Request not acceptable. The minimal required API version should be 1.60 for {what}"
         ),
     )
-}
-
-/// The allocation document at `version`.
-fn doc(a: &Allocation, base: &str, version: (u32, u32)) -> Map<String, Value> {
-    let mut m = document(
-        json!({
-        "uuid": a.uuid,
-        "name": a.name,
-        "node_uuid": a.node_uuid,
-        "state": a.state,
-        "last_error": a.last_error,
-        "resource_class": a.resource_class,
-        "candidate_nodes": a.candidate_nodes,
-        "traits": a.traits,
-        "extra": a.extra,
-        "owner": a.owner,
-        }),
-        base,
-        "allocations",
-        &a.uuid,
-        a.created_at,
-        a.updated_at,
-    );
-    if version < OWNER_SINCE {
-        m.remove("owner");
-    }
-    m
 }
 
 /// A logical name, in the words of the allocation API.
@@ -159,31 +132,43 @@ pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Allocation;
-    type ShowQuery = listing::ShowParams;
-    type Body = Value;
     const PATH: &'static str = "allocations";
     const NAME: &'static str = "Allocation";
     const DETAIL_ROUTE: bool = false;
     const SINCE: (u32, u32) = SINCE;
     // A listing shows whole documents (see `detail`).
     const LIST_FIELDS: &'static [&'static str] = &[];
-    const LIST_PARAMS: &'static [&'static str] = &[
-        "node",
-        "resource_class",
-        "state",
-        "owner",
-        "marker",
-        "limit",
-        "sort_key",
-        "sort_dir",
-        "fields",
-    ];
+    const FILTERS: &'static [&'static str] = &["node", "resource_class", "state", "owner"];
+    const DETAIL_PARAM: bool = false;
     const SORT_KEYS: &'static [&'static str] = ALLOCATION_SORT_KEYS;
     const PATCHABLE: &'static [&'static str] = &["name", "extra"];
     const UNSORTABLE: &'static [&'static str] = &["extra", "candidate_nodes", "traits"];
 
+    /// `owner` is shown from 1.60.
     fn doc(a: &Allocation, base: &str, version: (u32, u32)) -> Map<String, Value> {
-        doc(a, base, version)
+        let mut m = document(
+            json!({
+            "uuid": a.uuid,
+            "name": a.name,
+            "node_uuid": a.node_uuid,
+            "state": a.state,
+            "last_error": a.last_error,
+            "resource_class": a.resource_class,
+            "candidate_nodes": a.candidate_nodes,
+            "traits": a.traits,
+            "extra": a.extra,
+            "owner": a.owner,
+            }),
+            base,
+            "allocations",
+            &a.uuid,
+            a.created_at,
+            a.updated_at,
+        );
+        if version < OWNER_SINCE {
+            m.remove("owner");
+        }
+        m
     }
 
     fn blank() -> Allocation {
@@ -234,7 +219,7 @@ impl Resource for Api {
         if version < OWNER_SINCE && fields.split(',').any(|x| x.trim() == "owner") {
             return Err(not_acceptable("the owner field"));
         }
-        parse_fields(Some(fields), &doc(&Self::blank(), "", version))?;
+        parse_fields(Some(fields), &Self::doc(&Self::blank(), "", version))?;
         Ok(())
     }
 
@@ -266,15 +251,10 @@ impl Resource for Api {
         page_of::<Self, _>(state.conductor.store.list_allocations(&q).await)
     }
 
+    type Body = Value;
+
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Allocation> {
-        let Value::Object(body) = body else {
-            return Err(ApiError::bad_request("an allocation must be a JSON object"));
-        };
-        if let Some(bad) = body.keys().find(|k| !CREATE_FIELDS.contains(&k.as_str())) {
-            return Err(ApiError::bad_request(format!(
-                "Additional properties are not allowed ('{bad}' was unexpected)"
-            )));
-        }
+        let body = object_body(body, "an allocation", CREATE_FIELDS)?;
         if body.contains_key("owner") && version < OWNER_SINCE {
             return Err(not_acceptable("the owner field"));
         }
@@ -401,7 +381,7 @@ async fn node_show(
     let a = of_node(&state, &ident, version).await?;
     let base = base_url(&headers);
     let fields = resource::fields_of::<Api>(p.fields.as_deref(), &base, version)?;
-    let full = doc(&a, &base, version);
+    let full = Api::doc(&a, &base, version);
     Ok(Json(match fields {
         Some(f) => select(full, &f),
         None => Value::Object(full),

@@ -117,6 +117,34 @@ pub(super) fn object_in(
     }
 }
 
+/// A create's body: a JSON object (`what` names one in the message) with only `allowed` keys
+/// (Ironic's `additionalProperties: false`).
+pub(super) fn object_body(
+    body: Value,
+    what: &str,
+    allowed: &[&str],
+) -> Result<Map<String, Value>, ApiError> {
+    let Value::Object(doc) = body else {
+        return Err(ApiError::bad_request(format!(
+            "{what} must be a JSON object"
+        )));
+    };
+    if let Some(bad) = doc.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "Additional properties are not allowed ('{bad}' was unexpected)"
+        )));
+    }
+    Ok(doc)
+}
+
+/// A body's `uuid` (checked), or a new one when it has none.
+pub(super) fn uuid_in(doc: &Map<String, Value>, named: Named) -> Result<String, ApiError> {
+    match string_in(doc, "uuid", named)? {
+        Some(u) => check_uuid("uuid", &u),
+        None => Ok(uuid::Uuid::new_v4().to_string()),
+    }
+}
+
 /// A string of at most `max` characters, in Ironic's schema words.
 pub(super) fn check_length(key: &str, s: &str, max: usize) -> Result<(), ApiError> {
     let n = s.chars().count();

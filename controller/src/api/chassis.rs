@@ -1,13 +1,13 @@
 //! `/v1/chassis`: Ironic's grouping of nodes (API 1.1), and the nodes of a chassis.
 
-use super::body::{check_length, check_uuid, object_in, string_in, Named};
+use super::body::{check_length, check_uuid, object_body, object_in, string_in, uuid_in, Named};
 use super::nodes;
 use super::render::{document, links};
 use super::resource::{
     self, fetch, found, page_of, paged, Access, Listing, Page, Patched, Resource,
 };
 use super::version::{ver, Version};
-use super::{listing, ApiError, ApiResult, AppState};
+use super::{ApiError, ApiResult, AppState};
 use crate::store::{Chassis, ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
@@ -37,13 +37,12 @@ const MAX_DESCRIPTION: usize = 255;
 
 /// The chassis document.
 fn chassis_full(c: &Chassis, base: &str) -> Map<String, Value> {
-    let nodes = format!("{}/nodes", c.uuid);
     document(
         json!({
         "uuid": c.uuid,
         "description": c.description,
         "extra": c.extra,
-        "nodes": links(base, "chassis", &nodes),
+        "nodes": links(base, "chassis", &format!("{}/nodes", c.uuid)),
         }),
         base,
         "chassis",
@@ -68,15 +67,10 @@ pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Chassis;
-    type ShowQuery = listing::ShowParams;
-    type Body = Value;
     const PATH: &'static str = "chassis";
     const NAME: &'static str = "Chassis";
     const IDENT: &'static str = "uuid";
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
-    const LIST_PARAMS: &'static [&'static str] = &[
-        "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
-    ];
     const SORT_KEYS: &'static [&'static str] = CHASSIS_SORT_KEYS;
     const PATCHABLE: &'static [&'static str] = &["description", "extra"];
 
@@ -109,27 +103,11 @@ impl Resource for Api {
         page_of::<Self, _>(state.conductor.store.list_chassis(&q).await)
     }
 
+    type Body = Value;
+
     async fn create(state: &AppState, body: Value, _version: (u32, u32)) -> ApiResult<Chassis> {
-        let Value::Object(doc) = body else {
-            return Err(ApiError::bad_request("a chassis must be a JSON object"));
-        };
-        if let Some(bad) = doc
-            .keys()
-            .find(|k| !["uuid", "description", "extra"].contains(&k.as_str()))
-        {
-            return Err(ApiError::bad_request(format!(
-                "Additional properties are not allowed ('{bad}' was unexpected)"
-            )));
-        }
-        let uuid = match doc.get("uuid") {
-            None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
-            Some(Value::String(u)) => check_uuid("uuid", u)?,
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "{other} is not of type 'string', 'null'"
-                )))
-            }
-        };
+        let doc = object_body(body, "a chassis", &["uuid", "description", "extra"])?;
+        let uuid = uuid_in(&doc, Named::Bare)?;
         let (description, extra) = fields_of(&doc)?;
         let chassis = Chassis {
             uuid,

@@ -3,7 +3,7 @@
 //! template's steps join the deploy of a node whose `instance_info.traits` names it
 //! (`conductor::deploying`); a runbook's run as a manual clean or service.
 
-use super::body::{at_most, is_logical_name, object_in, string_in, Named};
+use super::body::{at_most, is_logical_name, object_body, object_in, string_in, Named};
 use super::render::document;
 use super::resource::{
     self, fetch, found, page_of, paged, Access, Listing, Page, Patched, Resource,
@@ -31,8 +31,8 @@ pub(super) struct Spec {
     pub args_required: bool,
     /// Top-level fields a create body may have; a patch may change them all but `uuid`.
     pub create_fields: &'static [&'static str],
-    /// Query parameters of a listing.
-    pub list_params: &'static [&'static str],
+    /// The listing's filters.
+    pub filters: &'static [&'static str],
     /// The version from which `description` and `traits` are shown and the name is any
     /// logical name instead of a trait (runbooks 1.112); `None`: description always, no
     /// traits, the name a trait.
@@ -47,9 +47,7 @@ pub(super) const DEPLOY: Spec = Spec {
     order_key: "priority",
     args_required: true,
     create_fields: &["uuid", "name", "description", "steps", "extra"],
-    list_params: &[
-        "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
-    ],
+    filters: &[],
     traits_since: None,
 };
 
@@ -307,13 +305,11 @@ pub(super) struct Api<K>(PhantomData<fn() -> K>);
 
 impl<K: Kind> Resource for Api<K> {
     type Record = StepTemplate;
-    type ShowQuery = listing::ShowParams;
-    type Body = Value;
     const PATH: &'static str = K::SPEC.collection;
     const NAME: &'static str = K::SPEC.label;
     const SINCE: (u32, u32) = K::SPEC.since;
     const LIST_FIELDS: &'static [&'static str] = &["uuid", "name", "links"];
-    const LIST_PARAMS: &'static [&'static str] = K::SPEC.list_params;
+    const FILTERS: &'static [&'static str] = K::SPEC.filters;
     const SORT_KEYS: &'static [&'static str] = TEMPLATE_SORT_KEYS;
     const UNSORTABLE: &'static [&'static str] = &[];
 
@@ -371,23 +367,16 @@ impl<K: Kind> Resource for Api<K> {
         page_of::<Self, _>(state.conductor.store.list_templates(&q).await)
     }
 
+    type Body = Value;
+
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<StepTemplate> {
         let spec = &K::SPEC;
-        let Value::Object(body) = body else {
-            return Err(ApiError::bad_request(format!(
-                "a {} must be a JSON object",
-                spec.label.to_lowercase()
-            )));
-        };
         let mut allowed = spec.create_fields.to_vec();
         if new_runbook(spec, version) {
             allowed.push("description");
         }
-        if let Some(bad) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(ApiError::bad_request(format!(
-                "Additional properties are not allowed ('{bad}' was unexpected)"
-            )));
-        }
+        let what = format!("a {}", spec.label.to_lowercase());
+        let body = object_body(body, &what, &allowed)?;
         let uuid = match body.get("uuid") {
             None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
             Some(Value::String(u)) => uuid::Uuid::parse_str(u)

@@ -1,5 +1,6 @@
 //! Query parameters that every listing reads the same way (nodes, ports, portgroups, chassis,
-//! allocations, templates, volume, history, the audit trail…), and the shape of its items.
+//! allocations, templates, volume, history, the audit trail…), and the one rule for a full
+//! page's `next` link.
 
 use super::version::not_acceptable;
 use super::ApiError;
@@ -33,6 +34,17 @@ pub fn sort_dir(value: &str) -> Option<SortDir> {
 pub struct ShowParams {
     /// Comma-separated fields to keep.
     pub fields: Option<String>,
+}
+
+/// The query of a single-resource GET that Ironic lets take `detail` too, and ignores it
+/// (the volume API).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowParamsDetail {
+    /// Comma-separated fields to keep.
+    pub fields: Option<String>,
+    #[allow(dead_code)]
+    detail: Option<String>,
 }
 
 /// A boolean query value as Ironic reads one (oslo's strict `bool_from_string`): `1 t true

@@ -4,15 +4,18 @@
 //! conductor group filters, `/v1/nodes/{node}/portgroups` (1.24); deleting a group that still
 //! holds ports is refused (400, Ironic's PortgroupNotEmpty).
 
-use super::body::{boolean, check_logical_name, check_uuid, mac, opt_object, opt_string};
+use super::body::{
+    boolean, check_logical_name, check_uuid, mac, object_body, opt_object, opt_string, uuid_in,
+    Named,
+};
 use super::listing::{check_query_versions, list_param};
 use super::ports::{connectivity_editable, ports_of, refuse_locked, PORTGROUP_SUB_VERSION};
 use super::render::{document, links, select};
 use super::resource::{
     self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
 };
-use super::version::{check_gated, not_acceptable, vstr};
-use super::{listing, ApiError, ApiResult, AppState};
+use super::version::{check_gated, hide_newer, not_acceptable, vstr};
+use super::{ApiError, ApiResult, AppState};
 use crate::store::{Node, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -124,17 +127,6 @@ fn full(g: &Portgroup, base: &str) -> Map<String, Value> {
     )
 }
 
-/// A group's document as a client at `version` sees it.
-fn doc_at(g: &Portgroup, base: &str, version: (u32, u32)) -> Map<String, Value> {
-    let mut doc = full(g, base);
-    for (f, since) in FIELD_VERSIONS {
-        if version < *since {
-            doc.remove(*f);
-        }
-    }
-    doc
-}
-
 /// The checked fields of a body or patched document.
 struct Fields {
     name: Option<String>,
@@ -174,31 +166,20 @@ fn fields_of(doc: &Map<String, Value>) -> Result<Fields, ApiError> {
 
 impl Resource for Api {
     type Record = Portgroup;
-    type ShowQuery = listing::ShowParams;
-    type Body = Value;
     const PATH: &'static str = "portgroups";
     const NAME: &'static str = "Portgroup";
     const SINCE: (u32, u32) = PORTGROUP_VERSION;
     const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = FIELD_VERSIONS;
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
-    const LIST_PARAMS: &'static [&'static str] = &[
-        "node",
-        "address",
-        "shard",
-        "conductor_groups",
-        "limit",
-        "marker",
-        "sort_key",
-        "sort_dir",
-        "fields",
-        "detail",
-    ];
+    const FILTERS: &'static [&'static str] = &["node", "address", "shard", "conductor_groups"];
     const SORT_KEYS: &'static [&'static str] = PORTGROUP_SORT_KEYS;
     const PATCHABLE: &'static [&'static str] = PATCHABLE;
     const UNSORTABLE: &'static [&'static str] = &["extra", "internal_info", "properties"];
 
     fn doc(g: &Portgroup, base: &str, version: (u32, u32)) -> Map<String, Value> {
-        doc_at(g, base, version)
+        let mut doc = full(g, base);
+        hide_newer(&mut doc, FIELD_VERSIONS, version);
+        doc
     }
 
     fn blank() -> Portgroup {
@@ -293,15 +274,10 @@ impl Resource for Api {
         page_of::<Self, _>(state.conductor.store.list_portgroups(&q).await)
     }
 
+    type Body = Value;
+
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Portgroup> {
-        let Value::Object(doc) = body else {
-            return Err(ApiError::bad_request("a portgroup must be a JSON object"));
-        };
-        if let Some(bad) = doc.keys().find(|k| !BODY_KEYS.contains(&k.as_str())) {
-            return Err(ApiError::bad_request(format!(
-                "Additional properties are not allowed ('{bad}' was unexpected)"
-            )));
-        }
+        let doc = object_body(body, "a portgroup", BODY_KEYS)?;
         check_gated(FIELD_VERSIONS, doc.keys().map(String::as_str), version)?;
         let node_uuid = match doc.get("node_uuid") {
             Some(Value::String(u)) => check_uuid("node_uuid", u)?,
@@ -312,15 +288,7 @@ impl Resource for Api {
             }
             None => return Err(ApiError::bad_request("'node_uuid' is a required property")),
         };
-        let uuid = match doc.get("uuid") {
-            None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
-            Some(Value::String(u)) => check_uuid("uuid", u)?,
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "{other} is not of type 'string', 'null' (uuid)"
-                )))
-            }
-        };
+        let uuid = uuid_in(&doc, Named::Key)?;
         let f = fields_of(&doc)?;
         let node = match state.conductor.store.get_node(&node_uuid).await {
             Err(StoreError::NotFound { .. }) => {

@@ -3,7 +3,10 @@
 //! 1.111), the listings under `/v1/nodes/{node}/ports` and `/v1/portgroups/{pg}/ports`
 //! (1.24), and the helpers the port group API shares (gates, Ironic's body checks).
 
-use super::body::{boolean, check_logical_name, check_uuid, mac, opt_object, opt_string};
+use super::body::{
+    boolean, check_logical_name, check_uuid, mac, object_body, opt_object, opt_string, uuid_in,
+    Named,
+};
 use super::listing::{check_query_versions, list_param};
 use super::patch::patched_fields;
 use super::portgroups;
@@ -12,8 +15,8 @@ use super::resource::{
     self, found, page_of, paged, Access, Listing, OfNode, OfPortgroup, Page, Parent, Patched,
     Resource,
 };
-use super::version::{check_gated, not_acceptable, vstr};
-use super::{listing, ApiError, ApiResult, AppState};
+use super::version::{check_gated, hide_newer, not_acceptable, vstr};
+use super::{ApiError, ApiResult, AppState};
 use crate::store::{normalize_mac, Node, Port, PortAttrs, PortQuery, StoreError, PORT_SORT_KEYS};
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -243,11 +246,7 @@ fn port_full(p: &Port, base: &str) -> Map<String, Value> {
 /// `hide_fields_in_newer_versions`).
 pub(super) fn port_doc(p: &Port, base: &str, version: (u32, u32)) -> Map<String, Value> {
     let mut doc = port_full(p, base);
-    for (field, since) in PORT_FIELD_VERSIONS {
-        if version < *since {
-            doc.remove(*field);
-        }
-    }
+    hide_newer(&mut doc, PORT_FIELD_VERSIONS, version);
     let ovn_shown = (OVN_VTEP_VERSION..OVN_VTEP_REMOVED).contains(&version);
     if let Some(Value::Object(llc)) = doc.get("local_link_connection") {
         if !ovn_shown && OVN_KEYS.iter().any(|k| llc.contains_key(*k)) {
@@ -445,13 +444,11 @@ pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Port;
-    type ShowQuery = listing::ShowParams;
-    type Body = Value;
     const PATH: &'static str = "ports";
     const NAME: &'static str = "Port";
     const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = PORT_FIELD_VERSIONS;
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
-    const LIST_PARAMS: &'static [&'static str] = &[
+    const FILTERS: &'static [&'static str] = &[
         "node",
         "node_uuid",
         "address",
@@ -459,12 +456,6 @@ impl Resource for Api {
         "shard",
         "conductor_groups",
         "description_contains",
-        "limit",
-        "marker",
-        "sort_key",
-        "sort_dir",
-        "fields",
-        "detail",
     ];
     const SORT_KEYS: &'static [&'static str] = PORT_SORT_KEYS;
     const PATCHABLE: &'static [&'static str] = PATCHABLE;
@@ -591,15 +582,10 @@ impl Resource for Api {
         page_of::<Self, _>(state.conductor.store.list_ports(&q).await)
     }
 
+    type Body = Value;
+
     async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Port> {
-        let Value::Object(mut doc) = body else {
-            return Err(ApiError::bad_request("a port must be a JSON object"));
-        };
-        if let Some(bad) = doc.keys().find(|k| !BODY_KEYS.contains(&k.as_str())) {
-            return Err(ApiError::bad_request(format!(
-                "Additional properties are not allowed ('{bad}' was unexpected)"
-            )));
-        }
+        let mut doc = object_body(body, "a port", BODY_KEYS)?;
         let address = match doc.get("address") {
             Some(Value::String(a)) => mac(a)?,
             Some(other) => {
@@ -631,15 +617,7 @@ impl Resource for Api {
             }
         };
         check_gated(PORT_FIELD_VERSIONS, doc.keys().map(String::as_str), version)?;
-        let uuid = match doc.get("uuid") {
-            None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
-            Some(Value::String(u)) => check_uuid("uuid", u)?,
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "{other} is not of type 'string', 'null' (uuid)"
-                )))
-            }
-        };
+        let uuid = uuid_in(&doc, Named::Key)?;
         let node = node_ref(state, &node_ident).await?;
         refuse_locked(&node)?;
         let (pxe, extra, mut attrs) = attrs_of(&doc, version, Map::new())?;

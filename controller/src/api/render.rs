@@ -132,11 +132,7 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
 
 /// Drop the fields a client at `version` does not know.
 pub fn gate_node(doc: &mut Map<String, Value>, version: (u32, u32)) {
-    for (field, since) in NODE_FIELD_VERSIONS {
-        if version < *since {
-            doc.remove(*field);
-        }
-    }
+    super::version::hide_newer(doc, NODE_FIELD_VERSIONS, version);
 }
 
 pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {

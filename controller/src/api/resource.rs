@@ -51,6 +51,12 @@ pub(super) struct Page {
     pub sort_dir: Option<SortDir>,
 }
 
+/// The query parameters of every listing, after its filters; `/detail` takes neither
+/// `fields` nor `detail` (Ironic's `detail_request_query`).
+pub(super) const PAGE_PARAMS: &[&str] = &[
+    "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
+];
+
 /// A listing as its resource's hooks see it.
 pub(super) struct Listing<'a> {
     pub params: &'a HashMap<String, String>,
@@ -122,12 +128,16 @@ impl ShowFields for listing::ShowParams {
     }
 }
 
+impl ShowFields for listing::ShowParamsDetail {
+    fn fields(&self) -> Option<&str> {
+        self.fields.as_deref()
+    }
+}
+
 /// A collection of the admin API. See the module documentation.
 pub(super) trait Resource: Send + Sync + 'static {
     /// The stored record.
     type Record: Send + Sync;
-    /// The query a single-resource GET takes.
-    type ShowQuery: DeserializeOwned + ShowFields + Send;
     /// The body a create takes.
     type Body: DeserializeOwned + rivet_protocol::limits::Limited + Send;
 
@@ -137,6 +147,8 @@ pub(super) trait Resource: Send + Sync + 'static {
     const NAME: &'static str;
     /// The path parameter's name in the routes (the OpenAPI document names it so).
     const IDENT: &'static str = "ident";
+    /// Whether a single-resource GET takes (and ignores) `detail`, as Ironic's volume API.
+    const SHOW_TAKES_DETAIL: bool = false;
     /// Whether the collection has a `/detail` listing.
     const DETAIL_ROUTE: bool = true;
     /// The microversion that adds the resource.
@@ -149,9 +161,12 @@ pub(super) trait Resource: Send + Sync + 'static {
     /// Whether a listing item and a `fields` selection always keep `links` (Ironic's
     /// `sanitize_dict` in the volume API).
     const ALWAYS_LINKS: bool = false;
-    /// Query parameters of a listing; `/detail` takes neither `fields` nor `detail`
-    /// (Ironic's `detail_request_query`).
-    const LIST_PARAMS: &'static [&'static str];
+    /// The listing's own query parameters (its filters); every listing takes the page's
+    /// too ([`PAGE_PARAMS`]).
+    const FILTERS: &'static [&'static str] = &[];
+    /// Whether a listing takes `detail` (Ironic's allocations do not: they show whole
+    /// documents).
+    const DETAIL_PARAM: bool = true;
     /// Keys a listing sorts by.
     const SORT_KEYS: &'static [&'static str];
     /// Fields Ironic refuses to sort by (its `invalid_sort_key_list`).
@@ -389,10 +404,15 @@ pub(super) async fn list_at<R: Resource>(
     parent: Option<Parent>,
 ) -> ApiResult<Json<Value>> {
     gate::<R>(version, Access::Read)?;
-    let allowed: Vec<&str> = R::LIST_PARAMS
+    let allowed: Vec<&str> = R::FILTERS
         .iter()
+        .chain(PAGE_PARAMS)
         .copied()
-        .filter(|p| !from_detail || !["fields", "detail"].contains(p))
+        .filter(|p| match *p {
+            "fields" => !from_detail,
+            "detail" => !from_detail && R::DETAIL_PARAM,
+            _ => true,
+        })
         .collect();
     if let Some(bad) = params.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(R::unknown_param(bad, &allowed));
@@ -498,12 +518,12 @@ pub(super) async fn list<R: Resource, A: At, const DETAIL: bool>(
 }
 
 /// `GET /v1/{collection}/{ident}`.
-pub(super) async fn show<R: Resource>(
+pub(super) async fn show<R: Resource, Q: DeserializeOwned + ShowFields + Send>(
     State(state): State<AppState>,
     headers: HeaderMap,
     version: Version,
     Path(ident): Path<String>,
-    Query(p): Query<R::ShowQuery>,
+    Query(p): Query<Q>,
 ) -> ApiResult<Json<Value>> {
     let version = ver(&version);
     gate::<R>(version, Access::Read)?;
@@ -588,12 +608,17 @@ pub(super) async fn remove<R: Resource>(
 pub(super) fn routes<R: Resource>() -> Router<AppState> {
     let path = format!("/v1/{}", R::PATH);
     let collection = || get(list::<R, Collection, false>).post(create::<R>);
+    let one = if R::SHOW_TAKES_DETAIL {
+        get(show::<R, listing::ShowParamsDetail>)
+    } else {
+        get(show::<R, listing::ShowParams>)
+    };
     let mut router = Router::new()
         .route(&path, collection())
         .route(&format!("{path}/"), collection())
         .route(
             &format!("{path}/{{{}}}", R::IDENT),
-            get(show::<R>).patch(update::<R>).delete(remove::<R>),
+            one.patch(update::<R>).delete(remove::<R>),
         );
     if R::DETAIL_ROUTE {
         router = router.route(&format!("{path}/detail"), get(list::<R, Collection, true>));

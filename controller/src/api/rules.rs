@@ -5,7 +5,7 @@
 
 use super::render::links;
 use super::resource::{self, found, Access, Listing, Page, Patched, Resource};
-use super::{body, listing, ApiError, ApiResult, ApiVersion, AppState};
+use super::{body, ApiError, ApiResult, ApiVersion, AppState};
 use crate::conductor::inspection_rules::load_rules;
 use crate::inspection::rules::{validate, Rule};
 use crate::store::{SortDir, StoreError};
@@ -297,17 +297,13 @@ pub(super) struct Api;
 
 impl Resource for Api {
     type Record = Stored;
-    type ShowQuery = listing::ShowParams;
-    type Body = Rule;
     const PATH: &'static str = "inspection_rules";
     const NAME: &'static str = "Inspection rule";
     const IDENT: &'static str = "uuid";
     const DETAIL_ROUTE: bool = false;
     const SINCE: (u32, u32) = SINCE;
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
-    const LIST_PARAMS: &'static [&'static str] = &[
-        "detail", "fields", "limit", "marker", "sort_key", "sort_dir", "phase",
-    ];
+    const FILTERS: &'static [&'static str] = &["phase"];
     // The fields of a rule's document, and `id` (creation order).
     const SORT_KEYS: &'static [&'static str] = &[
         "id",
@@ -430,6 +426,8 @@ impl Resource for Api {
         found.truncate(page.limit);
         Ok(found)
     }
+
+    type Body = Rule;
 
     async fn create(state: &AppState, mut rule: Rule, _version: (u32, u32)) -> ApiResult<Stored> {
         let uuid = match rule.uuid.take().filter(|u| !u.is_empty()) {

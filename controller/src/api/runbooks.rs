@@ -35,9 +35,7 @@ const RUNBOOK: Spec = Spec {
         "public",
         "owner",
     ],
-    list_params: &[
-        "limit", "marker", "sort_key", "sort_dir", "fields", "detail", "owner", "public",
-    ],
+    filters: &["owner", "public"],
     traits_since: Some(TRAITS_SINCE),
 };
 

@@ -1,4 +1,6 @@
-//! Microversion negotiation (`X-OpenStack-Ironic-API-Version`) and the version documents.
+//! Microversion negotiation (`X-OpenStack-Ironic-API-Version`), the version documents, the
+//! request's [`Version`] as handlers extract it, and the field gates (406 for a field a
+//! client's version does not have, fields hidden from older clients).
 
 use super::ApiError;
 use axum::extract::Request;
@@ -22,6 +24,20 @@ pub(super) type Version = Option<axum::Extension<ApiVersion>>;
 /// The `(major, minor)` of a request's [`Version`].
 pub(super) fn ver(v: &Version) -> (u32, u32) {
     v.as_ref().map_or(MIN_VERSION, |e| e.0 .0)
+}
+
+/// Drops the fields `table` gates above `version` from a document (Ironic's
+/// `hide_fields_in_newer_versions`).
+pub(super) fn hide_newer(
+    doc: &mut serde_json::Map<String, serde_json::Value>,
+    table: &[(&str, (u32, u32))],
+    version: (u32, u32),
+) {
+    for (field, since) in table {
+        if version < *since {
+            doc.remove(*field);
+        }
+    }
 }
 
 /// `1.N` of a version.

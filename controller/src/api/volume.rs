@@ -9,7 +9,7 @@
 use super::body::check_uuid;
 use super::render::{base_url, document};
 use super::resource::{
-    self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource, ShowFields,
+    self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
 };
 use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
@@ -231,25 +231,9 @@ async fn malformed(version: Version) -> ApiError {
     )
 }
 
-/// The query a connector's or target's GET takes: Ironic's accepts (and ignores) `detail`.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ShowParams {
-    fields: Option<String>,
-    #[allow(dead_code)]
-    detail: Option<String>,
-}
-
-impl ShowFields for ShowParams {
-    fn fields(&self) -> Option<&str> {
-        self.fields.as_deref()
-    }
-}
-
 impl<K: VolumeKind> Resource for Api<K> {
     type Record = Record;
-    type ShowQuery = ShowParams;
-    type Body = Value;
+    const SHOW_TAKES_DETAIL: bool = true;
     const PATH: &'static str = kind_text(K::KIND, "volume/connectors", "volume/targets");
     const NAME: &'static str = kind_text(K::KIND, "Volume connector", "Volume target");
     const IDENT: &'static str = "uuid";
@@ -260,9 +244,7 @@ impl<K: VolumeKind> Resource for Api<K> {
         Kind::Target => TARGET_FIELDS,
     };
     const ALWAYS_LINKS: bool = true;
-    const LIST_PARAMS: &'static [&'static str] = &[
-        "node", "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
-    ];
+    const FILTERS: &'static [&'static str] = &["node"];
     const SORT_KEYS: &'static [&'static str] = match K::KIND {
         Kind::Connector => CONNECTOR_SORT_KEYS,
         Kind::Target => TARGET_SORT_KEYS,
@@ -349,6 +331,8 @@ impl<K: VolumeKind> Resource for Api<K> {
                 .map(|found| found.into_iter().map(Record::Target).collect()),
         })
     }
+
+    type Body = Value;
 
     async fn create(state: &AppState, body: Value, _version: (u32, u32)) -> ApiResult<Record> {
         let Value::Object(doc) = body else {
