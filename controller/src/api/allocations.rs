@@ -2,69 +2,32 @@
 //! allocation (`/v1/nodes/{node}/allocation`). The conductor picks the node
 //! (`conductor::allocations`); here requests are checked and answered as Ironic does.
 
-use super::nodes::{ver, Version};
-use super::render::{base_url, links, parse_fields, select, time};
-use super::{listing, patch, ApiError, ApiResult, AppState, JsonBody};
+use super::body::{at_most, is_logical_name, object_body, object_in, string_in, Named};
+use super::render::{base_url, document, parse_fields, select};
+use super::resource::{self, fetch, page_of, paged, Access, Listing, Page, Patched, Resource};
+use super::version::{ver, Version};
+use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::allocations::alloc_state;
 use crate::store::{Allocation, AllocationQuery, StoreError, ALLOCATION_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/allocations", get(list).post(create))
-        .route("/v1/allocations/", get(list).post(create))
-        .route(
-            "/v1/allocations/{ident}",
-            get(show).patch(update).delete(remove),
-        )
-        .route(
-            "/v1/nodes/{ident}/allocation",
-            get(node_show).delete(node_remove),
-        )
+    resource::routes::<Api>().route(
+        "/v1/nodes/{ident}/allocation",
+        get(node_show).delete(node_remove),
+    )
 }
 
 const SINCE: (u32, u32) = (1, 52);
 const UPDATE_SINCE: (u32, u32) = (1, 57);
 const BACKFILL_SINCE: (u32, u32) = (1, 58);
 const OWNER_SINCE: (u32, u32) = (1, 60);
-
-/// Ironic answers reads below 1.52 with 404 and writes with 405.
-fn gate(version: (u32, u32), since: (u32, u32), write: bool) -> Result<(), ApiError> {
-    if version >= since {
-        return Ok(());
-    }
-    let (status, what) = if since == UPDATE_SINCE {
-        (
-            StatusCode::METHOD_NOT_ALLOWED,
-            "The API version does not allow updating allocations",
-        )
-    } else if write {
-        (
-            StatusCode::METHOD_NOT_ALLOWED,
-            "The API version does not allow allocations",
-        )
-    } else {
-        (
-            StatusCode::NOT_FOUND,
-            "The API version does not allow allocations",
-        )
-    };
-    Err(ApiError::new(
-        status,
-        format!(
-            "{what} (this request asked for {}.{}; send X-OpenStack-Ironic-API-Version: {}.{} or later)",
-            version.0, version.1, since.0, since.1
-        ),
-    ))
-}
 
 fn not_acceptable(what: &str) -> ApiError {
     ApiError::new(
@@ -75,93 +38,14 @@ fn not_acceptable(what: &str) -> ApiError {
     )
 }
 
-fn not_found(ident: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("Allocation {ident} could not be found."),
-    )
-}
-
-/// The allocation document at `version`.
-fn doc(a: &Allocation, base: &str, version: (u32, u32)) -> Map<String, Value> {
-    let mut m = match json!({
-        "uuid": a.uuid,
-        "name": a.name,
-        "node_uuid": a.node_uuid,
-        "state": a.state,
-        "last_error": a.last_error,
-        "resource_class": a.resource_class,
-        "candidate_nodes": a.candidate_nodes,
-        "traits": a.traits,
-        "extra": a.extra,
-        "owner": a.owner,
-        "created_at": time(&Some(a.created_at)),
-        "updated_at": time(&a.updated_at),
-        "links": links(base, "allocations", &a.uuid),
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
-    if version < OWNER_SINCE {
-        m.remove("owner");
-    }
-    m
-}
-
-fn fields_of(
-    fields: Option<&String>,
-    base: &str,
-    version: (u32, u32),
-) -> Result<Option<Vec<String>>, ApiError> {
-    if let Some(f) = fields {
-        if version < OWNER_SINCE && f.split(',').any(|x| x.trim() == "owner") {
-            return Err(not_acceptable("the owner field"));
-        }
-    }
-    let template = doc(&blank(), base, version);
-    parse_fields(fields.map(String::as_str), &template)
-}
-
-fn blank() -> Allocation {
-    Allocation {
-        uuid: String::new(),
-        name: None,
-        node_uuid: None,
-        state: alloc_state::ALLOCATING.into(),
-        last_error: None,
-        resource_class: None,
-        candidate_nodes: Vec::new(),
-        traits: Vec::new(),
-        extra: Map::new(),
-        owner: None,
-        created_at: Utc::now(),
-        updated_at: None,
-        version: 0,
-    }
-}
-
-/// Ironic's `is_valid_logical_name`: RFC 3986 unreserved characters, at most 255.
+/// A logical name, in the words of the allocation API.
 fn check_name(name: &str, action: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "Cannot {action} allocation with invalid name '{name}'"
-        )))
+    if is_logical_name(name) {
+        return Ok(());
     }
-}
-
-/// A store lookup by UUID or name, its NotFound in Ironic's words.
-async fn fetch(state: &AppState, ident: &str) -> ApiResult<Allocation> {
-    match state.conductor.store.get_allocation(ident).await {
-        Err(StoreError::NotFound { .. }) => Err(not_found(ident)),
-        r => Ok(r?),
-    }
+    Err(ApiError::bad_request(format!(
+        "Cannot {action} allocation with invalid name '{name}'"
+    )))
 }
 
 /// A node named in a request: its UUID; 400 when there is none (Ironic's NodeNotFound as a
@@ -176,13 +60,7 @@ async fn node_uuid_of(state: &AppState, ident: &str) -> ApiResult<crate::store::
 }
 
 fn opt_string(doc: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "{other} is not of type 'string', 'null' (field {key})"
-        ))),
-    }
+    string_in(doc, key, Named::Field)
 }
 
 fn string_list(doc: &Map<String, Value>, key: &str) -> Result<Vec<String>, ApiError> {
@@ -223,273 +101,244 @@ const CREATE_FIELDS: &[&str] = &[
     "uuid",
 ];
 
-async fn create(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    JsonBody(body): JsonBody<Value>,
-) -> ApiResult<Response> {
-    let version = ver(&version);
-    gate(version, SINCE, true)?;
-    let Value::Object(body) = body else {
-        return Err(ApiError::bad_request("an allocation must be a JSON object"));
+/// Ironic answers a request below the version it needs with 404 for reads, 405 for writes.
+fn too_old(version: (u32, u32), access: Access) -> ApiError {
+    let since = Api::since(access);
+    let (status, what) = match access {
+        Access::Update => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "The API version does not allow updating allocations",
+        ),
+        Access::Create | Access::Delete => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "The API version does not allow allocations",
+        ),
+        Access::Read => (
+            StatusCode::NOT_FOUND,
+            "The API version does not allow allocations",
+        ),
     };
-    if let Some(bad) = body.keys().find(|k| !CREATE_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "Additional properties are not allowed ('{bad}' was unexpected)"
-        )));
-    }
-    if body.contains_key("owner") && version < OWNER_SINCE {
-        return Err(not_acceptable("the owner field"));
-    }
-    let name = opt_string(&body, "name")?;
-    if let Some(n) = &name {
-        check_name(n, "create")?;
-    }
-    let resource_class = opt_string(&body, "resource_class")?;
-    if resource_class
-        .as_ref()
-        .is_some_and(|r| r.chars().count() > 80)
-    {
-        return Err(ApiError::bad_request(
-            "resource_class is too long: at most 80 characters are allowed",
-        ));
-    }
-    let traits = string_list(&body, "traits")?;
-    check_traits(&traits)?;
-    let owner = opt_string(&body, "owner")?;
-    if owner.as_ref().is_some_and(|o| o.chars().count() > 255) {
-        return Err(ApiError::bad_request(
-            "owner is too long: at most 255 characters are allowed",
-        ));
-    }
-    let extra = match body.get("extra") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'object', 'null' (field extra)"
-            )))
-        }
-    };
-    let node = match opt_string(&body, "node")? {
-        Some(_) if version < BACKFILL_SINCE => {
-            return Err(ApiError::bad_request(
-                "Cannot set node when creating an allocation in this API version",
-            ))
-        }
-        Some(n) => Some(node_uuid_of(&state, &n).await?),
-        None => None,
-    };
-    let resource_class = match (resource_class, &node) {
-        (Some(r), _) if !r.is_empty() => Some(r),
-        (_, Some(n)) => n.resource_class.clone(),
-        _ => {
-            return Err(ApiError::bad_request(
-                "The resource_class field is mandatory when not backfilling",
-            ))
-        }
-    };
-    // Candidates by name or UUID, kept in the order given, stored as UUIDs.
-    let mut candidate_nodes = Vec::new();
-    for ident in string_list(&body, "candidate_nodes")? {
-        candidate_nodes.push(node_uuid_of(&state, &ident).await?.uuid);
-    }
-    let uuid = match opt_string(&body, "uuid")? {
-        Some(u) => uuid::Uuid::parse_str(&u)
-            .map_err(|_| ApiError::bad_request(format!("Expected a UUID but received {u}.")))?
-            .to_string(),
-        // Backfilling without a UUID: the instance's, as Ironic assumes.
-        None => node
-            .as_ref()
-            .and_then(|n| n.instance_uuid.clone())
-            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-    };
-    let a = Allocation {
-        uuid,
-        name,
-        resource_class,
-        candidate_nodes,
-        traits,
-        extra,
-        owner,
-        ..blank()
-    };
-    let base = base_url(&headers);
-    let saved = match &node {
-        Some(n) => state.conductor.backfill_allocation(a, n).await?,
-        None => {
-            let saved = state.conductor.store.create_allocation(&a).await?;
-            state.conductor.allocate_soon(saved.uuid.clone());
-            saved
-        }
-    };
-    tracing::info!(allocation = %saved.uuid, "allocation created");
-    Ok(super::render::created(
-        doc(&saved, &base, version),
-        &base,
-        "allocations",
-        &saved.uuid,
-    ))
+    ApiError::new(
+        status,
+        format!(
+            "{what} (this request asked for {}.{}; send X-OpenStack-Ironic-API-Version: {}.{} or later)",
+            version.0, version.1, since.0, since.1
+        ),
+    )
 }
 
-const LIST_PARAMS: &[&str] = &[
-    "node",
-    "resource_class",
-    "state",
-    "owner",
-    "marker",
-    "limit",
-    "sort_key",
-    "sort_dir",
-    "fields",
-];
+/// The allocations collection.
+pub(super) struct Api;
 
-async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(version, SINCE, false)?;
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
+impl Resource for Api {
+    type Record = Allocation;
+    const PATH: &'static str = "allocations";
+    const NAME: &'static str = "Allocation";
+    const DETAIL_ROUTE: bool = false;
+    const SINCE: (u32, u32) = SINCE;
+    // A listing shows whole documents (see `detail`).
+    const LIST_FIELDS: &'static [&'static str] = &[];
+    const FILTERS: &'static [&'static str] = &["node", "resource_class", "state", "owner"];
+    const DETAIL_PARAM: bool = false;
+    const SORT_KEYS: &'static [&'static str] = ALLOCATION_SORT_KEYS;
+    const PATCHABLE: &'static [&'static str] = &["name", "extra"];
+    const UNSORTABLE: &'static [&'static str] = &["extra", "candidate_nodes", "traits"];
+
+    /// `owner` is shown from 1.60.
+    fn doc(a: &Allocation, base: &str, version: (u32, u32)) -> Map<String, Value> {
+        let mut m = document(
+            json!({
+            "uuid": a.uuid,
+            "name": a.name,
+            "node_uuid": a.node_uuid,
+            "state": a.state,
+            "last_error": a.last_error,
+            "resource_class": a.resource_class,
+            "candidate_nodes": a.candidate_nodes,
+            "traits": a.traits,
+            "extra": a.extra,
+            "owner": a.owner,
+            }),
+            base,
+            "allocations",
+            &a.uuid,
+            a.created_at,
+            a.updated_at,
+        );
+        if version < OWNER_SINCE {
+            m.remove("owner");
+        }
+        m
     }
-    if params.contains_key("owner") && version < OWNER_SINCE {
-        return Err(not_acceptable("the owner filter"));
+
+    fn blank() -> Allocation {
+        Allocation {
+            uuid: String::new(),
+            name: None,
+            node_uuid: None,
+            state: alloc_state::ALLOCATING.into(),
+            last_error: None,
+            resource_class: None,
+            candidate_nodes: Vec::new(),
+            traits: Vec::new(),
+            extra: Map::new(),
+            owner: None,
+            created_at: Utc::now(),
+            updated_at: None,
+            version: 0,
+        }
     }
-    let base = base_url(&headers);
-    let fields = fields_of(params.get("fields"), &base, version)?;
-    let sort_key = params
-        .get("sort_key")
-        .cloned()
-        .unwrap_or_else(|| "id".into());
-    if ["extra", "candidate_nodes", "traits"].contains(&sort_key.as_str()) {
-        return Err(ApiError::bad_request(format!(
-            "The sort_key value {sort_key} is an invalid field for sorting"
-        )));
+
+    async fn get(state: &AppState, ident: &str) -> Result<Allocation, StoreError> {
+        state.conductor.store.get_allocation(ident).await
     }
-    if !ALLOCATION_SORT_KEYS.contains(&sort_key.as_str()) {
-        return Err(ApiError::bad_request(format!(
-            "sort_key {sort_key:?} is not supported; use one of {}",
-            ALLOCATION_SORT_KEYS.join(", ")
-        )));
+
+    fn since(access: Access) -> (u32, u32) {
+        match access {
+            Access::Update => UPDATE_SINCE,
+            _ => SINCE,
+        }
     }
-    let sort_dir = listing::sort_dir_param(&params)?.unwrap_or(crate::store::SortDir::Asc);
-    let node_uuid = match params.get("node") {
-        Some(n) => Some(node_uuid_of(&state, n).await?.uuid),
-        None => None,
-    };
-    let marker = match params.get("marker") {
-        Some(m) => Some(fetch(&state, m).await?.uuid),
-        None => None,
-    };
-    let q = AllocationQuery {
-        limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
-        marker,
-        sort_key,
-        sort_dir,
-        node_uuid,
-        resource_class: params.get("resource_class").cloned(),
-        state: params.get("state").cloned(),
-        owner: params.get("owner").cloned(),
-    };
-    let found = state.conductor.store.list_allocations(&q).await?;
-    let docs: Vec<Value> = found
-        .iter()
-        .map(|a| {
-            let full = doc(a, &base, version);
-            match &fields {
-                Some(f) => select(full, f),
-                None => Value::Object(full),
+
+    fn too_old(version: (u32, u32), access: Access) -> ApiError {
+        too_old(version, access)
+    }
+
+    fn check_list(l: &Listing<'_>) -> ApiResult<()> {
+        let params = l.params;
+        let version = l.version;
+        if params.contains_key("owner") && version < OWNER_SINCE {
+            return Err(not_acceptable("the owner filter"));
+        }
+        Ok(())
+    }
+
+    /// `owner` is 406 below 1.60 with Ironic's words for allocations; the names are checked
+    /// before the allocation is looked up.
+    fn check_fields(fields: &str, version: (u32, u32)) -> ApiResult<()> {
+        if version < OWNER_SINCE && fields.split(',').any(|x| x.trim() == "owner") {
+            return Err(not_acceptable("the owner field"));
+        }
+        parse_fields(Some(fields), &Self::doc(&Self::blank(), "", version))?;
+        Ok(())
+    }
+
+    /// Allocations have no short form: a listing shows whole documents.
+    fn detail(_params: &HashMap<String, String>, _from_detail: bool) -> ApiResult<bool> {
+        Ok(true)
+    }
+
+    /// A marker is an allocation by UUID or name.
+    async fn marker(state: &AppState, marker: &str) -> ApiResult<String> {
+        Ok(fetch::<Self>(state, marker, Access::Read).await?.uuid)
+    }
+
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Allocation>> {
+        let params = l.params;
+        let node_uuid = match params.get("node") {
+            Some(n) => Some(node_uuid_of(state, n).await?.uuid),
+            None => None,
+        };
+        let q = paged!(
+            AllocationQuery {
+                node_uuid,
+                resource_class: params.get("resource_class").cloned(),
+                state: params.get("state").cloned(),
+                owner: params.get("owner").cloned(),
+            },
+            page
+        );
+        page_of::<Self, _>(state.conductor.store.list_allocations(&q).await)
+    }
+
+    type Body = Value;
+
+    async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Allocation> {
+        let body = object_body(body, "an allocation", CREATE_FIELDS)?;
+        if body.contains_key("owner") && version < OWNER_SINCE {
+            return Err(not_acceptable("the owner field"));
+        }
+        let name = opt_string(&body, "name")?;
+        if let Some(n) = &name {
+            check_name(n, "create")?;
+        }
+        let resource_class = at_most("resource_class", opt_string(&body, "resource_class")?, 80)?;
+        let traits = string_list(&body, "traits")?;
+        check_traits(&traits)?;
+        let owner = at_most("owner", opt_string(&body, "owner")?, 255)?;
+        let extra = object_in(&body, "extra", Named::Field)?;
+        let node = match opt_string(&body, "node")? {
+            Some(_) if version < BACKFILL_SINCE => {
+                return Err(ApiError::bad_request(
+                    "Cannot set node when creating an allocation in this API version",
+                ))
             }
-        })
-        .collect();
-    let mut body = json!({ "allocations": docs });
-    if found.len() == q.limit {
-        if let Some(last) = found.last() {
-            let mut next = format!("{base}/v1/allocations?limit={}", q.limit);
-            for k in [
-                "node",
-                "resource_class",
-                "state",
-                "owner",
-                "sort_key",
-                "sort_dir",
-                "fields",
-            ] {
-                if let Some(v) = params.get(k) {
-                    next.push_str(&format!("&{k}={v}"));
-                }
+            Some(n) => Some(node_uuid_of(state, &n).await?),
+            None => None,
+        };
+        let resource_class = match (resource_class, &node) {
+            (Some(r), _) if !r.is_empty() => Some(r),
+            (_, Some(n)) => n.resource_class.clone(),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "The resource_class field is mandatory when not backfilling",
+                ))
             }
-            next.push_str(&format!("&marker={}", last.uuid));
-            body["next"] = Value::from(next);
+        };
+        // Candidates by name or UUID, kept in the order given, stored as UUIDs.
+        let mut candidate_nodes = Vec::new();
+        for ident in string_list(&body, "candidate_nodes")? {
+            candidate_nodes.push(node_uuid_of(state, &ident).await?.uuid);
         }
+        let uuid = match opt_string(&body, "uuid")? {
+            Some(u) => uuid::Uuid::parse_str(&u)
+                .map_err(|_| ApiError::bad_request(format!("Expected a UUID but received {u}.")))?
+                .to_string(),
+            // Backfilling without a UUID: the instance's, as Ironic assumes.
+            None => node
+                .as_ref()
+                .and_then(|n| n.instance_uuid.clone())
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        };
+        let a = Allocation {
+            uuid,
+            name,
+            resource_class,
+            candidate_nodes,
+            traits,
+            extra,
+            owner,
+            ..Self::blank()
+        };
+        let saved = match &node {
+            Some(n) => state.conductor.backfill_allocation(a, n).await?,
+            None => {
+                let saved = state.conductor.store.create_allocation(&a).await?;
+                state.conductor.allocate_soon(saved.uuid.clone());
+                saved
+            }
+        };
+        tracing::info!(allocation = %saved.uuid, "allocation created");
+        Ok(saved)
     }
-    Ok(Json(body))
-}
 
-async fn show(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    Query(p): Query<listing::ShowParams>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(version, SINCE, false)?;
-    let base = base_url(&headers);
-    let fields = fields_of(p.fields.as_ref(), &base, version)?;
-    let a = fetch(&state, &ident).await?;
-    let full = doc(&a, &base, version);
-    Ok(Json(match fields {
-        Some(f) => select(full, &f),
-        None => Value::Object(full),
-    }))
-}
-
-async fn update(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    JsonBody(ops): JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(version, UPDATE_SINCE, true)?;
-    let a = fetch(&state, &ident).await?;
-    let mut d = json!({ "name": a.name, "extra": a.extra });
-    patch::apply(&mut d, &ops, &["name", "extra"])?;
-    let Value::Object(d) = d else {
-        return Err(ApiError::bad_request("patch replaced the whole allocation"));
-    };
-    let name = opt_string(&d, "name")?;
-    if let Some(n) = &name {
-        check_name(n, "update")?;
-    }
-    let extra = match d.get("extra") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'object', 'null' (field extra)"
-            )))
+    async fn patched(state: &AppState, a: Allocation, p: Patched<'_>) -> ApiResult<Allocation> {
+        let d = p.doc;
+        let name = opt_string(&d, "name")?;
+        if let Some(n) = &name {
+            check_name(n, "update")?;
         }
-    };
-    let saved = state
-        .conductor
-        .store
-        .update_allocation(&Allocation { name, extra, ..a })
-        .await?;
-    Ok(Json(Value::Object(doc(
-        &saved,
-        &base_url(&headers),
-        version,
-    ))))
+        let extra = object_in(&d, "extra", Named::Field)?;
+        Ok(state
+            .conductor
+            .store
+            .update_allocation(&Allocation { name, extra, ..a })
+            .await?)
+    }
+
+    async fn delete(state: &AppState, a: Allocation) -> ApiResult<()> {
+        destroy(state, &a).await.map(|_| ())
+    }
 }
 
 async fn destroy(state: &AppState, a: &Allocation) -> ApiResult<StatusCode> {
@@ -500,19 +349,9 @@ async fn destroy(state: &AppState, a: &Allocation) -> ApiResult<StatusCode> {
     }
 }
 
-async fn remove(
-    State(state): State<AppState>,
-    version: Version,
-    Path(ident): Path<String>,
-) -> ApiResult<StatusCode> {
-    gate(ver(&version), SINCE, true)?;
-    let a = fetch(&state, &ident).await?;
-    destroy(&state, &a).await
-}
-
 /// The node's allocation, or Ironic's 404 for a node without one.
 async fn of_node(state: &AppState, ident: &str, version: (u32, u32)) -> ApiResult<Allocation> {
-    gate(version, SINCE, false)?;
+    resource::gate::<Api>(version, Access::Read)?;
     let node = match state.conductor.store.get_node(ident).await {
         Err(StoreError::NotFound { .. }) => {
             return Err(ApiError::new(
@@ -541,8 +380,8 @@ async fn node_show(
     let version = ver(&version);
     let a = of_node(&state, &ident, version).await?;
     let base = base_url(&headers);
-    let fields = fields_of(p.fields.as_ref(), &base, version)?;
-    let full = doc(&a, &base, version);
+    let fields = resource::fields_of::<Api>(p.fields.as_deref(), &base, version)?;
+    let full = Api::doc(&a, &base, version);
     Ok(Json(match fields {
         Some(f) => select(full, &f),
         None => Value::Object(full),

@@ -46,8 +46,8 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
 }
 
 /// Ironic's `/v1/conductors` (1.49): not found for older clients.
-fn gate(version: &super::nodes::Version) -> ApiResult<()> {
-    if super::nodes::ver(version) < (1, 49) {
+fn gate(version: &super::version::Version) -> ApiResult<()> {
+    if super::version::ver(version) < (1, 49) {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "the conductors endpoint needs API version 1.49 or later",
@@ -67,7 +67,7 @@ async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: super::nodes::Version,
+    version: super::version::Version,
     Query(p): Query<ListParams>,
 ) -> ApiResult<Json<Value>> {
     gate(&version)?;
@@ -82,7 +82,7 @@ async fn list(
 async fn list_detail(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: super::nodes::Version,
+    version: super::version::Version,
 ) -> ApiResult<Json<Value>> {
     gate(&version)?;
     let base = base_url(&headers);
@@ -95,7 +95,7 @@ async fn list_detail(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: super::nodes::Version,
+    version: super::version::Version,
     Path(hostname): Path<String>,
 ) -> ApiResult<Json<Value>> {
     gate(&version)?;

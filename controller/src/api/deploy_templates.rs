@@ -3,19 +3,18 @@
 //! template's steps join the deploy of a node whose `instance_info.traits` names it
 //! (`conductor::deploying`); a runbook's run as a manual clean or service.
 
-use super::nodes::{ver, Version};
-use super::render::{base_url, links, parse_fields, select, time};
-use super::{listing, patch, ApiError, ApiResult, AppState, JsonBody};
+use super::body::{at_most, is_logical_name, object_body, object_in, string_in, Named};
+use super::render::document;
+use super::resource::{
+    self, fetch, found, page_of, paged, Access, Listing, Page, Patched, Resource,
+};
+use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::{StepTemplate, StoreError, TemplateKind, TemplateQuery, TEMPLATE_SORT_KEYS};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::marker::PhantomData;
 
 /// What differs between deploy templates and runbooks.
 pub(super) struct Spec {
@@ -30,10 +29,10 @@ pub(super) struct Spec {
     pub order_key: &'static str,
     /// Whether a step must carry `args`.
     pub args_required: bool,
-    /// Top-level fields a create body may have.
+    /// Top-level fields a create body may have; a patch may change them all but `uuid`.
     pub create_fields: &'static [&'static str],
-    /// Top-level fields a patch may change.
-    pub patchable: &'static [&'static str],
+    /// The listing's filters.
+    pub filters: &'static [&'static str],
     /// The version from which `description` and `traits` are shown and the name is any
     /// logical name instead of a trait (runbooks 1.112); `None`: description always, no
     /// traits, the name a trait.
@@ -48,7 +47,7 @@ pub(super) const DEPLOY: Spec = Spec {
     order_key: "priority",
     args_required: true,
     create_fields: &["uuid", "name", "description", "steps", "extra"],
-    patchable: &["name", "description", "steps", "extra"],
+    filters: &[],
     traits_since: None,
 };
 
@@ -65,105 +64,16 @@ const INTERFACES: &[&str] = &[
 ];
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/deploy_templates", get(list).post(create))
-        .route("/v1/deploy_templates/", get(list).post(create))
-        .route("/v1/deploy_templates/detail", get(list_detail))
-        .route(
-            "/v1/deploy_templates/{ident}",
-            get(show).patch(update).delete(remove),
-        )
-}
-
-async fn list(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    params: Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    list_of(&DEPLOY, state, headers, version, params, false).await
-}
-
-async fn list_detail(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    params: Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    list_of(&DEPLOY, state, headers, version, params, true).await
-}
-
-async fn create(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    body: JsonBody<Value>,
-) -> ApiResult<Response> {
-    create_of(&DEPLOY, state, headers, version, body).await
-}
-
-async fn show(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    ident: Path<String>,
-    p: Query<listing::ShowParams>,
-) -> ApiResult<Json<Value>> {
-    show_of(&DEPLOY, state, headers, version, ident, p).await
-}
-
-async fn update(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    ident: Path<String>,
-    ops: JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    update_of(&DEPLOY, state, headers, version, ident, ops).await
-}
-
-async fn remove(
-    state: State<AppState>,
-    version: Version,
-    ident: Path<String>,
-) -> ApiResult<StatusCode> {
-    remove_of(&DEPLOY, state, version, ident).await
-}
-
-/// Below the resource's version Ironic answers every method with 404.
-fn gate(spec: &Spec, version: (u32, u32)) -> Result<(), ApiError> {
-    if version >= spec.since {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "The API version does not allow {} (this request asked for {}.{}; send X-OpenStack-Ironic-API-Version: {}.{} or later)",
-            spec.collection.replace('_', " "),
-            version.0,
-            version.1,
-            spec.since.0,
-            spec.since.1
-        ),
-    ))
-}
-
-fn not_found(spec: &Spec, ident: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("{} {ident} could not be found.", spec.label),
-    )
-}
-
-async fn fetch(state: &AppState, spec: &Spec, ident: &str) -> ApiResult<StepTemplate> {
-    match state.conductor.store.get_template(spec.kind, ident).await {
-        Err(StoreError::NotFound { .. }) => Err(not_found(spec, ident)),
-        r => Ok(r?),
-    }
+    resource::routes::<Api<Deploy>>()
 }
 
 /// The document of a template; step `args` with secrets masked as Ironic masks them.
-fn doc(spec: &Spec, t: &StepTemplate, base: &str, version: (u32, u32)) -> Map<String, Value> {
+pub(super) fn doc(
+    spec: &Spec,
+    t: &StepTemplate,
+    base: &str,
+    version: (u32, u32),
+) -> Map<String, Value> {
     let steps: Vec<Value> = t
         .steps
         .iter()
@@ -175,18 +85,19 @@ fn doc(spec: &Spec, t: &StepTemplate, base: &str, version: (u32, u32)) -> Map<St
             s
         })
         .collect();
-    let mut m = match json!({
+    let mut m = document(
+        json!({
         "uuid": t.uuid,
         "name": t.name,
         "steps": steps,
         "extra": t.extra,
-        "created_at": time(&Some(t.created_at)),
-        "updated_at": time(&t.updated_at),
-        "links": links(base, spec.collection, &t.uuid),
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
+        }),
+        base,
+        spec.collection,
+        &t.uuid,
+        t.created_at,
+        t.updated_at,
+    );
     match spec.kind {
         TemplateKind::Deploy => {
             m.insert("description".into(), json!(t.description));
@@ -207,24 +118,6 @@ fn doc(spec: &Spec, t: &StepTemplate, base: &str, version: (u32, u32)) -> Map<St
 /// Whether `version` sees runbooks as 1.112 made them (traits, description, free names).
 pub(super) fn new_runbook(spec: &Spec, version: (u32, u32)) -> bool {
     spec.traits_since.is_some_and(|since| version >= since)
-}
-
-fn blank(spec: &Spec) -> StepTemplate {
-    StepTemplate {
-        kind: spec.kind,
-        uuid: String::new(),
-        name: String::new(),
-        description: None,
-        traits: Vec::new(),
-        steps: Vec::new(),
-        extra: Map::new(),
-        owner: None,
-        public: false,
-        disable_ramdisk: false,
-        created_at: Utc::now(),
-        updated_at: None,
-        version: 0,
-    }
 }
 
 /// A step's ordering value: an integer ≥ 0 or a string of digits (Ironic's schema).
@@ -332,13 +225,7 @@ pub(super) fn check_steps(spec: &Spec, steps: &Value) -> Result<Vec<Value>, ApiE
 /// A name: a trait, or (runbooks from 1.112) any RFC 3986 unreserved string.
 fn check_name(name: &Value, logical: bool) -> Result<String, ApiError> {
     if logical {
-        let ok = name.as_str().is_some_and(|n| {
-            !n.is_empty()
-                && n.chars().count() <= 255
-                && n.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
-        });
-        if !ok {
+        if !name.as_str().is_some_and(is_logical_name) {
             return Err(ApiError::bad_request(format!(
                 "name: {name} does not match '^[A-Za-z0-9\\-._~]+$' (1-255 characters)"
             )));
@@ -350,16 +237,7 @@ fn check_name(name: &Value, logical: bool) -> Result<String, ApiError> {
 }
 
 fn opt_string(doc: &Map<String, Value>, key: &str, max: usize) -> Result<Option<String>, ApiError> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.chars().count() > max => Err(ApiError::bad_request(format!(
-            "{key} is too long: at most {max} characters are allowed"
-        ))),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "{other} is not of type 'string', 'null' (field {key})"
-        ))),
-    }
+    at_most(key, string_in(doc, key, Named::Field)?, max)
 }
 
 fn opt_bool(doc: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
@@ -389,15 +267,7 @@ fn from_doc(
         d.get("steps")
             .ok_or_else(|| ApiError::bad_request("'steps' is a required property"))?,
     )?;
-    let extra = match d.get("extra") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'object', 'null' (field extra)"
-            )))
-        }
-    };
+    let extra = object_in(d, "extra", Named::Field)?;
     let mut t = StepTemplate {
         name,
         steps,
@@ -418,250 +288,164 @@ fn from_doc(
     Ok(t)
 }
 
-pub(super) async fn create_of(
-    spec: &Spec,
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    JsonBody(body): JsonBody<Value>,
-) -> ApiResult<Response> {
-    let version = ver(&version);
-    gate(spec, version)?;
-    let Value::Object(body) = body else {
-        return Err(ApiError::bad_request(format!(
-            "a {} must be a JSON object",
-            spec.label.to_lowercase()
-        )));
-    };
-    let mut allowed = spec.create_fields.to_vec();
-    if new_runbook(spec, version) {
-        allowed.push("description");
+/// Which of the two a template collection is.
+pub(super) trait Kind: Send + Sync + 'static {
+    const SPEC: Spec;
+}
+
+/// Deploy templates.
+pub(super) struct Deploy;
+
+impl Kind for Deploy {
+    const SPEC: Spec = DEPLOY;
+}
+
+/// A template collection: `/v1/deploy_templates` or `/v1/runbooks`.
+pub(super) struct Api<K>(PhantomData<fn() -> K>);
+
+impl<K: Kind> Resource for Api<K> {
+    type Record = StepTemplate;
+    const PATH: &'static str = K::SPEC.collection;
+    const NAME: &'static str = K::SPEC.label;
+    const SINCE: (u32, u32) = K::SPEC.since;
+    const LIST_FIELDS: &'static [&'static str] = &["uuid", "name", "links"];
+    const FILTERS: &'static [&'static str] = K::SPEC.filters;
+    const SORT_KEYS: &'static [&'static str] = TEMPLATE_SORT_KEYS;
+    const UNSORTABLE: &'static [&'static str] = &[];
+
+    fn doc(t: &StepTemplate, base: &str, version: (u32, u32)) -> Map<String, Value> {
+        doc(&K::SPEC, t, base, version)
     }
-    if let Some(bad) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "Additional properties are not allowed ('{bad}' was unexpected)"
-        )));
-    }
-    let uuid = match body.get("uuid") {
-        None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
-        Some(Value::String(u)) => uuid::Uuid::parse_str(u)
-            .map_err(|_| ApiError::bad_request(format!("Expected a UUID but received {u}.")))?
-            .to_string(),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'string', 'null' (field uuid)"
-            )))
-        }
-    };
-    let t = from_doc(
-        spec,
-        &body,
+
+    fn blank() -> StepTemplate {
         StepTemplate {
-            uuid,
-            ..blank(spec)
-        },
-        version,
-    )?;
-    let saved = state.conductor.store.create_template(&t).await?;
-    tracing::info!(kind = spec.kind.as_str(), uuid = %saved.uuid, name = %saved.name, "template created");
-    let base = base_url(&headers);
-    Ok(super::render::created(
-        doc(spec, &saved, &base, version),
-        &base,
-        spec.collection,
-        &saved.uuid,
-    ))
-}
+            kind: K::SPEC.kind,
+            uuid: String::new(),
+            name: String::new(),
+            description: None,
+            traits: Vec::new(),
+            steps: Vec::new(),
+            extra: Map::new(),
+            owner: None,
+            public: false,
+            disable_ramdisk: false,
+            created_at: Utc::now(),
+            updated_at: None,
+            version: 0,
+        }
+    }
+    async fn get(state: &AppState, ident: &str) -> Result<StepTemplate, StoreError> {
+        state
+            .conductor
+            .store
+            .get_template(K::SPEC.kind, ident)
+            .await
+    }
 
-pub(super) async fn list_of(
-    spec: &Spec,
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Query(params): Query<HashMap<String, String>>,
-    from_detail: bool,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(spec, version)?;
-    let mut allowed = vec!["limit", "marker", "sort_key", "sort_dir"];
-    if !from_detail {
-        allowed.extend(["fields", "detail"]);
-    }
-    if spec.kind == TemplateKind::Runbook {
-        allowed.extend(["owner", "public"]);
-    }
-    if let Some(bad) = params.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            allowed.join(", ")
-        )));
-    }
-    let base = base_url(&headers);
-    let fields = parse_fields(
-        params.get("fields").map(String::as_str),
-        &doc(spec, &blank(spec), &base, version),
-    )?;
-    let detail = listing::detail_param(&params, from_detail)?;
-    if detail && fields.is_some() {
-        return Err(ApiError::bad_request(
-            "Can not specify ?detail=True and fields in the same request.",
-        ));
-    }
-    let sort_key = params
-        .get("sort_key")
-        .cloned()
-        .unwrap_or_else(|| "id".into());
-    if !TEMPLATE_SORT_KEYS.contains(&sort_key.as_str()) {
-        return Err(ApiError::bad_request(format!(
-            "The sort_key value {sort_key} is an invalid field for sorting; use one of {}",
+    fn unknown_sort_key(key: &str) -> ApiError {
+        ApiError::bad_request(format!(
+            "The sort_key value {key} is an invalid field for sorting; use one of {}",
             TEMPLATE_SORT_KEYS.join(", ")
-        )));
+        ))
     }
-    let sort_dir = listing::sort_dir_param(&params)?.unwrap_or(crate::store::SortDir::Asc);
-    let marker = match params.get("marker") {
-        Some(m) => Some(fetch(&state, spec, m).await?.uuid),
-        None => None,
-    };
-    let public = listing::bool_param(&params, "public")?;
-    let q = TemplateQuery {
-        limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
-        marker,
-        sort_key,
-        sort_dir,
-        owner: params.get("owner").cloned(),
-        public,
-        ..TemplateQuery::all(spec.kind)
-    };
-    let found = state.conductor.store.list_templates(&q).await?;
-    let docs: Vec<Value> = found
-        .iter()
-        .map(|t| {
-            listing::shape(
-                doc(spec, t, &base, version),
-                fields.as_deref(),
-                detail,
-                &["uuid", "name", "links"],
-            )
-        })
-        .collect();
-    let mut body = Map::new();
-    body.insert(spec.collection.into(), Value::Array(docs));
-    if found.len() == q.limit {
-        if let Some(last) = found.last() {
-            let path = if from_detail { "/detail" } else { "" };
-            let mut next = format!("{base}/v1/{}{path}?limit={}", spec.collection, q.limit);
-            for k in [
-                "sort_key", "sort_dir", "fields", "detail", "owner", "public",
-            ] {
-                if let Some(v) = params.get(k) {
-                    next.push_str(&format!("&{k}={v}"));
-                }
-            }
-            next.push_str(&format!("&marker={}", last.uuid));
-            body.insert("next".into(), Value::from(next));
-        }
-    }
-    Ok(Json(Value::Object(body)))
-}
 
-pub(super) async fn show_of(
-    spec: &Spec,
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    Query(p): Query<listing::ShowParams>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(spec, version)?;
-    let t = fetch(&state, spec, &ident).await?;
-    let full = doc(spec, &t, &base_url(&headers), version);
-    Ok(Json(match parse_fields(p.fields.as_deref(), &full)? {
-        Some(f) => select(full, &f),
-        None => Value::Object(full),
-    }))
-}
-
-pub(super) async fn update_of(
-    spec: &Spec,
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    JsonBody(ops): JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(spec, version)?;
-    let t = fetch(&state, spec, &ident).await?;
-    let mut d = Value::Object(doc(spec, &t, "", version));
-    // Patch the stored steps, not the masked ones shown. The shared patch applier walks
-    // objects only: the steps are keyed by index for the patch (`/steps/0/priority`) and
-    // made a list again after it, `-` (append) last.
-    d["steps"] = Value::Object(
-        t.steps
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (i.to_string(), s.clone()))
-            .collect(),
-    );
-    let mut patchable = spec.patchable.to_vec();
-    if new_runbook(spec, version) {
-        patchable.push("description");
+    /// A marker is a template by UUID or name.
+    async fn marker(state: &AppState, marker: &str) -> ApiResult<String> {
+        Ok(fetch::<Self>(state, marker, Access::Read).await?.uuid)
     }
-    patch::apply(&mut d, &ops, &patchable)?;
-    let Value::Object(d) = d else {
-        return Err(ApiError::bad_request(format!(
-            "patch replaced the whole {}",
-            spec.label.to_lowercase()
-        )));
-    };
-    let mut d = d;
-    if let Some(Value::Object(by_index)) = d.get("steps") {
-        let mut items: Vec<(usize, Value)> = Vec::new();
-        for (k, v) in by_index {
-            let i = match k.as_str() {
-                "-" => usize::MAX,
-                k => k.parse().map_err(|_| {
-                    ApiError::bad_request(format!("patch path /steps/{k}: not a step index"))
-                })?,
-            };
-            items.push((i, v.clone()));
-        }
-        items.sort_by_key(|(i, _)| *i);
-        d.insert(
-            "steps".into(),
-            Value::Array(items.into_iter().map(|(_, v)| v).collect()),
+
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<StepTemplate>> {
+        let params = l.params;
+        let q = paged!(
+            TemplateQuery {
+                owner: params.get("owner").cloned(),
+                public: listing::bool_param(params, "public")?,
+                ..TemplateQuery::all(K::SPEC.kind)
+            },
+            page
         );
+        page_of::<Self, _>(state.conductor.store.list_templates(&q).await)
     }
-    let new = from_doc(spec, &d, t, version)?;
-    let saved = state.conductor.store.update_template(&new).await?;
-    Ok(Json(Value::Object(doc(
-        spec,
-        &saved,
-        &base_url(&headers),
-        version,
-    ))))
-}
 
-pub(super) async fn remove_of(
-    spec: &Spec,
-    State(state): State<AppState>,
-    version: Version,
-    Path(ident): Path<String>,
-) -> ApiResult<StatusCode> {
-    let version = ver(&version);
-    gate(spec, version)?;
-    let t = fetch(&state, spec, &ident).await?;
-    match state
-        .conductor
-        .store
-        .delete_template(spec.kind, &t.uuid)
-        .await
-    {
-        Err(StoreError::NotFound { .. }) => Err(not_found(spec, &ident)),
-        r => {
-            r?;
-            Ok(StatusCode::NO_CONTENT)
+    type Body = Value;
+
+    async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<StepTemplate> {
+        let spec = &K::SPEC;
+        let mut allowed = spec.create_fields.to_vec();
+        if new_runbook(spec, version) {
+            allowed.push("description");
         }
+        let what = format!("a {}", spec.label.to_lowercase());
+        let body = object_body(body, &what, &allowed)?;
+        let uuid = match body.get("uuid") {
+            None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
+            Some(Value::String(u)) => uuid::Uuid::parse_str(u)
+                .map_err(|_| ApiError::bad_request(format!("Expected a UUID but received {u}.")))?
+                .to_string(),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "{other} is not of type 'string', 'null' (field uuid)"
+                )))
+            }
+        };
+        let blank = StepTemplate {
+            uuid,
+            ..Self::blank()
+        };
+        let t = from_doc(spec, &body, blank, version)?;
+        let saved = state.conductor.store.create_template(&t).await?;
+        tracing::info!(kind = spec.kind.as_str(), uuid = %saved.uuid, name = %saved.name, "template created");
+        Ok(saved)
+    }
+    fn patch_doc(t: &StepTemplate, version: (u32, u32)) -> ApiResult<Value> {
+        let mut d = Value::Object(doc(&K::SPEC, t, "", version));
+        // Patch the stored steps, not the masked ones shown. The shared patch applier walks
+        // objects only: the steps are keyed by index for the patch (`/steps/0/priority`) and
+        // made a list again after it, `-` (append) last.
+        d["steps"] = Value::Object(
+            t.steps
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (i.to_string(), s.clone()))
+                .collect(),
+        );
+        Ok(d)
+    }
+
+    fn patchable(version: (u32, u32)) -> Vec<&'static str> {
+        let mut patchable: Vec<&str> = K::SPEC.create_fields.to_vec();
+        patchable.retain(|f| *f != "uuid");
+        if new_runbook(&K::SPEC, version) {
+            patchable.push("description");
+        }
+        patchable
+    }
+
+    async fn patched(state: &AppState, t: StepTemplate, p: Patched<'_>) -> ApiResult<StepTemplate> {
+        let mut d = p.doc;
+        let version = p.version;
+        if let Some(Value::Object(by_index)) = d.get("steps") {
+            let mut items: Vec<(usize, Value)> = Vec::new();
+            for (k, v) in by_index {
+                let i = match k.as_str() {
+                    "-" => usize::MAX,
+                    k => k.parse().map_err(|_| {
+                        ApiError::bad_request(format!("patch path /steps/{k}: not a step index"))
+                    })?,
+                };
+                items.push((i, v.clone()));
+            }
+            items.sort_by_key(|(i, _)| *i);
+            d.insert(
+                "steps".into(),
+                Value::Array(items.into_iter().map(|(_, v)| v).collect()),
+            );
+        }
+        let new = from_doc(&K::SPEC, &d, t, version)?;
+        Ok(state.conductor.store.update_template(&new).await?)
+    }
+    async fn delete(state: &AppState, t: StepTemplate) -> ApiResult<()> {
+        let store = &state.conductor.store;
+        found::<Self, _>(&t.uuid, store.delete_template(K::SPEC.kind, &t.uuid).await)
     }
 }

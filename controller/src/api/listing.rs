@@ -1,9 +1,11 @@
 //! Query parameters that every listing reads the same way (nodes, ports, portgroups, chassis,
-//! allocations, templates, volume, history, the audit trail…), and the shape of its items.
+//! allocations, templates, volume, history, the audit trail…), and the one rule for a full
+//! page's `next` link.
 
+use super::version::not_acceptable;
 use super::ApiError;
 use crate::store::SortDir;
-use serde_json::{Map, Value};
+
 use std::collections::HashMap;
 
 /// The page size asked for by `limit`: at most `max`; absent or 0 means `max` (as Ironic).
@@ -32,6 +34,17 @@ pub fn sort_dir(value: &str) -> Option<SortDir> {
 pub struct ShowParams {
     /// Comma-separated fields to keep.
     pub fields: Option<String>,
+}
+
+/// The query of a single-resource GET that Ironic lets take `detail` too, and ignores it
+/// (the volume API).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowParamsDetail {
+    /// Comma-separated fields to keep.
+    pub fields: Option<String>,
+    #[allow(dead_code)]
+    detail: Option<String>,
 }
 
 /// A boolean query value as Ironic reads one (oslo's strict `bool_from_string`): `1 t true
@@ -77,17 +90,56 @@ pub fn detail_param(params: &HashMap<String, String>, from_detail: bool) -> Resu
     Ok(from_detail || asked)
 }
 
-/// One item of a listing: the fields asked for, else the whole document on a detail
-/// listing, else the listing's short form.
-pub fn shape(
-    doc: Map<String, Value>,
-    fields: Option<&[String]>,
-    detail: bool,
-    list_fields: &[&str],
-) -> Value {
-    match (fields, detail) {
-        (Some(f), _) => super::render::select(doc, f),
-        (None, true) => Value::Object(doc),
-        (None, false) => super::render::select(doc, list_fields),
+/// A comma-separated list parameter.
+pub fn list_param(params: &HashMap<String, String>, key: &str) -> Vec<String> {
+    params
+        .get(key)
+        .map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `fields` (1.8, 406 below) and `detail` (1.43, 400 below) as Ironic gates them.
+pub fn check_query_versions(
+    params: &HashMap<String, String>,
+    version: (u32, u32),
+) -> Result<(), ApiError> {
+    if params.contains_key("fields") && version < (1, 8) {
+        return Err(not_acceptable("fields", (1, 8)));
     }
+    if let Some(d) = params.get("detail") {
+        if version < (1, 43) {
+            return Err(ApiError::bad_request(format!(
+                "Invalid query parameter ?detail={d} received."
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The `next` link of a full page.
+pub fn next_link(
+    base: &str,
+    path: &str,
+    params: &HashMap<String, String>,
+    limit: usize,
+    last: &str,
+) -> String {
+    let mut next = format!("{base}{path}?limit={limit}");
+    let mut keys: Vec<&String> = params
+        .keys()
+        .filter(|k| *k != "limit" && *k != "marker")
+        .collect();
+    keys.sort();
+    for k in keys {
+        if let Some(v) = params.get(k) {
+            next.push_str(&format!("&{k}={v}"));
+        }
+    }
+    next.push_str(&format!("&marker={last}"));
+    next
 }

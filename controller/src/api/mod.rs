@@ -32,6 +32,7 @@ mod portgroups;
 mod ports;
 pub mod ratelimit;
 mod render;
+mod resource;
 mod rules;
 mod runbooks;
 mod shards;

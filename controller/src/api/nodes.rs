@@ -2,6 +2,7 @@
 
 use super::node_json::{JsonBytes, NodeShape};
 use super::render::{base_url, node_full, parse_fields, select};
+use super::version::{ver, Version};
 use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
 use crate::drivers::DRIVERS;
 use crate::interfaces::{Iface, Interfaces};
@@ -38,7 +39,8 @@ pub fn routes() -> Router<AppState> {
         )
         .route(
             "/v1/nodes/{ident}/ports",
-            get(super::ports::node_ports).post(super::ports::no_sub_write),
+            get(super::resource::list::<super::ports::Api, super::resource::OfNode, false>)
+                .post(super::ports::no_sub_write),
         )
         .route("/v1/nodes/{ident}/inventory", get(inventory))
         .route("/v1/nodes/{ident}/clean_steps", get(clean_steps))
@@ -430,14 +432,6 @@ fn query_escape(v: &str) -> String {
             }
         })
         .collect()
-}
-
-/// The request's microversion (set by `version::negotiate`; the minimum when absent).
-pub(super) type Version = Option<axum::Extension<super::version::ApiVersion>>;
-
-pub(super) fn ver(v: &Version) -> (u32, u32) {
-    v.as_ref()
-        .map_or(rivet_protocol::api::MIN_VERSION, |e| e.0 .0)
 }
 
 /// A node's document as a client at `version` sees it.

@@ -20,6 +20,14 @@ pub fn apply(doc: &mut Value, ops: &[PatchOp], patchable: &[&str]) -> Result<(),
         .map_err(|e| ApiError::bad_request(format!("after the patch, {e}")))
 }
 
+/// The top-level field a patch path names.
+pub fn patched_fields(ops: &[PatchOp]) -> Vec<String> {
+    ops.iter()
+        .filter_map(|o| o.path.trim_start_matches('/').split('/').next())
+        .map(str::to_string)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,41 +4,34 @@
 //! conductor group filters, `/v1/nodes/{node}/portgroups` (1.24); deleting a group that still
 //! holds ports is refused (400, Ironic's PortgroupNotEmpty).
 
-use super::nodes::{ver, Version};
-use super::ports::{
-    boolean, check_gated, check_logical_name, check_query_versions, check_uuid,
-    connectivity_editable, list_param, mac, next_link, not_acceptable, opt_object, opt_string,
-    patched_fields, refuse_locked, sort_params, vstr, PORTGROUP_SUB_VERSION,
+use super::body::{
+    boolean, check_logical_name, check_uuid, mac, object_body, opt_object, opt_string, uuid_in,
+    Named,
 };
-use super::render::{base_url, links, parse_fields, select, time};
-use super::{listing, patch, ApiError, ApiResult, AppState, JsonBody};
-use crate::store::{Node, PortQuery, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use super::listing::{check_query_versions, list_param};
+use super::ports::{connectivity_editable, ports_of, refuse_locked, PORTGROUP_SUB_VERSION};
+use super::render::{document, links, select};
+use super::resource::{
+    self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
+};
+use super::version::{check_gated, hide_newer, not_acceptable, vstr};
+use super::{ApiError, ApiResult, AppState};
+use crate::store::{Node, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
+use axum::http::StatusCode;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/portgroups", get(list).post(create))
-        .route("/v1/portgroups/", get(list).post(create))
-        .route("/v1/portgroups/detail", get(list_detail))
-        .route(
-            "/v1/portgroups/{ident}",
-            get(show).patch(update).delete(remove),
-        )
+    resource::routes::<Api>()
         .route(
             "/v1/nodes/{ident}/portgroups",
-            get(node_portgroups).post(no_sub_write),
+            get(resource::list::<Api, OfNode, false>).post(no_sub_write),
         )
         .route(
             "/v1/nodes/{ident}/portgroups/detail",
-            get(node_portgroups_detail),
+            get(resource::list::<Api, OfNode, true>),
         )
 }
 
@@ -89,35 +82,6 @@ const PATCHABLE: &[&str] = &[
     "category",
 ];
 
-/// Below 1.23 there are no port groups (Ironic: 404).
-pub(super) fn gate(version: (u32, u32)) -> Result<(), ApiError> {
-    if version < PORTGROUP_VERSION {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "The resource could not be found: port groups need API version {} or later",
-                vstr(PORTGROUP_VERSION)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn not_found(ident: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("Portgroup {ident} could not be found."),
-    )
-}
-
-/// A port group by UUID or name, its NotFound in Ironic's words.
-pub(super) async fn fetch(state: &AppState, ident: &str) -> ApiResult<Portgroup> {
-    match state.conductor.store.get_portgroup(ident).await {
-        Err(StoreError::NotFound { .. }) => Err(not_found(ident)),
-        r => Ok(r?),
-    }
-}
-
 /// A node named in a path or query (404 when there is none).
 pub(super) async fn node_of(state: &AppState, ident: &str) -> ApiResult<Node> {
     match state.conductor.store.get_node(ident).await {
@@ -129,9 +93,18 @@ pub(super) async fn node_of(state: &AppState, ident: &str) -> ApiResult<Node> {
     }
 }
 
+/// The port group collection.
+pub(super) struct Api;
+
+/// A port group by UUID or name, its NotFound in Ironic's words.
+pub(super) async fn fetch(state: &AppState, ident: &str) -> ApiResult<Portgroup> {
+    resource::fetch::<Api>(state, ident, Access::Read).await
+}
+
 fn full(g: &Portgroup, base: &str) -> Map<String, Value> {
     let ports = format!("{}/ports", g.uuid);
-    let v = json!({
+    document(
+        json!({
         "uuid": g.uuid,
         "name": g.name,
         "node_uuid": g.node_uuid,
@@ -144,26 +117,14 @@ fn full(g: &Portgroup, base: &str) -> Map<String, Value> {
         "physical_network": g.physical_network,
         "category": g.category,
         "dynamic_portgroup": g.dynamic_portgroup,
-        "created_at": time(&Some(g.created_at)),
-        "updated_at": time(&g.updated_at),
-        "links": links(base, "portgroups", &g.uuid),
         "ports": links(base, "portgroups", &ports),
-    });
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
-}
-
-/// A group's document as a client at `version` sees it.
-fn doc_at(g: &Portgroup, base: &str, version: (u32, u32)) -> Map<String, Value> {
-    let mut doc = full(g, base);
-    for (f, since) in FIELD_VERSIONS {
-        if version < *since {
-            doc.remove(*f);
-        }
-    }
-    doc
+        }),
+        base,
+        "portgroups",
+        &g.uuid,
+        g.created_at,
+        g.updated_at,
+    )
 }
 
 /// The checked fields of a body or patched document.
@@ -203,181 +164,26 @@ fn fields_of(doc: &Map<String, Value>) -> Result<Fields, ApiError> {
     })
 }
 
-async fn create(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    JsonBody(body): JsonBody<Value>,
-) -> ApiResult<Response> {
-    let version = ver(&version);
-    gate(version)?;
-    let Value::Object(doc) = body else {
-        return Err(ApiError::bad_request("a portgroup must be a JSON object"));
-    };
-    if let Some(bad) = doc.keys().find(|k| !BODY_KEYS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "Additional properties are not allowed ('{bad}' was unexpected)"
-        )));
-    }
-    check_gated(FIELD_VERSIONS, doc.keys().map(String::as_str), version)?;
-    let node_uuid = match doc.get("node_uuid") {
-        Some(Value::String(u)) => check_uuid("node_uuid", u)?,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'string' (node_uuid)"
-            )))
-        }
-        None => return Err(ApiError::bad_request("'node_uuid' is a required property")),
-    };
-    let uuid = match doc.get("uuid") {
-        None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
-        Some(Value::String(u)) => check_uuid("uuid", u)?,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "{other} is not of type 'string', 'null' (uuid)"
-            )))
-        }
-    };
-    let f = fields_of(&doc)?;
-    let node = match state.conductor.store.get_node(&node_uuid).await {
-        Err(StoreError::NotFound { .. }) => {
-            return Err(ApiError::bad_request(format!(
-                "Node {node_uuid} could not be found."
-            )))
-        }
-        r => r?,
-    };
-    refuse_locked(&node)?;
-    let g = Portgroup {
-        uuid,
-        name: f.name,
-        node_uuid: node.uuid,
-        address: f.address,
-        extra: f.extra,
-        internal_info: Map::new(),
-        mode: Some(f.mode.unwrap_or_else(|| DEFAULT_MODE.into())),
-        properties: f.properties,
-        standalone_ports_supported: f.standalone,
-        physical_network: f.physical_network,
-        category: f.category,
-        dynamic_portgroup: false,
-        created_at: Utc::now(),
-        updated_at: None,
-        version: 0,
-    };
-    let g = state.conductor.store.create_portgroup(&g).await?;
-    let base = base_url(&headers);
-    Ok(super::render::created(
-        doc_at(&g, &base, version),
-        &base,
-        "portgroups",
-        &g.uuid,
-    ))
-}
+impl Resource for Api {
+    type Record = Portgroup;
+    const PATH: &'static str = "portgroups";
+    const NAME: &'static str = "Portgroup";
+    const SINCE: (u32, u32) = PORTGROUP_VERSION;
+    const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = FIELD_VERSIONS;
+    const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
+    const FILTERS: &'static [&'static str] = &["node", "address", "shard", "conductor_groups"];
+    const SORT_KEYS: &'static [&'static str] = PORTGROUP_SORT_KEYS;
+    const PATCHABLE: &'static [&'static str] = PATCHABLE;
+    const UNSORTABLE: &'static [&'static str] = &["extra", "internal_info", "properties"];
 
-const LIST_PARAMS: &[&str] = &[
-    "node",
-    "address",
-    "shard",
-    "conductor_groups",
-    "limit",
-    "marker",
-    "sort_key",
-    "sort_dir",
-    "fields",
-    "detail",
-];
+    fn doc(g: &Portgroup, base: &str, version: (u32, u32)) -> Map<String, Value> {
+        let mut doc = full(g, base);
+        hide_newer(&mut doc, FIELD_VERSIONS, version);
+        doc
+    }
 
-async fn list_inner(
-    state: &AppState,
-    headers: &HeaderMap,
-    version: (u32, u32),
-    params: HashMap<String, String>,
-    from_detail: bool,
-    parent: Option<String>,
-) -> ApiResult<Json<Value>> {
-    gate(version)?;
-    let allowed = if from_detail {
-        &LIST_PARAMS[..8]
-    } else {
-        LIST_PARAMS
-    };
-    if let Some(bad) = params.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            allowed.join(", ")
-        )));
-    }
-    check_query_versions(&params, version)?;
-    if params.contains_key("shard") && version < PG_SHARD_VERSION {
-        return Err(not_acceptable("shard filter", PG_SHARD_VERSION));
-    }
-    let fields_param = params.get("fields").map(String::as_str);
-    if let Some(f) = fields_param {
-        check_gated(FIELD_VERSIONS, f.split(',').map(str::trim), version)?;
-    }
-    let (sort_key, sort_dir) = sort_params(
-        &params,
-        PORTGROUP_SORT_KEYS,
-        &["extra", "internal_info", "properties"],
-        FIELD_VERSIONS,
-        version,
-    )?;
-    let detail = listing::detail_param(&params, from_detail)?;
-    let mut path = "/v1/portgroups".to_string();
-    let node_ident = match parent {
-        Some(n) => {
-            path = format!("/v1/nodes/{n}/portgroups");
-            Some(n)
-        }
-        None => params.get("node").cloned(),
-    };
-    if from_detail {
-        path.push_str("/detail");
-    }
-    let address = params.get("address").map(|a| mac(a)).transpose()?;
-    let shards = list_param(&params, "shard");
-    let conductor_groups = list_param(&params, "conductor_groups");
-    let n = [
-        node_ident.is_some(),
-        address.is_some(),
-        !shards.is_empty(),
-        !conductor_groups.is_empty(),
-    ]
-    .iter()
-    .filter(|b| **b)
-    .count();
-    if n > 1 {
-        return Err(ApiError::bad_request(
-            "Filtering by node, address, or shard simultaneously is not supported.",
-        ));
-    }
-    let node_uuid = match node_ident {
-        Some(n) => Some(node_of(state, &n).await?.uuid),
-        None => None,
-    };
-    let marker = params
-        .get("marker")
-        .map(|m| check_uuid("marker", m))
-        .transpose()?;
-    let limit = listing::page_limit(&params, state.conductor.config.api.max_limit)?;
-    let q = PortgroupQuery {
-        node_uuid,
-        address,
-        shards,
-        conductor_groups,
-        limit,
-        marker,
-        sort_key,
-        sort_dir,
-    };
-    let found = match state.conductor.store.list_portgroups(&q).await {
-        Err(StoreError::NotFound { ident, .. }) => return Err(not_found(&ident)),
-        r => r?,
-    };
-    let base = base_url(headers);
-    let template = doc_at(
-        &Portgroup {
+    fn blank() -> Portgroup {
+        Portgroup {
             uuid: String::new(),
             name: None,
             node_uuid: String::new(),
@@ -393,245 +199,227 @@ async fn list_inner(
             created_at: Utc::now(),
             updated_at: None,
             version: 0,
-        },
-        &base,
-        version,
-    );
-    let fields = parse_fields(fields_param, &template)?;
-    let docs: Vec<Value> = found
-        .iter()
-        .map(|g| {
-            listing::shape(
-                doc_at(g, &base, version),
-                fields.as_deref(),
-                detail,
-                LIST_FIELDS,
-            )
-        })
-        .collect();
-    let mut body = json!({ "portgroups": docs });
-    if found.len() == q.limit {
-        if let Some(last) = found.last() {
-            body["next"] = Value::from(next_link(&base, &path, &params, q.limit, &last.uuid));
         }
     }
-    Ok(Json(body))
-}
 
-async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    list_inner(&state, &headers, ver(&version), params, false, None).await
-}
+    async fn get(state: &AppState, ident: &str) -> Result<Portgroup, StoreError> {
+        state.conductor.store.get_portgroup(ident).await
+    }
 
-async fn list_detail(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    list_inner(&state, &headers, ver(&version), params, true, None).await
-}
-
-/// `/v1/nodes/{node}/portgroups` is 1.24 (Ironic: 404 below).
-fn node_sub_gate(version: (u32, u32)) -> Result<(), ApiError> {
-    gate(version)?;
-    if version < PORTGROUP_SUB_VERSION {
-        return Err(ApiError::new(
+    /// Below 1.23 there are no port groups (Ironic: 404).
+    fn too_old(_version: (u32, u32), _access: Access) -> ApiError {
+        ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
-                "The resource could not be found: a node's port groups need API version {} \
-                 or later",
-                vstr(PORTGROUP_SUB_VERSION)
+                "The resource could not be found: port groups need API version {} or later",
+                vstr(PORTGROUP_VERSION)
             ),
-        ));
+        )
     }
-    Ok(())
-}
 
-async fn node_portgroups(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    node_sub_gate(version)?;
-    list_inner(&state, &headers, version, params, false, Some(ident)).await
-}
-
-async fn node_portgroups_detail(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    node_sub_gate(version)?;
-    list_inner(&state, &headers, version, params, true, Some(ident)).await
-}
-
-async fn show(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    Query(p): Query<listing::ShowParams>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(version)?;
-    if let Some(f) = &p.fields {
-        check_gated(FIELD_VERSIONS, f.split(',').map(str::trim), version)?;
-    }
-    let g = fetch(&state, &ident).await?;
-    let doc = doc_at(&g, &base_url(&headers), version);
-    Ok(Json(match parse_fields(p.fields.as_deref(), &doc)? {
-        Some(f) => select(doc, &f),
-        None => Value::Object(doc),
-    }))
-}
-
-async fn update(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Path(ident): Path<String>,
-    JsonBody(ops): JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
-    gate(version)?;
-    let touched = patched_fields(&ops);
-    check_gated(FIELD_VERSIONS, touched.iter().map(String::as_str), version)?;
-    let g = fetch(&state, &ident).await?;
-    let mut doc = json!({
-        "address": g.address,
-        "extra": g.extra,
-        "mode": g.mode,
-        "name": g.name,
-        "node_uuid": g.node_uuid,
-        "properties": g.properties,
-        "standalone_ports_supported": g.standalone_ports_supported,
-        "physical_network": g.physical_network,
-        "category": g.category,
-    });
-    patch::apply(&mut doc, &ops, PATCHABLE)?;
-    let Value::Object(doc) = doc else {
-        return Err(ApiError::bad_request("patch replaced the whole portgroup"));
-    };
-    if !doc.contains_key("mode") || doc.get("mode") == Some(&Value::Null) {
-        return Err(ApiError::bad_request(
-            "'mode' is a mandatory attribute and can not be removed",
-        ));
-    }
-    let f = fields_of(&doc)?;
-    let node_ident = match doc.get("node_uuid") {
-        Some(Value::String(n)) => check_uuid("node_uuid", n)?,
-        _ => return Err(ApiError::bad_request("'node_uuid' is a required property")),
-    };
-    let node = match state.conductor.store.get_node(&node_ident).await {
-        Err(StoreError::NotFound { .. }) => {
-            return Err(ApiError::bad_request(format!(
-                "Node {node_ident} could not be found."
-            )))
-        }
-        r => r?,
-    };
-    let current = state.conductor.store.get_node(&g.node_uuid).await?;
-    refuse_locked(&current)?;
-    refuse_locked(&node)?;
-    if node.provision_state == rivet_protocol::states::ProvisionState::Inspecting {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "Cannot update portgroup \"{}\" on node \"{}\" while it is in state \
-                 \"inspecting\".",
-                g.uuid, node.uuid
-            ),
-        ));
-    }
-    let members = state
-        .conductor
-        .store
-        .list_ports(&PortQuery {
-            portgroup_uuid: Some(g.uuid.clone()),
-            ..Default::default()
-        })
-        .await?;
-    // Ironic's conductor (update_portgroup): a group changes node only while its node is
-    // not deployed, and only when empty.
-    if node.uuid != g.node_uuid {
-        if !connectivity_editable(&current) {
+    fn check_list(l: &Listing<'_>) -> ApiResult<()> {
+        let params = l.params;
+        let version = l.version;
+        // `/v1/nodes/{node}/portgroups` is 1.24 (Ironic: 404 below).
+        if l.parent.is_some() && version < PORTGROUP_SUB_VERSION {
             return Err(ApiError::new(
-                StatusCode::CONFLICT,
+                StatusCode::NOT_FOUND,
                 format!(
-                    "Portgroup {} can not be associated to node {} unless the node is in a \
-                     enroll, inspecting, inspect wait, manageable state or in maintenance \
-                     mode. Current state is '{}'.",
-                    g.uuid, current.uuid, current.provision_state
+                    "The resource could not be found: a node's port groups need API version {} \
+                     or later",
+                    vstr(PORTGROUP_SUB_VERSION)
                 ),
             ));
         }
-        if !members.is_empty() {
-            return Err(ApiError::bad_request(format!(
-                "Portgroup {} can not be associated with node {} because there are ports \
-                 associated with this portgroup.",
-                g.uuid, node.uuid
-            )));
+        check_query_versions(params, version)?;
+        if params.contains_key("shard") && version < PG_SHARD_VERSION {
+            return Err(not_acceptable("shard filter", PG_SHARD_VERSION));
+        }
+        Ok(())
+    }
+
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Portgroup>> {
+        let params = l.params;
+        let node_ident = l.node("node");
+        let address = params.get("address").map(|a| mac(a)).transpose()?;
+        let shards = list_param(params, "shard");
+        let conductor_groups = list_param(params, "conductor_groups");
+        let n = [
+            node_ident.is_some(),
+            address.is_some(),
+            !shards.is_empty(),
+            !conductor_groups.is_empty(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        if n > 1 {
+            return Err(ApiError::bad_request(
+                "Filtering by node, address, or shard simultaneously is not supported.",
+            ));
+        }
+        let node_uuid = match node_ident {
+            Some(n) => Some(node_of(state, n).await?.uuid),
+            None => None,
+        };
+        let q = paged!(
+            PortgroupQuery {
+                node_uuid,
+                address,
+                shards,
+                conductor_groups,
+            },
+            page
+        );
+        page_of::<Self, _>(state.conductor.store.list_portgroups(&q).await)
+    }
+
+    type Body = Value;
+
+    async fn create(state: &AppState, body: Value, version: (u32, u32)) -> ApiResult<Portgroup> {
+        let doc = object_body(body, "a portgroup", BODY_KEYS)?;
+        check_gated(FIELD_VERSIONS, doc.keys().map(String::as_str), version)?;
+        let node_uuid = match doc.get("node_uuid") {
+            Some(Value::String(u)) => check_uuid("node_uuid", u)?,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "{other} is not of type 'string' (node_uuid)"
+                )))
+            }
+            None => return Err(ApiError::bad_request("'node_uuid' is a required property")),
+        };
+        let uuid = uuid_in(&doc, Named::Key)?;
+        let f = fields_of(&doc)?;
+        let node = match state.conductor.store.get_node(&node_uuid).await {
+            Err(StoreError::NotFound { .. }) => {
+                return Err(ApiError::bad_request(format!(
+                    "Node {node_uuid} could not be found."
+                )))
+            }
+            r => r?,
+        };
+        refuse_locked(&node)?;
+        let g = Portgroup {
+            uuid,
+            name: f.name,
+            node_uuid: node.uuid,
+            address: f.address,
+            extra: f.extra,
+            internal_info: Map::new(),
+            mode: Some(f.mode.unwrap_or_else(|| DEFAULT_MODE.into())),
+            properties: f.properties,
+            standalone_ports_supported: f.standalone,
+            physical_network: f.physical_network,
+            category: f.category,
+            dynamic_portgroup: false,
+            created_at: Utc::now(),
+            updated_at: None,
+            version: 0,
+        };
+        Ok(state.conductor.store.create_portgroup(&g).await?)
+    }
+
+    /// The whole group: a client that does not see some fields keeps them.
+    fn patch_doc(g: &Portgroup, _version: (u32, u32)) -> ApiResult<Value> {
+        Ok(select(full(g, ""), PATCHABLE))
+    }
+
+    async fn patched(state: &AppState, g: Portgroup, p: Patched<'_>) -> ApiResult<Portgroup> {
+        let doc = p.doc;
+        if !doc.contains_key("mode") || doc.get("mode") == Some(&Value::Null) {
+            return Err(ApiError::bad_request(
+                "'mode' is a mandatory attribute and can not be removed",
+            ));
+        }
+        let f = fields_of(&doc)?;
+        let node_ident = match doc.get("node_uuid") {
+            Some(Value::String(n)) => check_uuid("node_uuid", n)?,
+            _ => return Err(ApiError::bad_request("'node_uuid' is a required property")),
+        };
+        let node = match state.conductor.store.get_node(&node_ident).await {
+            Err(StoreError::NotFound { .. }) => {
+                return Err(ApiError::bad_request(format!(
+                    "Node {node_ident} could not be found."
+                )))
+            }
+            r => r?,
+        };
+        let current = state.conductor.store.get_node(&g.node_uuid).await?;
+        refuse_locked(&current)?;
+        refuse_locked(&node)?;
+        if node.provision_state == rivet_protocol::states::ProvisionState::Inspecting {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "Cannot update portgroup \"{}\" on node \"{}\" while it is in state \
+                     \"inspecting\".",
+                    g.uuid, node.uuid
+                ),
+            ));
+        }
+        let members = ports_of(state, None, Some(&g.uuid)).await?;
+        // Ironic's conductor (update_portgroup): a group changes node only while its node is
+        // not deployed, and only when empty.
+        if node.uuid != g.node_uuid {
+            if !connectivity_editable(&current) {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "Portgroup {} can not be associated to node {} unless the node is in a \
+                         enroll, inspecting, inspect wait, manageable state or in maintenance \
+                         mode. Current state is '{}'.",
+                        g.uuid, current.uuid, current.provision_state
+                    ),
+                ));
+            }
+            if !members.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "Portgroup {} can not be associated with node {} because there are ports \
+                     associated with this portgroup.",
+                    g.uuid, node.uuid
+                )));
+            }
+        }
+        let physnet_changed = f.physical_network != g.physical_network;
+        let new = Portgroup {
+            name: f.name,
+            node_uuid: node.uuid,
+            address: f.address,
+            extra: f.extra,
+            mode: f.mode,
+            properties: f.properties,
+            standalone_ports_supported: f.standalone,
+            physical_network: f.physical_network,
+            category: f.category,
+            ..g
+        };
+        let saved = state.conductor.store.update_portgroup(&new).await?;
+        // Ironic's update_portgroup_physical_network: the members follow the group.
+        if physnet_changed {
+            for mut p in members {
+                p.attrs.physical_network = saved.physical_network.clone();
+                state.conductor.store.update_port(&p).await?;
+            }
+        }
+        Ok(saved)
+    }
+
+    async fn delete(state: &AppState, g: Portgroup) -> ApiResult<()> {
+        refuse_locked(&state.conductor.store.get_node(&g.node_uuid).await?)?;
+        match found::<Self, _>(
+            &g.uuid,
+            state.conductor.store.delete_portgroup(&g.uuid).await,
+        )? {
+            true => Ok(()),
+            false => Err(ApiError::bad_request(format!(
+                "Cannot complete the requested action because portgroup {} contains ports.",
+                g.uuid
+            ))),
         }
     }
-    let physnet_changed = f.physical_network != g.physical_network;
-    let new = Portgroup {
-        name: f.name,
-        node_uuid: node.uuid,
-        address: f.address,
-        extra: f.extra,
-        mode: f.mode,
-        properties: f.properties,
-        standalone_ports_supported: f.standalone,
-        physical_network: f.physical_network,
-        category: f.category,
-        ..g
-    };
-    let saved = state.conductor.store.update_portgroup(&new).await?;
-    // Ironic's update_portgroup_physical_network: the members follow the group.
-    if physnet_changed {
-        for mut p in members {
-            p.attrs.physical_network = saved.physical_network.clone();
-            state.conductor.store.update_port(&p).await?;
-        }
-    }
-    Ok(Json(Value::Object(doc_at(
-        &saved,
-        &base_url(&headers),
-        version,
-    ))))
 }
 
 /// Port groups are created through `/v1/portgroups` only (Ironic's MalformedRequestURI).
 async fn no_sub_write() -> ApiError {
     ApiError::bad_request("Malformed request URI: create port groups with POST /v1/portgroups")
-}
-
-async fn remove(
-    State(state): State<AppState>,
-    version: Version,
-    Path(ident): Path<String>,
-) -> ApiResult<StatusCode> {
-    gate(ver(&version))?;
-    let g = fetch(&state, &ident).await?;
-    refuse_locked(&state.conductor.store.get_node(&g.node_uuid).await?)?;
-    match state.conductor.store.delete_portgroup(&g.uuid).await {
-        Ok(true) => Ok(StatusCode::NO_CONTENT),
-        Ok(false) => Err(ApiError::bad_request(format!(
-            "Cannot complete the requested action because portgroup {} contains ports.",
-            g.uuid
-        ))),
-        Err(StoreError::NotFound { .. }) => Err(not_found(&ident)),
-        Err(e) => Err(e.into()),
-    }
 }

@@ -52,6 +52,26 @@ pub(super) fn time(t: &Option<DateTime<Utc>>) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// A record's document: its own `fields` (a JSON object), and the timestamps and links every
+/// record of the admin API has.
+pub(super) fn document(
+    fields: Value,
+    base: &str,
+    kind: &str,
+    uuid: &str,
+    created_at: DateTime<Utc>,
+    updated_at: Option<DateTime<Utc>>,
+) -> Map<String, Value> {
+    let mut doc = match fields {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    doc.insert("created_at".into(), time(&Some(created_at)));
+    doc.insert("updated_at".into(), time(&updated_at));
+    doc.insert("links".into(), links(base, kind, uuid));
+    doc
+}
+
 pub(super) fn links(base: &str, kind: &str, uuid: &str) -> Value {
     json!([
         {"href": format!("{base}/v1/{kind}/{uuid}"), "rel": "self"},
@@ -112,11 +132,7 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
 
 /// Drop the fields a client at `version` does not know.
 pub fn gate_node(doc: &mut Map<String, Value>, version: (u32, u32)) {
-    for (field, since) in NODE_FIELD_VERSIONS {
-        if version < *since {
-            doc.remove(*field);
-        }
-    }
+    super::version::hide_newer(doc, NODE_FIELD_VERSIONS, version);
 }
 
 pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {

@@ -3,15 +3,16 @@
 //! does not validate is a 400 naming the operation and argument; a sensitive rule's
 //! conditions and actions are never shown. Below 1.96 reads are 404 and writes 405, as Ironic.
 
-use super::render::{base_url, links, parse_fields, select};
-use super::{body, listing, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
+use super::render::links;
+use super::resource::{self, found, Access, Listing, Page, Patched, Resource};
+use super::{body, ApiError, ApiResult, ApiVersion, AppState};
 use crate::conductor::inspection_rules::load_rules;
 use crate::inspection::rules::{validate, Rule};
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use crate::store::{SortDir, StoreError};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::delete;
+use axum::{Extension, Router};
 use chrono::{SecondsFormat, Utc};
 use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
@@ -27,52 +28,20 @@ const LIST_FIELDS: &[&str] = &["uuid", "priority", "phase", "description", "link
 const MAX_LIMIT: usize = 1000;
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/inspection_rules",
-            get(list).post(create).delete(remove_all),
-        )
-        .route(
-            "/v1/inspection_rules/",
-            get(list).post(create).delete(remove_all),
-        )
-        .route(
-            "/v1/inspection_rules/{uuid}",
-            get(show).patch(update).delete(remove),
-        )
-}
-
-fn gate(version: (u32, u32), write: bool) -> Result<(), ApiError> {
-    if version >= SINCE {
-        return Ok(());
-    }
-    let msg = format!(
-        "The API version does not allow inspection rules: they need API version 1.96 or later \
-         (this request asked for {}.{}; send X-OpenStack-Ironic-API-Version: 1.96)",
-        version.0, version.1
-    );
-    Err(if write {
-        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, msg)
-    } else {
-        ApiError::new(StatusCode::NOT_FOUND, msg)
-    })
-}
-
-fn not_found(uuid: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("Inspection rule {uuid} could not be found."),
-    )
+    // Ironic's `DELETE /v1/inspection_rules` (every rule) beside the collection's methods.
+    resource::routes::<Api>()
+        .route("/v1/inspection_rules", delete(remove_all))
+        .route("/v1/inspection_rules/", delete(remove_all))
 }
 
 /// A stored rule with its timestamps.
-struct Stored {
+pub(super) struct Stored {
     rule: Rule,
     created_at: Value,
     updated_at: Value,
 }
 
-async fn all(state: &AppState) -> ApiResult<Vec<Stored>> {
+async fn all(state: &AppState) -> Result<Vec<Stored>, StoreError> {
     // Converts rules stored in the former schema once, then reads the bodies for timestamps.
     let rules = load_rules(state.conductor.store.as_ref()).await?;
     let docs = state.conductor.store.list_rules().await?;
@@ -90,14 +59,6 @@ async fn all(state: &AppState) -> ApiResult<Vec<Stored>> {
             }
         })
         .collect())
-}
-
-async fn fetch(state: &AppState, uuid: &str) -> ApiResult<Stored> {
-    all(state)
-        .await?
-        .into_iter()
-        .find(|s| s.rule.uuid.as_deref() == Some(uuid))
-        .ok_or_else(|| not_found(uuid))
 }
 
 /// The API document of a rule (Ironic's `convert_with_links` and `rules_sanitize`).
@@ -183,44 +144,6 @@ async fn save(
     Ok(())
 }
 
-async fn create(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    JsonBody(mut rule): JsonBody<Rule>,
-) -> ApiResult<Response> {
-    gate(version, true)?;
-    let uuid = match rule.uuid.take().filter(|u| !u.is_empty()) {
-        Some(u) => uuid::Uuid::parse_str(&u)
-            .map_err(|_| ApiError::bad_request(format!("uuid: {u:?} is not a valid UUID")))?
-            .to_string(),
-        None => uuid::Uuid::new_v4().to_string(),
-    };
-    if fetch(&state, &uuid).await.is_ok() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("Inspection rule with UUID {uuid} already exists."),
-        ));
-    }
-    rule.uuid = Some(uuid.clone());
-    let created = now();
-    save(&state, &rule, created.clone(), Value::Null).await?;
-    let base = base_url(&headers);
-    let doc = render(
-        &Stored {
-            rule,
-            created_at: created,
-            updated_at: Value::Null,
-        },
-        &base,
-    );
-    let mut resp = (StatusCode::CREATED, Json(Value::Object(doc))).into_response();
-    if let Ok(loc) = HeaderValue::from_str(&format!("{base}/v1/inspection_rules/{uuid}")) {
-        resp.headers_mut().insert(header::LOCATION, loc);
-    }
-    Ok(resp)
-}
-
 fn flag(params: &HashMap<String, String>, k: &str) -> Result<bool, ApiError> {
     match params.get(k).map(|v| v.to_ascii_lowercase()) {
         None => Ok(false),
@@ -228,109 +151,6 @@ fn flag(params: &HashMap<String, String>, k: &str) -> Result<bool, ApiError> {
         Some(v) if ["false", "0", "no", "off", "n", "f"].contains(&v.as_str()) => Ok(false),
         Some(v) => Err(ApiError::bad_request(format!("{k}={v:?} is not a boolean"))),
     }
-}
-
-async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    gate(version, false)?;
-    const KNOWN: &[&str] = &[
-        "detail", "fields", "limit", "marker", "sort_key", "sort_dir", "phase",
-    ];
-    if let Some(k) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {k:?} (use {})",
-            KNOWN.join(", ")
-        )));
-    }
-    let detail = flag(&params, "detail")?;
-    if detail && params.contains_key("fields") {
-        return Err(ApiError::bad_request(
-            "Can not specify ?detail=True and fields in the same request.",
-        ));
-    }
-    let limit = listing::page_limit(&params, MAX_LIMIT)?;
-    let sort_key = params.get("sort_key").map(String::as_str).unwrap_or("id");
-    let desc = match params.get("sort_dir").map(String::as_str) {
-        None => false,
-        Some(d) => match listing::sort_dir(d) {
-            Some(crate::store::SortDir::Desc) => true,
-            Some(_) => false,
-            None => {
-                return Err(ApiError::bad_request(format!(
-                    "Invalid sort direction: {d}. Acceptable values are 'asc' or 'desc'"
-                )))
-            }
-        },
-    };
-    if ["actions", "conditions"].contains(&sort_key) {
-        return Err(ApiError::bad_request(format!(
-            "The sort_key value {sort_key} is an invalid field for sorting"
-        )));
-    }
-    let base = base_url(&headers);
-    let mut rows: Vec<(usize, Map<String, Value>)> = all(&state)
-        .await?
-        .iter()
-        .filter(|s| params.get("phase").is_none_or(|p| &s.rule.phase == p))
-        .map(|s| render(s, &base))
-        .enumerate()
-        .collect();
-    let key = |m: &Map<String, Value>| m.get(sort_key).cloned().unwrap_or(Value::Null);
-    if sort_key != "id" {
-        if !rows.first().is_none_or(|(_, m)| m.contains_key(sort_key)) {
-            return Err(ApiError::bad_request(format!(
-                "The sort_key value {sort_key} is an invalid field for sorting"
-            )));
-        }
-        rows.sort_by(|(ia, a), (ib, b)| cmp_json(&key(a), &key(b)).then(ia.cmp(ib)));
-    } else {
-        // Storage order: priority, then creation; `id` is creation order in Ironic.
-        rows.sort_by(|(_, a), (_, b)| cmp_json(&key_of(a, "created_at"), &key_of(b, "created_at")));
-    }
-    if desc {
-        rows.reverse();
-    }
-    let mut docs: Vec<Map<String, Value>> = rows.into_iter().map(|(_, m)| m).collect();
-    if let Some(marker) = params.get("marker") {
-        let pos = docs
-            .iter()
-            .position(|d| d.get("uuid").and_then(Value::as_str) == Some(marker.as_str()))
-            .ok_or_else(|| not_found(marker))?;
-        docs.drain(..=pos);
-    }
-    let more = docs.len() > limit;
-    docs.truncate(limit);
-    let fields: Option<Vec<String>> = match params.get("fields") {
-        Some(f) => match docs.first() {
-            Some(d) => parse_fields(Some(f), d)?,
-            None => None,
-        },
-        None if detail => None,
-        None => Some(LIST_FIELDS.iter().map(|s| s.to_string()).collect()),
-    };
-    let last = docs
-        .last()
-        .and_then(|d| d.get("uuid"))
-        .and_then(Value::as_str)
-        .map(String::from);
-    let items: Vec<Value> = docs
-        .into_iter()
-        .map(|d| match &fields {
-            Some(f) => select(d, f),
-            None => Value::Object(d),
-        })
-        .collect();
-    let mut out = json!({ "inspection_rules": items });
-    if let (true, Some(last)) = (more, last) {
-        out["next"] = Value::from(format!(
-            "{base}/v1/inspection_rules?limit={limit}&marker={last}"
-        ));
-    }
-    Ok(Json(out))
 }
 
 /// Fields a PATCH may touch.
@@ -451,65 +271,13 @@ fn cmp_json(a: &Value, b: &Value) -> std::cmp::Ordering {
     }
 }
 
-async fn show(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    Path(uuid): Path<String>,
-    Query(p): Query<listing::ShowParams>,
-) -> ApiResult<Json<Value>> {
-    gate(version, false)?;
-    let full = render(&fetch(&state, &uuid).await?, &base_url(&headers));
-    Ok(Json(match parse_fields(p.fields.as_deref(), &full)? {
-        Some(f) => select(full, &f),
-        None => Value::Object(full),
-    }))
-}
-
-async fn update(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    Path(uuid): Path<String>,
-    JsonBody(ops): JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    gate(version, true)?;
-    let current = fetch(&state, &uuid).await?;
-    let was_sensitive = current.rule.sensitive;
-    let mut doc =
-        serde_json::to_value(&current.rule).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    apply_patch(&mut doc, &ops)?;
-    let rule: Rule = body::parse(doc.to_string().as_bytes())?;
-    if was_sensitive && !rule.sensitive {
-        return Err(ApiError::bad_request(format!(
-            "Inspection rule {uuid}: inspection rules cannot have the sensitive flag unset; \
-             create a new rule instead"
-        )));
-    }
-    if rule.uuid.as_deref() != Some(uuid.as_str()) {
-        return Err(ApiError::bad_request(
-            "the uuid of a rule cannot be changed",
-        ));
-    }
-    let updated = now();
-    save(&state, &rule, current.created_at.clone(), updated.clone()).await?;
-    Ok(Json(Value::Object(render(
-        &Stored {
-            rule,
-            created_at: current.created_at,
-            updated_at: updated,
-        },
-        &base_url(&headers),
-    ))))
-}
-
 /// `DELETE /v1/inspection_rules`: every rule (Ironic: all non-built-in rules; Rivet has no
 /// built-in ones).
 async fn remove_all(
     State(state): State<AppState>,
     Extension(ApiVersion(version)): Extension<ApiVersion>,
 ) -> ApiResult<StatusCode> {
-    gate(version, true)?;
+    resource::gate::<Api>(version, Access::Delete)?;
     for s in all(&state).await? {
         if let Some(uuid) = s.rule.uuid {
             match state.conductor.store.delete_rule(&uuid).await {
@@ -521,15 +289,201 @@ async fn remove_all(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn remove(
-    State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    Path(uuid): Path<String>,
-) -> ApiResult<StatusCode> {
-    gate(version, true)?;
-    match state.conductor.store.delete_rule(&uuid).await {
-        Ok(()) => Ok(StatusCode::NO_CONTENT),
-        Err(crate::store::StoreError::NotFound { .. }) => Err(not_found(&uuid)),
-        Err(e) => Err(e.into()),
+/// The inspection rule collection.
+pub(super) struct Api;
+
+impl Resource for Api {
+    type Record = Stored;
+    const PATH: &'static str = "inspection_rules";
+    const NAME: &'static str = "Inspection rule";
+    const IDENT: &'static str = "uuid";
+    const DETAIL_ROUTE: bool = false;
+    const SINCE: (u32, u32) = SINCE;
+    const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
+    const FILTERS: &'static [&'static str] = &["phase"];
+    // The fields of a rule's document, and `id` (creation order).
+    const SORT_KEYS: &'static [&'static str] = &[
+        "id",
+        "uuid",
+        "description",
+        "priority",
+        "sensitive",
+        "phase",
+        "created_at",
+        "updated_at",
+        "links",
+    ];
+    const PATCHABLE: &'static [&'static str] = PATCHABLE;
+    const UNSORTABLE: &'static [&'static str] = &["actions", "conditions"];
+    const MAX_LIMIT: Option<usize> = Some(MAX_LIMIT);
+
+    fn doc(s: &Stored, base: &str, _version: (u32, u32)) -> Map<String, Value> {
+        render(s, base)
+    }
+
+    fn blank() -> Stored {
+        Stored {
+            rule: Rule {
+                uuid: None,
+                description: None,
+                priority: 0,
+                sensitive: false,
+                phase: String::new(),
+                conditions: Vec::new(),
+                actions: Vec::new(),
+            },
+            created_at: Value::Null,
+            updated_at: Value::Null,
+        }
+    }
+
+    async fn get(state: &AppState, uuid: &str) -> Result<Stored, StoreError> {
+        all(state)
+            .await?
+            .into_iter()
+            .find(|s| s.rule.uuid.as_deref() == Some(uuid))
+            .ok_or_else(|| StoreError::NotFound {
+                kind: "inspection rule",
+                ident: uuid.to_string(),
+            })
+    }
+
+    /// Below 1.96 reads are 404 and writes 405, as Ironic.
+    fn too_old(version: (u32, u32), access: Access) -> ApiError {
+        let msg = format!(
+            "The API version does not allow inspection rules: they need API version 1.96 or \
+             later (this request asked for {}.{}; send X-OpenStack-Ironic-API-Version: 1.96)",
+            version.0, version.1
+        );
+        match access {
+            Access::Read => ApiError::new(StatusCode::NOT_FOUND, msg),
+            _ => ApiError::new(StatusCode::METHOD_NOT_ALLOWED, msg),
+        }
+    }
+
+    fn unknown_param(bad: &str, allowed: &[&str]) -> ApiError {
+        ApiError::bad_request(format!(
+            "unknown query parameter {bad:?} (use {})",
+            allowed.join(", ")
+        ))
+    }
+
+    fn unknown_sort_key(key: &str) -> ApiError {
+        ApiError::bad_request(format!(
+            "The sort_key value {key} is an invalid field for sorting"
+        ))
+    }
+
+    fn detail(params: &HashMap<String, String>, _from_detail: bool) -> ApiResult<bool> {
+        let detail = flag(params, "detail")?;
+        if detail && params.contains_key("fields") {
+            return Err(ApiError::bad_request(
+                "Can not specify ?detail=True and fields in the same request.",
+            ));
+        }
+        Ok(detail)
+    }
+
+    /// A marker is a rule's UUID, looked for in the listing (404 when it is not there).
+    async fn marker(_state: &AppState, marker: &str) -> ApiResult<String> {
+        Ok(marker.to_string())
+    }
+
+    /// Rules are few: sorted, filtered and paged here, not in the store.
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Stored>> {
+        let phase = l.params.get("phase");
+        let sort_key = page.sort_key.as_str();
+        let mut rows: Vec<(usize, Map<String, Value>, Stored)> = all(state)
+            .await?
+            .into_iter()
+            .filter(|s| phase.is_none_or(|p| &s.rule.phase == p))
+            .enumerate()
+            .map(|(i, s)| (i, render(&s, ""), s))
+            .collect();
+        if sort_key != "id" {
+            let key = |m: &Map<String, Value>| key_of(m, sort_key);
+            rows.sort_by(|(ia, a, _), (ib, b, _)| cmp_json(&key(a), &key(b)).then(ia.cmp(ib)));
+        } else {
+            // Storage order: priority, then creation; `id` is creation order in Ironic.
+            rows.sort_by(|(_, a, _), (_, b, _)| {
+                cmp_json(&key_of(a, "created_at"), &key_of(b, "created_at"))
+            });
+        }
+        if page.sort_dir == Some(SortDir::Desc) {
+            rows.reverse();
+        }
+        let mut found: Vec<Stored> = rows.into_iter().map(|(_, _, s)| s).collect();
+        if let Some(marker) = &page.marker {
+            let pos = found
+                .iter()
+                .position(|s| s.rule.uuid.as_deref() == Some(marker.as_str()))
+                .ok_or_else(|| resource::not_found(Self::NAME, marker))?;
+            found.drain(..=pos);
+        }
+        found.truncate(page.limit);
+        Ok(found)
+    }
+
+    type Body = Rule;
+
+    async fn create(state: &AppState, mut rule: Rule, _version: (u32, u32)) -> ApiResult<Stored> {
+        let uuid = match rule.uuid.take().filter(|u| !u.is_empty()) {
+            Some(u) => uuid::Uuid::parse_str(&u)
+                .map_err(|_| ApiError::bad_request(format!("uuid: {u:?} is not a valid UUID")))?
+                .to_string(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        if Self::get(state, &uuid).await.is_ok() {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("Inspection rule with UUID {uuid} already exists."),
+            ));
+        }
+        rule.uuid = Some(uuid);
+        let created = now();
+        save(state, &rule, created.clone(), Value::Null).await?;
+        Ok(Stored {
+            rule,
+            created_at: created,
+            updated_at: Value::Null,
+        })
+    }
+
+    fn patch_doc(s: &Stored, _version: (u32, u32)) -> ApiResult<Value> {
+        serde_json::to_value(&s.rule).map_err(|e| ApiError::bad_request(e.to_string()))
+    }
+
+    /// Rules are patched with array indices and `-` (see [`apply_patch`]).
+    fn apply_patch(doc: &mut Value, ops: &[PatchOp], _version: (u32, u32)) -> ApiResult<()> {
+        apply_patch(doc, ops)
+    }
+
+    async fn patched(state: &AppState, current: Stored, p: Patched<'_>) -> ApiResult<Stored> {
+        let doc = p.doc;
+        let uuid = current.rule.uuid.as_deref().unwrap_or_default().to_string();
+        let rule: Rule = body::parse(Value::Object(doc).to_string().as_bytes())?;
+        if current.rule.sensitive && !rule.sensitive {
+            return Err(ApiError::bad_request(format!(
+                "Inspection rule {uuid}: inspection rules cannot have the sensitive flag unset; \
+                 create a new rule instead"
+            )));
+        }
+        if rule.uuid.as_deref() != Some(uuid.as_str()) {
+            return Err(ApiError::bad_request(
+                "the uuid of a rule cannot be changed",
+            ));
+        }
+        let updated = now();
+        save(state, &rule, current.created_at.clone(), updated.clone()).await?;
+        Ok(Stored {
+            rule,
+            created_at: current.created_at,
+            updated_at: updated,
+        })
+    }
+
+    async fn delete(state: &AppState, s: Stored) -> ApiResult<()> {
+        let uuid = s.rule.uuid.as_deref().unwrap_or_default();
+        found::<Self, _>(uuid, state.conductor.store.delete_rule(uuid).await)
     }
 }

@@ -4,20 +4,20 @@
 //! The handlers are shared with deploy templates (`super::deploy_templates`).
 
 use super::deploy_templates::{self as dt, Spec};
-use super::nodes::{ver, Version};
-use super::{listing, ApiError, ApiResult, AppState, JsonBody};
-use crate::store::{StepTemplate, StoreError, TemplateKind};
+use super::resource::{self, fetch, Access};
+use super::version::{ver, Version};
+use super::{ApiError, ApiResult, AppState};
+use crate::store::{StepTemplate, TemplateKind};
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
-use rivet_protocol::api::{PatchOp, ProvisionRequest};
+use rivet_protocol::api::ProvisionRequest;
 use rivet_protocol::states::Verb;
 use rivet_protocol::steps::RequestedStep;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 
 const RUNBOOK: Spec = Spec {
     kind: TemplateKind::Runbook,
@@ -35,29 +35,25 @@ const RUNBOOK: Spec = Spec {
         "public",
         "owner",
     ],
-    patchable: &[
-        "name",
-        "steps",
-        "disable_ramdisk",
-        "extra",
-        "public",
-        "owner",
-    ],
+    filters: &["owner", "public"],
     traits_since: Some(TRAITS_SINCE),
 };
+
+/// Runbooks.
+pub(super) struct Runbook;
+
+impl dt::Kind for Runbook {
+    const SPEC: Spec = RUNBOOK;
+}
+
+/// The runbook collection.
+type Api = dt::Api<Runbook>;
 
 /// Runbook traits, descriptions and free names (Ironic 1.112).
 const TRAITS_SINCE: (u32, u32) = (1, 112);
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/runbooks", get(list).post(create))
-        .route("/v1/runbooks/", get(list).post(create))
-        .route("/v1/runbooks/detail", get(list_detail))
-        .route(
-            "/v1/runbooks/{ident}",
-            get(show).patch(update).delete(remove),
-        )
+    resource::routes::<Api>()
         .route(
             "/v1/runbooks/{ident}/traits",
             get(traits_list).put(traits_set).delete(traits_clear),
@@ -66,61 +62,6 @@ pub fn routes() -> Router<AppState> {
             "/v1/runbooks/{ident}/traits/{name}",
             put(trait_add).delete(trait_remove),
         )
-}
-
-async fn list(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    params: Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    dt::list_of(&RUNBOOK, state, headers, version, params, false).await
-}
-
-async fn list_detail(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    params: Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    dt::list_of(&RUNBOOK, state, headers, version, params, true).await
-}
-
-async fn create(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    body: JsonBody<Value>,
-) -> ApiResult<Response> {
-    dt::create_of(&RUNBOOK, state, headers, version, body).await
-}
-
-async fn show(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    ident: Path<String>,
-    p: Query<listing::ShowParams>,
-) -> ApiResult<Json<Value>> {
-    dt::show_of(&RUNBOOK, state, headers, version, ident, p).await
-}
-
-async fn update(
-    state: State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    ident: Path<String>,
-    ops: JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    dt::update_of(&RUNBOOK, state, headers, version, ident, ops).await
-}
-
-async fn remove(
-    state: State<AppState>,
-    version: Version,
-    ident: Path<String>,
-) -> ApiResult<StatusCode> {
-    dt::remove_of(&RUNBOOK, state, version, ident).await
 }
 
 /// The runbook for a traits request; 404 below 1.112 as Ironic.
@@ -132,18 +73,7 @@ async fn traits_of(state: &AppState, version: &Version, ident: &str) -> ApiResul
             "The API version does not allow runbook traits (send X-OpenStack-Ironic-API-Version: 1.112 or later)",
         ));
     }
-    match state
-        .conductor
-        .store
-        .get_template(TemplateKind::Runbook, ident)
-        .await
-    {
-        Err(StoreError::NotFound { .. }) => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("Runbook {ident} could not be found."),
-        )),
-        r => Ok(r?),
-    }
+    fetch::<Api>(state, ident, Access::Read).await
 }
 
 fn check_trait(t: &Value) -> ApiResult<()> {
@@ -279,20 +209,7 @@ pub(super) async fn resolve(
             "\"runbooks\" is only valid when setting target provision state to any of ['clean', 'service']",
         ));
     }
-    let runbook = match state
-        .conductor
-        .store
-        .get_template(TemplateKind::Runbook, &ident)
-        .await
-    {
-        Err(StoreError::NotFound { .. }) => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("Runbook {ident} could not be found."),
-            ))
-        }
-        r => r?,
-    };
+    let runbook = fetch::<Api>(state, &ident, Access::Read).await?;
     let node = state.conductor.store.get_node(node_ident).await?;
     if version >= TRAITS_SINCE {
         // 1.112: one of the runbook's traits must be the node's.

@@ -1,4 +1,6 @@
-//! Microversion negotiation (`X-OpenStack-Ironic-API-Version`) and the version documents.
+//! Microversion negotiation (`X-OpenStack-Ironic-API-Version`), the version documents, the
+//! request's [`Version`] as handlers extract it, and the field gates (406 for a field a
+//! client's version does not have, fields hidden from older clients).
 
 use super::ApiError;
 use axum::extract::Request;
@@ -14,6 +16,62 @@ use serde_json::json;
 /// The microversion a request is served at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiVersion(pub (u32, u32));
+
+/// The request's microversion as a handler extracts it (set by [`negotiate`]; the minimum
+/// when absent).
+pub(super) type Version = Option<axum::Extension<ApiVersion>>;
+
+/// The `(major, minor)` of a request's [`Version`].
+pub(super) fn ver(v: &Version) -> (u32, u32) {
+    v.as_ref().map_or(MIN_VERSION, |e| e.0 .0)
+}
+
+/// Drops the fields `table` gates above `version` from a document (Ironic's
+/// `hide_fields_in_newer_versions`).
+pub(super) fn hide_newer(
+    doc: &mut serde_json::Map<String, serde_json::Value>,
+    table: &[(&str, (u32, u32))],
+    version: (u32, u32),
+) {
+    for (field, since) in table {
+        if version < *since {
+            doc.remove(*field);
+        }
+    }
+}
+
+/// `1.N` of a version.
+pub(super) fn vstr(v: (u32, u32)) -> String {
+    format!("{}.{}", v.0, v.1)
+}
+
+/// Ironic's NotAcceptable (406) for a field the client's microversion does not have.
+pub(super) fn not_acceptable(what: &str, need: (u32, u32)) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_ACCEPTABLE,
+        format!(
+            "Request not acceptable: {what} requires API version {} or later; send the \
+             X-OpenStack-Ironic-API-Version header",
+            vstr(need)
+        ),
+    )
+}
+
+/// 406 for every name in `names` that `table` gates above `version`.
+pub(super) fn check_gated<'a>(
+    table: &[(&str, (u32, u32))],
+    names: impl IntoIterator<Item = &'a str>,
+    version: (u32, u32),
+) -> Result<(), ApiError> {
+    for n in names {
+        if let Some((f, since)) = table.iter().find(|(f, _)| *f == n) {
+            if version < *since {
+                return Err(not_acceptable(f, *since));
+            }
+        }
+    }
+    Ok(())
+}
 
 fn fmt(v: (u32, u32)) -> String {
     format!("{}.{}", v.0, v.1)

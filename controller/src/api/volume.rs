@@ -6,56 +6,41 @@
 //! off, and only be deleted while the node is powered off or in `manageable`, `enroll` or
 //! `adopt failed` (400 otherwise); a node held by another operation answers 409.
 
-use super::nodes::{ver, Version};
-use super::render::{base_url, created, links, parse_fields, select, time};
-use super::{listing, patch, ApiError, ApiResult, AppState, JsonBody};
+use super::body::check_uuid;
+use super::render::{base_url, document};
+use super::resource::{
+    self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
+};
+use super::version::{ver, Version};
+use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::{
-    Node, SortDir, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
+    Node, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
     TARGET_SORT_KEYS,
 };
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
-use rivet_protocol::api::PatchOp;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
+use std::marker::PhantomData;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/volume", get(root))
         .route("/v1/volume/", get(root))
-        .route(
-            "/v1/volume/connectors",
-            get(connectors_list).post(connector_create),
-        )
-        .route(
-            "/v1/volume/connectors/{uuid}",
-            get(connector_show)
-                .patch(connector_update)
-                .delete(connector_delete),
-        )
-        .route("/v1/volume/targets", get(targets_list).post(target_create))
-        .route("/v1/volume/targets/", get(targets_list).post(target_create))
-        .route(
-            "/v1/volume/connectors/",
-            get(connectors_list).post(connector_create),
-        )
-        .route(
-            "/v1/volume/targets/{uuid}",
-            get(target_show).patch(target_update).delete(target_delete),
-        )
+        .merge(resource::routes::<Connectors>())
+        .merge(resource::routes::<Targets>())
         .route("/v1/nodes/{ident}/volume", get(node_root))
         .route(
             "/v1/nodes/{ident}/volume/connectors",
-            get(node_connectors).post(malformed),
+            get(resource::list::<Connectors, OfNode, false>).post(malformed),
         )
         .route(
             "/v1/nodes/{ident}/volume/targets",
-            get(node_targets).post(malformed),
+            get(resource::list::<Targets, OfNode, false>).post(malformed),
         )
 }
 
@@ -65,6 +50,17 @@ pub const VOLUME_VERSION: (u32, u32) = (1, 32);
 /// Connector types Ironic documents (`api-ref`: iqn, ip, mac, wwnn, wwpn) and the port kinds
 /// its storage interfaces read.
 pub const CONNECTOR_TYPES: &[&str] = &["iqn", "ip", "mac", "wwnn", "wwpn", "port", "portgroup"];
+
+/// What a PATCH may change (Ironic's `PATCH_ALLOWED_FIELDS`); a body has these and `uuid`.
+const CONNECTOR_PATCHABLE: &[&str] = &["connector_id", "extra", "node_uuid", "type"];
+const TARGET_PATCHABLE: &[&str] = &[
+    "boot_index",
+    "extra",
+    "node_uuid",
+    "properties",
+    "volume_id",
+    "volume_type",
+];
 
 const CONNECTOR_FIELDS: &[&str] = &["uuid", "node_uuid", "type", "connector_id"];
 const TARGET_FIELDS: &[&str] = &[
@@ -76,83 +72,107 @@ const TARGET_FIELDS: &[&str] = &[
 ];
 
 /// Below 1.32 the volume API does not exist (Ironic: 404).
-fn gate(version: &Version) -> Result<(), ApiError> {
-    let v = ver(version);
-    if v >= VOLUME_VERSION {
-        return Ok(());
-    }
-    Err(ApiError::new(
+fn too_old(v: (u32, u32)) -> ApiError {
+    ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
             "the volume API needs API version 1.32 or later; this request asked for {}.{}",
             v.0, v.1
         ),
-    ))
+    )
+}
+
+/// The volume API's gate, for its routes outside the two collections.
+fn gate(version: &Version) -> Result<(), ApiError> {
+    resource::gate::<Connectors>(ver(version), Access::Read)
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     Connector,
     Target,
 }
 
-impl Kind {
-    fn plural(self) -> &'static str {
+/// A stored connector or target.
+pub(super) enum Record {
+    Connector(VolumeConnector),
+    Target(VolumeTarget),
+}
+
+impl Record {
+    fn uuid(&self) -> &str {
         match self {
-            Kind::Connector => "connectors",
-            Kind::Target => "targets",
+            Record::Connector(c) => &c.uuid,
+            Record::Target(t) => &t.uuid,
         }
     }
-    fn name(self) -> &'static str {
+
+    fn node_uuid(&self) -> &str {
         match self {
-            Kind::Connector => "Volume connector",
-            Kind::Target => "Volume target",
+            Record::Connector(c) => &c.node_uuid,
+            Record::Target(t) => &t.node_uuid,
+        }
+    }
+
+    fn doc(&self, base: &str) -> Map<String, Value> {
+        match self {
+            Record::Connector(c) => connector_doc(c, base),
+            Record::Target(t) => target_doc(t, base),
         }
     }
 }
 
-fn uuid_arg(what: &str, v: &str) -> Result<String, ApiError> {
-    uuid::Uuid::parse_str(v)
-        .map(|u| u.to_string())
-        .map_err(|_| ApiError::bad_request(format!("Expected UUID for {what}: {v}")))
+/// Which of the two collections.
+pub(super) trait VolumeKind: Send + Sync + 'static {
+    const KIND: Kind;
 }
 
-fn not_found(kind: Kind, uuid: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("{} {uuid} could not be found.", kind.name()),
-    )
+/// `/v1/volume/connectors`.
+pub(super) struct ConnectorKind;
+/// `/v1/volume/targets`.
+pub(super) struct TargetKind;
+
+impl VolumeKind for ConnectorKind {
+    const KIND: Kind = Kind::Connector;
 }
 
-fn mapped<T>(kind: Kind, uuid: &str, r: Result<T, StoreError>) -> ApiResult<T> {
-    match r {
-        Err(StoreError::NotFound { .. }) => Err(not_found(kind, uuid)),
-        r => Ok(r?),
-    }
+impl VolumeKind for TargetKind {
+    const KIND: Kind = Kind::Target;
 }
 
-fn obj(v: Value) -> Map<String, Value> {
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
+/// A volume collection.
+pub(super) struct Api<K>(PhantomData<fn() -> K>);
+type Connectors = Api<ConnectorKind>;
+type Targets = Api<TargetKind>;
+
+/// The `what`, `path` and `name` of one `kind`, as consts read them.
+const fn kind_text(kind: Kind, connector: &'static str, target: &'static str) -> &'static str {
+    match kind {
+        Kind::Connector => connector,
+        Kind::Target => target,
     }
 }
 
 fn connector_doc(c: &VolumeConnector, base: &str) -> Map<String, Value> {
-    obj(json!({
+    document(
+        json!({
         "uuid": c.uuid,
         "node_uuid": c.node_uuid,
         "type": c.kind,
         "connector_id": c.connector_id,
         "extra": c.extra,
-        "created_at": time(&Some(c.created_at)),
-        "updated_at": time(&c.updated_at),
-        "links": links(base, "volume/connectors", &c.uuid),
-    }))
+        }),
+        base,
+        "volume/connectors",
+        &c.uuid,
+        c.created_at,
+        c.updated_at,
+    )
 }
 
 fn target_doc(t: &VolumeTarget, base: &str) -> Map<String, Value> {
-    obj(json!({
+    document(
+        json!({
         "uuid": t.uuid,
         "node_uuid": t.node_uuid,
         "volume_type": t.volume_type,
@@ -160,10 +180,13 @@ fn target_doc(t: &VolumeTarget, base: &str) -> Map<String, Value> {
         "boot_index": t.boot_index,
         "volume_id": t.volume_id,
         "extra": t.extra,
-        "created_at": time(&Some(t.created_at)),
-        "updated_at": time(&t.updated_at),
-        "links": links(base, "volume/targets", &t.uuid),
-    }))
+        }),
+        base,
+        "volume/targets",
+        &t.uuid,
+        t.created_at,
+        t.updated_at,
+    )
 }
 
 fn volume_links(base: &str, prefix: &str) -> Value {
@@ -208,200 +231,176 @@ async fn malformed(version: Version) -> ApiError {
     )
 }
 
-// ------------------------------------------------------------------ listing
-
-const LIST_PARAMS: &[&str] = &[
-    "node", "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
-];
-
-async fn list(
-    state: &AppState,
-    headers: &HeaderMap,
-    kind: Kind,
-    parent: Option<String>,
-    params: HashMap<String, String>,
-) -> ApiResult<Json<Value>> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
-    let detail = listing::bool_param(&params, "detail")?.unwrap_or(false);
-    if detail && params.contains_key("fields") {
-        return Err(ApiError::bad_request(
-            "Can't fetch a subset of fields with 'detail' set",
-        ));
-    }
-    let node_ident = parent.or_else(|| params.get("node").cloned());
-    let node_uuid = match &node_ident {
-        Some(n) => Some(state.conductor.store.get_node(n).await?.uuid),
-        None => None,
-    };
-    let sort_key = params
-        .get("sort_key")
-        .cloned()
-        .unwrap_or_else(|| "id".into());
-    let keys = match kind {
-        Kind::Connector => CONNECTOR_SORT_KEYS,
-        Kind::Target => TARGET_SORT_KEYS,
-    };
-    if ["extra", "properties"].contains(&sort_key.as_str()) {
-        return Err(ApiError::bad_request(format!(
-            "The sort_key value {sort_key} is an invalid field for sorting"
-        )));
-    }
-    if !keys.contains(&sort_key.as_str()) {
-        return Err(ApiError::bad_request(format!(
-            "sort_key {sort_key:?} is not supported; use one of {}",
-            keys.join(", ")
-        )));
-    }
-    let sort_dir = listing::sort_dir_param(&params)?.unwrap_or(SortDir::Asc);
-    let marker = params
-        .get("marker")
-        .map(|m| uuid_arg("marker", m))
-        .transpose()?;
-    let q = VolumeQuery {
-        node_uuid,
-        limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
-        marker: marker.clone(),
-        sort_key,
-        sort_dir,
-    };
-    let base = base_url(headers);
-    let store = &state.conductor.store;
-    let (docs, last): (Vec<Map<String, Value>>, Option<String>) = match kind {
-        Kind::Connector => {
-            let found = match store.list_volume_connectors(&q).await {
-                Err(StoreError::NotFound { ident, .. }) => return Err(not_found(kind, &ident)),
-                r => r?,
-            };
-            let last = (found.len() == q.limit)
-                .then(|| found.last().map(|c| c.uuid.clone()))
-                .flatten();
-            (
-                found.iter().map(|c| connector_doc(c, &base)).collect(),
-                last,
-            )
-        }
-        Kind::Target => {
-            let found = match store.list_volume_targets(&q).await {
-                Err(StoreError::NotFound { ident, .. }) => return Err(not_found(kind, &ident)),
-                r => r?,
-            };
-            let last = (found.len() == q.limit)
-                .then(|| found.last().map(|t| t.uuid.clone()))
-                .flatten();
-            (found.iter().map(|t| target_doc(t, &base)).collect(), last)
-        }
-    };
-    let template = match kind {
-        Kind::Connector => connector_doc(&blank_connector(), &base),
-        Kind::Target => target_doc(&blank_target(), &base),
-    };
-    let fields = parse_fields(params.get("fields").map(String::as_str), &template)?;
-    let default: &[&str] = match kind {
+impl<K: VolumeKind> Resource for Api<K> {
+    type Record = Record;
+    const SHOW_TAKES_DETAIL: bool = true;
+    const PATH: &'static str = kind_text(K::KIND, "volume/connectors", "volume/targets");
+    const NAME: &'static str = kind_text(K::KIND, "Volume connector", "Volume target");
+    const IDENT: &'static str = "uuid";
+    const DETAIL_ROUTE: bool = false;
+    const SINCE: (u32, u32) = VOLUME_VERSION;
+    const LIST_FIELDS: &'static [&'static str] = match K::KIND {
         Kind::Connector => CONNECTOR_FIELDS,
         Kind::Target => TARGET_FIELDS,
     };
-    let items: Vec<Value> = docs
-        .into_iter()
-        .map(|d| match (&fields, detail) {
-            (Some(f), _) => with_links(d, f),
-            (None, true) => Value::Object(d),
-            (None, false) => with_links(d, default),
+    const ALWAYS_LINKS: bool = true;
+    const FILTERS: &'static [&'static str] = &["node"];
+    const SORT_KEYS: &'static [&'static str] = match K::KIND {
+        Kind::Connector => CONNECTOR_SORT_KEYS,
+        Kind::Target => TARGET_SORT_KEYS,
+    };
+    const UNSORTABLE: &'static [&'static str] = &["extra", "properties"];
+    const PATCHABLE: &'static [&'static str] = match K::KIND {
+        Kind::Connector => CONNECTOR_PATCHABLE,
+        Kind::Target => TARGET_PATCHABLE,
+    };
+
+    fn doc(r: &Record, base: &str, _version: (u32, u32)) -> Map<String, Value> {
+        r.doc(base)
+    }
+
+    fn blank() -> Record {
+        let now = Utc::now();
+        match K::KIND {
+            Kind::Connector => Record::Connector(VolumeConnector {
+                uuid: String::new(),
+                node_uuid: String::new(),
+                kind: String::new(),
+                connector_id: String::new(),
+                extra: Map::new(),
+                created_at: now,
+                updated_at: None,
+            }),
+            Kind::Target => Record::Target(VolumeTarget {
+                uuid: String::new(),
+                node_uuid: String::new(),
+                volume_type: String::new(),
+                properties: Map::new(),
+                boot_index: 0,
+                volume_id: String::new(),
+                extra: Map::new(),
+                created_at: now,
+                updated_at: None,
+            }),
+        }
+    }
+
+    fn too_old(version: (u32, u32), _access: Access) -> ApiError {
+        too_old(version)
+    }
+
+    /// Connectors and targets are named by UUID only.
+    fn ident(ident: &str, _access: Access) -> ApiResult<String> {
+        let what = kind_text(K::KIND, "connector_uuid", "target_uuid");
+        check_uuid(what, ident)
+    }
+
+    async fn get(state: &AppState, uuid: &str) -> Result<Record, StoreError> {
+        let store = &state.conductor.store;
+        Ok(match K::KIND {
+            Kind::Connector => Record::Connector(store.get_volume_connector(uuid).await?),
+            Kind::Target => Record::Target(store.get_volume_target(uuid).await?),
         })
-        .collect();
-    let mut body = json!({ kind.plural(): items });
-    if let Some(last) = last {
-        let mut next = format!("{base}/v1/volume/{}?limit={}", kind.plural(), q.limit);
-        for k in ["node", "sort_key", "sort_dir", "fields", "detail"] {
-            if let Some(v) = params.get(k) {
-                next.push_str(&format!("&{k}={v}"));
+    }
+
+    fn detail(params: &HashMap<String, String>, _from_detail: bool) -> ApiResult<bool> {
+        let detail = listing::bool_param(params, "detail")?.unwrap_or(false);
+        if detail && params.contains_key("fields") {
+            return Err(ApiError::bad_request(
+                "Can't fetch a subset of fields with 'detail' set",
+            ));
+        }
+        Ok(detail)
+    }
+
+    async fn list(state: &AppState, l: &Listing<'_>, page: Page) -> ApiResult<Vec<Record>> {
+        let node_uuid = match l.node("node") {
+            Some(n) => Some(state.conductor.store.get_node(n).await?.uuid),
+            None => None,
+        };
+        let q = paged!(VolumeQuery { node_uuid }, page);
+        let store = &state.conductor.store;
+        page_of::<Self, _>(match K::KIND {
+            Kind::Connector => store
+                .list_volume_connectors(&q)
+                .await
+                .map(|found| found.into_iter().map(Record::Connector).collect()),
+            Kind::Target => store
+                .list_volume_targets(&q)
+                .await
+                .map(|found| found.into_iter().map(Record::Target).collect()),
+        })
+    }
+
+    type Body = Value;
+
+    async fn create(state: &AppState, body: Value, _version: (u32, u32)) -> ApiResult<Record> {
+        let Value::Object(doc) = body else {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        };
+        check_doc(K::KIND, &doc)?;
+        let node = node_named(state, &str_of(&doc, "node_uuid")).await?;
+        let uuid = match doc.get("uuid").and_then(Value::as_str) {
+            Some(u) => check_uuid("uuid", u)?,
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let store = &state.conductor.store;
+        Ok(match from_doc(Self::blank(), &doc, uuid, node.uuid) {
+            Record::Connector(c) => Record::Connector(store.create_volume_connector(&c).await?),
+            Record::Target(t) => Record::Target(store.create_volume_target(&t).await?),
+        })
+    }
+
+    /// The patched document checked, and refused while the node (the new one too, when the
+    /// patch moves it) is not powered off.
+    async fn patched(state: &AppState, r: Record, p: Patched<'_>) -> ApiResult<Record> {
+        let mut doc = p.doc;
+        let uuid = r.uuid().to_string();
+        doc.insert("uuid".into(), Value::from(uuid.clone()));
+        for k in ["extra", "properties"] {
+            if doc.get(k).is_some_and(Value::is_null) {
+                doc.insert(k.into(), json!({}));
             }
         }
-        next.push_str(&format!("&marker={last}"));
-        body["next"] = Value::from(next);
+        if K::KIND == Kind::Connector {
+            doc.remove("properties");
+        }
+        check_doc(K::KIND, &doc)?;
+        let action = kind_text(K::KIND, "volume connector update", "volume target update");
+        let new_node = str_of(&doc, "node_uuid");
+        if new_node != r.node_uuid() {
+            let old = state.conductor.store.get_node(r.node_uuid()).await?;
+            check_node_allows(&old, action, false)?;
+        }
+        let node = node_named(state, &new_node).await?;
+        check_node_allows(&node, action, false)?;
+        let store = &state.conductor.store;
+        let saved = match from_doc(r, &doc, uuid.clone(), node.uuid) {
+            Record::Connector(c) => store
+                .update_volume_connector(&c)
+                .await
+                .map(Record::Connector),
+            Record::Target(t) => store.update_volume_target(&t).await.map(Record::Target),
+        };
+        found::<Self, _>(&uuid, saved)
     }
-    Ok(Json(body))
-}
 
-/// Ironic's `sanitize_dict`: the requested fields, and always the links.
-fn with_links(doc: Map<String, Value>, keep: &[impl AsRef<str>]) -> Value {
-    let mut keep: Vec<&str> = keep.iter().map(AsRef::as_ref).collect();
-    keep.push("links");
-    select(doc, &keep)
-}
-
-fn blank_connector() -> VolumeConnector {
-    VolumeConnector {
-        uuid: String::new(),
-        node_uuid: String::new(),
-        kind: String::new(),
-        connector_id: String::new(),
-        extra: Map::new(),
-        created_at: Utc::now(),
-        updated_at: None,
+    async fn delete(state: &AppState, r: Record) -> ApiResult<()> {
+        let store = &state.conductor.store;
+        let node = store.get_node(r.node_uuid()).await?;
+        let action = kind_text(
+            K::KIND,
+            "volume connector deletion",
+            "volume target deletion",
+        );
+        check_node_allows(&node, action, true)?;
+        let deleted = match &r {
+            Record::Connector(c) => store.delete_volume_connector(&c.uuid).await,
+            Record::Target(t) => store.delete_volume_target(&t.uuid).await,
+        };
+        found::<Self, _>(r.uuid(), deleted)
     }
 }
-
-fn blank_target() -> VolumeTarget {
-    VolumeTarget {
-        uuid: String::new(),
-        node_uuid: String::new(),
-        volume_type: String::new(),
-        properties: Map::new(),
-        boot_index: 0,
-        volume_id: String::new(),
-        extra: Map::new(),
-        created_at: Utc::now(),
-        updated_at: None,
-    }
-}
-
-async fn connectors_list(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    list(&state, &headers, Kind::Connector, None, params).await
-}
-
-async fn targets_list(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    list(&state, &headers, Kind::Target, None, params).await
-}
-
-async fn node_connectors(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Path(ident): Path<String>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    list(&state, &headers, Kind::Connector, Some(ident), params).await
-}
-
-async fn node_targets(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Path(ident): Path<String>,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    list(&state, &headers, Kind::Target, Some(ident), params).await
-}
-
 // ------------------------------------------------------------------ validation
 
 fn schema_error(msg: String) -> ApiError {
@@ -411,27 +410,17 @@ fn schema_error(msg: String) -> ApiError {
 /// The body of a create, or the document after a patch, checked as Ironic's
 /// CONNECTOR_SCHEMA / TARGET_SCHEMA (and `args.uuid` on `node_uuid` and `uuid`).
 fn check_doc(kind: Kind, doc: &Map<String, Value>) -> Result<(), ApiError> {
-    let (allowed, required): (&[&str], &[&str]) = match kind {
-        Kind::Connector => (
-            &["connector_id", "extra", "node_uuid", "type", "uuid"],
-            &["connector_id", "node_uuid", "type"],
-        ),
+    // A body has the patchable fields and its UUID.
+    let (patchable, required): (&[&str], &[&str]) = match kind {
+        Kind::Connector => (CONNECTOR_PATCHABLE, &["connector_id", "node_uuid", "type"]),
         Kind::Target => (
-            &[
-                "boot_index",
-                "extra",
-                "node_uuid",
-                "properties",
-                "volume_id",
-                "volume_type",
-                "uuid",
-            ],
+            TARGET_PATCHABLE,
             &["boot_index", "node_uuid", "volume_id", "volume_type"],
         ),
     };
     let mut extras: Vec<&String> = doc
         .keys()
-        .filter(|k| !allowed.contains(&k.as_str()))
+        .filter(|k| *k != "uuid" && !patchable.contains(&k.as_str()))
         .collect();
     if !extras.is_empty() {
         extras.sort();
@@ -466,7 +455,7 @@ fn check_doc(kind: Kind, doc: &Map<String, Value>) -> Result<(), ApiError> {
     }
     for k in ["node_uuid", "uuid"] {
         if let Some(Value::String(s)) = doc.get(k) {
-            uuid_arg(k, s)?;
+            check_uuid(k, s)?;
         }
     }
     if kind == Kind::Connector {
@@ -558,295 +547,28 @@ fn map_of(doc: &Map<String, Value>, k: &str) -> Map<String, Value> {
         .unwrap_or_default()
 }
 
-// ------------------------------------------------------------------ CRUD
-
-async fn create(
-    state: &AppState,
-    headers: &HeaderMap,
-    kind: Kind,
-    body: Value,
-) -> ApiResult<Response> {
-    let Value::Object(doc) = body else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
-    check_doc(kind, &doc)?;
-    let node = node_named(state, &str_of(&doc, "node_uuid")).await?;
-    let uuid = match doc.get("uuid").and_then(Value::as_str) {
-        Some(u) => uuid_arg("uuid", u)?,
-        None => uuid::Uuid::new_v4().to_string(),
-    };
-    let base = base_url(headers);
-    let store = &state.conductor.store;
-    let now = Utc::now();
-    match kind {
-        Kind::Connector => {
-            let c = VolumeConnector {
-                uuid,
-                node_uuid: node.uuid,
-                kind: str_of(&doc, "type"),
-                connector_id: str_of(&doc, "connector_id"),
-                extra: map_of(&doc, "extra"),
-                created_at: now,
-                updated_at: None,
-            };
-            let c = store.create_volume_connector(&c).await?;
-            Ok(created(
-                connector_doc(&c, &base),
-                &base,
-                "volume/connectors",
-                &c.uuid,
-            ))
-        }
-        Kind::Target => {
-            let t = VolumeTarget {
-                uuid,
-                node_uuid: node.uuid,
-                volume_type: str_of(&doc, "volume_type"),
-                properties: map_of(&doc, "properties"),
-                boot_index: doc.get("boot_index").and_then(Value::as_i64).unwrap_or(0),
-                volume_id: str_of(&doc, "volume_id"),
-                extra: map_of(&doc, "extra"),
-                created_at: now,
-                updated_at: None,
-            };
-            let t = store.create_volume_target(&t).await?;
-            Ok(created(
-                target_doc(&t, &base),
-                &base,
-                "volume/targets",
-                &t.uuid,
-            ))
-        }
+/// `r` with the fields of a checked document, its UUID and its node's.
+fn from_doc(r: Record, doc: &Map<String, Value>, uuid: String, node_uuid: String) -> Record {
+    match r {
+        Record::Connector(c) => Record::Connector(VolumeConnector {
+            uuid,
+            node_uuid,
+            kind: str_of(doc, "type"),
+            connector_id: str_of(doc, "connector_id"),
+            extra: map_of(doc, "extra"),
+            ..c
+        }),
+        Record::Target(t) => Record::Target(VolumeTarget {
+            uuid,
+            node_uuid,
+            volume_type: str_of(doc, "volume_type"),
+            properties: map_of(doc, "properties"),
+            boot_index: doc.get("boot_index").and_then(Value::as_i64).unwrap_or(0),
+            volume_id: str_of(doc, "volume_id"),
+            extra: map_of(doc, "extra"),
+            ..t
+        }),
     }
-}
-
-async fn connector_create(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
-) -> ApiResult<Response> {
-    gate(&version)?;
-    create(&state, &headers, Kind::Connector, body).await
-}
-
-async fn target_create(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
-) -> ApiResult<Response> {
-    gate(&version)?;
-    create(&state, &headers, Kind::Target, body).await
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ShowParams {
-    fields: Option<String>,
-    #[allow(dead_code)]
-    detail: Option<String>,
-}
-
-async fn connector_show(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Path(uuid): Path<String>,
-    Query(p): Query<ShowParams>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    let uuid = uuid_arg("connector_uuid", &uuid)?;
-    let c = mapped(
-        Kind::Connector,
-        &uuid,
-        state.conductor.store.get_volume_connector(&uuid).await,
-    )?;
-    let full = connector_doc(&c, &base_url(&headers));
-    Ok(Json(match parse_fields(p.fields.as_deref(), &full)? {
-        Some(f) => with_links(full, &f),
-        None => Value::Object(full),
-    }))
-}
-
-async fn target_show(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Path(uuid): Path<String>,
-    Query(p): Query<ShowParams>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    let uuid = uuid_arg("target_uuid", &uuid)?;
-    let t = mapped(
-        Kind::Target,
-        &uuid,
-        state.conductor.store.get_volume_target(&uuid).await,
-    )?;
-    let full = target_doc(&t, &base_url(&headers));
-    Ok(Json(match parse_fields(p.fields.as_deref(), &full)? {
-        Some(f) => with_links(full, &f),
-        None => Value::Object(full),
-    }))
-}
-
-/// Apply `ops` to the patchable part of `doc`, check the result, and refuse it while the
-/// node (the new one too, when the patch moves it) is not powered off.
-async fn patched(
-    state: &AppState,
-    kind: Kind,
-    mut doc: Map<String, Value>,
-    ops: &[PatchOp],
-) -> ApiResult<(Map<String, Value>, Node)> {
-    let patchable: &[&str] = match kind {
-        Kind::Connector => &["connector_id", "extra", "node_uuid", "type"],
-        Kind::Target => &[
-            "boot_index",
-            "extra",
-            "node_uuid",
-            "properties",
-            "volume_id",
-            "volume_type",
-        ],
-    };
-    let old_node = str_of(&doc, "node_uuid");
-    let uuid = doc.remove("uuid");
-    let mut v = Value::Object(doc);
-    patch::apply(&mut v, ops, patchable)?;
-    let Value::Object(mut doc) = v else {
-        return Err(ApiError::bad_request(
-            "the patch replaced the whole document",
-        ));
-    };
-    if let Some(u) = uuid {
-        doc.insert("uuid".into(), u);
-    }
-    for k in ["extra", "properties"] {
-        if doc.get(k).is_some_and(Value::is_null) {
-            doc.insert(k.into(), json!({}));
-        }
-    }
-    if kind == Kind::Connector {
-        doc.remove("properties");
-    }
-    check_doc(kind, &doc)?;
-    let action = match kind {
-        Kind::Connector => "volume connector update",
-        Kind::Target => "volume target update",
-    };
-    let new_node = str_of(&doc, "node_uuid");
-    if new_node != old_node {
-        let old = state.conductor.store.get_node(&old_node).await?;
-        check_node_allows(&old, action, false)?;
-    }
-    let node = node_named(state, &new_node).await?;
-    check_node_allows(&node, action, false)?;
-    Ok((doc, node))
-}
-
-async fn connector_update(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Path(uuid): Path<String>,
-    JsonBody(ops): JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    let uuid = uuid_arg("connector_uuid", &uuid)?;
-    let store = &state.conductor.store;
-    let c = mapped(
-        Kind::Connector,
-        &uuid,
-        store.get_volume_connector(&uuid).await,
-    )?;
-    let mut doc = connector_doc(&c, "");
-    for k in ["created_at", "updated_at", "links"] {
-        doc.remove(k);
-    }
-    let (doc, node) = patched(&state, Kind::Connector, doc, &ops).await?;
-    let new = VolumeConnector {
-        node_uuid: node.uuid,
-        kind: str_of(&doc, "type"),
-        connector_id: str_of(&doc, "connector_id"),
-        extra: map_of(&doc, "extra"),
-        ..c
-    };
-    let saved = mapped(
-        Kind::Connector,
-        &uuid,
-        store.update_volume_connector(&new).await,
-    )?;
-    Ok(Json(Value::Object(connector_doc(
-        &saved,
-        &base_url(&headers),
-    ))))
-}
-
-async fn target_update(
-    State(state): State<AppState>,
-    version: Version,
-    headers: HeaderMap,
-    Path(uuid): Path<String>,
-    JsonBody(ops): JsonBody<Vec<PatchOp>>,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    let uuid = uuid_arg("target_uuid", &uuid)?;
-    let store = &state.conductor.store;
-    let t = mapped(Kind::Target, &uuid, store.get_volume_target(&uuid).await)?;
-    let mut doc = target_doc(&t, "");
-    for k in ["created_at", "updated_at", "links"] {
-        doc.remove(k);
-    }
-    let (doc, node) = patched(&state, Kind::Target, doc, &ops).await?;
-    let new = VolumeTarget {
-        node_uuid: node.uuid,
-        volume_type: str_of(&doc, "volume_type"),
-        properties: map_of(&doc, "properties"),
-        boot_index: doc.get("boot_index").and_then(Value::as_i64).unwrap_or(0),
-        volume_id: str_of(&doc, "volume_id"),
-        extra: map_of(&doc, "extra"),
-        ..t
-    };
-    let saved = mapped(Kind::Target, &uuid, store.update_volume_target(&new).await)?;
-    Ok(Json(Value::Object(target_doc(&saved, &base_url(&headers)))))
-}
-
-async fn connector_delete(
-    State(state): State<AppState>,
-    version: Version,
-    Path(uuid): Path<String>,
-) -> ApiResult<StatusCode> {
-    gate(&version)?;
-    let uuid = uuid_arg("connector_uuid", &uuid)?;
-    let store = &state.conductor.store;
-    let c = mapped(
-        Kind::Connector,
-        &uuid,
-        store.get_volume_connector(&uuid).await,
-    )?;
-    let node = store.get_node(&c.node_uuid).await?;
-    check_node_allows(&node, "volume connector deletion", true)?;
-    mapped(
-        Kind::Connector,
-        &uuid,
-        store.delete_volume_connector(&uuid).await,
-    )?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-async fn target_delete(
-    State(state): State<AppState>,
-    version: Version,
-    Path(uuid): Path<String>,
-) -> ApiResult<StatusCode> {
-    gate(&version)?;
-    let uuid = uuid_arg("target_uuid", &uuid)?;
-    let store = &state.conductor.store;
-    let t = mapped(Kind::Target, &uuid, store.get_volume_target(&uuid).await)?;
-    let node = store.get_node(&t.node_uuid).await?;
-    check_node_allows(&node, "volume target deletion", true)?;
-    mapped(Kind::Target, &uuid, store.delete_volume_target(&uuid).await)?;
-    Ok(StatusCode::NO_CONTENT)
 }
 
 #[cfg(test)]
@@ -855,7 +577,10 @@ mod tests {
     use super::*;
 
     fn doc(v: Value) -> Map<String, Value> {
-        obj(v)
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! boot and deploy verdicts check what a deploy would need: PXE ports and boot artefacts or the
 //! virtual-media ISO, the image fields and the root device hints.
 
+use crate::api::ports::ports_of;
 use crate::api::{ApiResult, AppState};
 use crate::interfaces::Iface;
-use crate::store::{Node, PortQuery};
+use crate::store::Node;
 use axum::extract::{Path, State};
 use axum::Json;
 use serde_json::{json, Map, Value};
@@ -99,13 +100,7 @@ async fn boot_verdict(state: &AppState, node: &Node, driver_info: &Verdict) -> V
     match node.interfaces.get(&node.driver, Iface::Boot).as_str() {
         "fake" => Ok(()),
         "ipxe" | "pxe" => {
-            let ports = state
-                .conductor
-                .store
-                .list_ports(&PortQuery {
-                    node_uuid: Some(node.uuid.clone()),
-                    ..Default::default()
-                })
+            let ports = ports_of(state, Some(&node.uuid), None)
                 .await
                 .map_err(|e| e.to_string())?;
             if !ports.iter().any(|p| p.pxe_enabled) {

@@ -8,8 +8,9 @@
 //! clears it (and `extra.vif_port_id`) and removes a dynamic port group (1.111).
 
 use super::refuse_locked;
+use crate::api::ports::ports_of;
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::store::{Node, Port, PortQuery, Portgroup, PortgroupQuery, StoreError};
+use crate::store::{Node, Port, Portgroup, PortgroupQuery, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
@@ -39,14 +40,7 @@ fn gate(version: (u32, u32), ident: &str) -> Result<(), ApiError> {
 /// The node, its ports and its port groups.
 async fn load(state: &AppState, ident: &str) -> ApiResult<(Node, Vec<Port>, Vec<Portgroup>)> {
     let node = state.conductor.store.get_node(ident).await?;
-    let ports = state
-        .conductor
-        .store
-        .list_ports(&PortQuery {
-            node_uuid: Some(node.uuid.clone()),
-            ..Default::default()
-        })
-        .await?;
+    let ports = ports_of(state, Some(&node.uuid), None).await?;
     let groups = state
         .conductor
         .store
