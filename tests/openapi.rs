@@ -150,10 +150,11 @@ fn real_router(dir: &Path, no_auth: bool) -> axum::Router {
         .enable_all()
         .build()
         .expect("runtime");
-    let (_conductor, router) = rt
+    let (conductor, _app) = rt
         .block_on(rivet_controller::server::build(config))
         .expect("build the router");
-    router
+    // The routes behind the path rewriting `api::router` puts in front of them.
+    rivet_controller::api::routes(rivet_controller::api::AppState::new(conductor))
 }
 
 #[test]

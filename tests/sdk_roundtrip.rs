@@ -343,11 +343,17 @@ fn nodes_round_trip_through_the_baremetal_cli() -> Result<()> {
         let n = baremetal_json(&d, &["node", "show", "plain"])?;
         ensure!(n["provision_state"] == state, "after {verb}: {n}");
     }
-    // Retiring an available node is a 409; deleting it too (manage it first).
+    // Retiring an available node is a 409; deleting an active one too (an available one
+    // may be deleted, as Ironic's `allow_deleting_available_nodes` allows by default).
     let err = baremetal_failing(&d, &["node", "set", "plain", "--retired"])?;
     ensure!(err.contains("409") || err.contains("retired"), "{err}");
+    baremetal(&d, &["node", "deploy", "plain", "--wait", "60"])?;
     let err = baremetal_failing(&d, &["node", "delete", "plain"])?;
-    ensure!(err.contains("can be deleted only"), "{err}");
+    ensure!(
+        err.contains("provision state") && err.contains("active"),
+        "{err}"
+    );
+    baremetal(&d, &["node", "undeploy", "plain", "--wait", "60"])?;
     let history = baremetal_json(&d, &["node", "history", "list", "plain"])?;
     ensure!(
         history.as_array().is_some_and(|h| h
@@ -386,7 +392,6 @@ fn nodes_round_trip_through_the_baremetal_cli() -> Result<()> {
     ensure!(shards.as_array().is_some_and(|a| !a.is_empty()), "{shards}");
 
     // Delete: by name, then it is gone.
-    baremetal(&d, &["node", "manage", "plain", "--wait", "60"])?;
     baremetal(&d, &["node", "delete", "plain"])?;
     let err = baremetal_failing(&d, &["node", "show", "plain"])?;
     ensure!(err.contains("could not be found"), "{err}");

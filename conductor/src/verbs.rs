@@ -922,9 +922,19 @@ impl Conductor {
         if node.attrs.protected {
             return Err(protected(node));
         }
-        if !node.maintenance && !matches!(node.provision_state, Manageable | Enroll | AdoptFailed) {
+        // Ironic's DELETE_ALLOWED_STATES, plus `available` unless the operator turned
+        // `allow_deleting_available_nodes` off.
+        let available_ok = self.config.conductor.allow_deleting_available_nodes;
+        let allowed = matches!(node.provision_state, Manageable | Enroll | AdoptFailed)
+            || (available_ok && node.provision_state == Available);
+        if !node.maintenance && !allowed {
+            let states = if available_ok {
+                "enroll, manageable, adopt failed or available"
+            } else {
+                "enroll, manageable or adopt failed"
+            };
             return Err(ConductorError::BadRequest(format!(
-                "node {} is in \"{}\"; it can be deleted only in enroll, manageable or adopt failed (or in maintenance) — run `manage` first",
+                "Can not delete node {} while it is in provision state \"{}\"; it can be deleted in {states}, or in maintenance — run `manage` (or set maintenance) first",
                 node.ident(),
                 node.provision_state
             )));

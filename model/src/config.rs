@@ -291,6 +291,9 @@ pub struct ConductorConfig {
     /// A controller silent for this long is dead: its leases expire with it and the hash
     /// ring hands its nodes to the others. Keep it several heartbeat intervals.
     pub dead_after_s: u64,
+    /// A node in `available` may be deleted (Ironic's `allow_deleting_available_nodes`,
+    /// default true); false keeps deletion to enroll, manageable, adopt failed or maintenance.
+    pub allow_deleting_available_nodes: bool,
 }
 
 /// API limits.
@@ -410,6 +413,7 @@ impl Default for ConductorConfig {
             automated_clean: true,
             heartbeat_interval_s: 2,
             dead_after_s: 10,
+            allow_deleting_available_nodes: true,
         }
     }
 }

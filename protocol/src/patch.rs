@@ -81,6 +81,7 @@ pub const NODE_PATCHABLE: &[&str] = &[
     "storage_interface",
     "vendor_interface",
     "chassis_uuid",
+    "maintenance",
 ];
 
 /// Apply `ops` to `doc`, allowing only top-level keys in `patchable`. On error `doc` may be

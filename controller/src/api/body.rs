@@ -48,6 +48,17 @@ pub(super) fn check_uuid(what: &str, v: &str) -> Result<String, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("Expected UUID for {what}: {v}")))
 }
 
+/// An identifier that must be a UUID or a name (Ironic's `args.uuid_or_name`): anything
+/// else — a MAC address, a name with a space — is a 400, never a lookup.
+pub(super) fn check_uuid_or_name(what: &str, v: &str) -> Result<String, ApiError> {
+    if is_logical_name(v) || uuid::Uuid::parse_str(v).is_ok() {
+        return Ok(v.to_string());
+    }
+    Err(ApiError::bad_request(format!(
+        "Expected UUID or name for {what}: {v}"
+    )))
+}
+
 /// A MAC as Ironic's `args.mac_address` takes it (lower-cased).
 pub(super) fn mac(address: &str) -> Result<String, ApiError> {
     normalize_mac(address).ok_or_else(|| {

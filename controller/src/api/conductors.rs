@@ -8,8 +8,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 
 /// The routes.
 pub fn routes() -> Router<AppState> {
@@ -19,10 +19,23 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/conductors/{hostname}", get(show))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListParams {
-    detail: Option<bool>,
+/// The query a conductor listing takes, as Ironic's.
+const LIST_PARAMS: &[&str] = &[
+    "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
+];
+
+/// Whole documents asked for (`detail`, a boolean as Ironic parses one: `True` from Python
+/// clients too); 400 for a parameter Ironic does not take.
+fn list_params(params: &HashMap<String, String>) -> ApiResult<bool> {
+    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown query parameter {bad:?}; supported: {}",
+            LIST_PARAMS.join(", ")
+        )));
+    }
+    super::listing::page_limit(params, usize::MAX)?;
+    super::listing::sort_dir_param(params)?;
+    Ok(super::listing::bool_param(params, "detail")?.unwrap_or(false))
 }
 
 fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
@@ -30,7 +43,7 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
         "hostname": c.id,
         "conductor_group": "",
         "alive": c.alive,
-        "last_seen": c.last_seen,
+        "last_seen": super::render::timestamp(&c.last_seen),
         "links": [
             {"href": format!("{base}/v1/conductors/{}", c.id), "rel": "self"},
             {"href": format!("{base}/conductors/{}", c.id), "rel": "bookmark"},
@@ -38,8 +51,8 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
     });
     if detail {
         v["drivers"] = json!(["fake-hardware", "ipmi", "redfish"]);
-        v["created_at"] = json!(c.started_at);
-        v["updated_at"] = json!(c.last_seen);
+        v["created_at"] = json!(super::render::timestamp(&c.started_at));
+        v["updated_at"] = json!(super::render::timestamp(&c.last_seen));
         v["host"] = json!(c.hostname);
     }
     v
@@ -68,10 +81,10 @@ async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
     version: super::version::Version,
-    Query(p): Query<ListParams>,
+    Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     gate(&version)?;
-    let detail = p.detail.unwrap_or(false);
+    let detail = list_params(&params)?;
     let base = base_url(&headers);
     let all = conductors(&state).await?;
     Ok(Json(json!({

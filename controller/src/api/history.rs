@@ -16,7 +16,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -247,7 +247,7 @@ fn render(e: &Entry, node: &str, detail: bool, version: (u32, u32), base: &str) 
     v.insert("uuid".into(), json!(e.uuid));
     v.insert(
         "created_at".into(),
-        json!(e.created_at.to_rfc3339_opts(SecondsFormat::Micros, false)),
+        json!(super::render::timestamp(&e.created_at)),
     );
     v.insert("severity".into(), json!(e.severity));
     if detail {

@@ -18,6 +18,7 @@ mod deploy_templates;
 mod discovery;
 mod drivers;
 mod events;
+mod gates;
 mod history;
 mod ipa;
 mod listing;
@@ -28,6 +29,7 @@ mod node_logs;
 mod nodes;
 pub mod openapi;
 mod patch;
+mod paths;
 mod portgroups;
 mod ports;
 pub mod ratelimit;
@@ -168,9 +170,21 @@ impl From<ConductorError> for ApiError {
 /// Result of a handler.
 pub type ApiResult<T> = Result<T, ApiError>;
 
-/// Build the whole router. Every route needs its row in [`openapi::OPERATIONS`] (the
-/// OpenAPI document; tests/openapi.rs fails on a route without one).
+/// Build the whole router: [`routes`] behind the path rewriting of [`paths::normalize`].
 pub fn router(state: AppState) -> Router {
+    let routes = routes(state.clone());
+    // In front of routing (a layer on `routes` would run after it): the paths Ironic also
+    // answers are rewritten to the canonical ones.
+    let normalized = tower_layer::Layer::layer(
+        &middleware::from_fn_with_state(state, paths::normalize),
+        routes,
+    );
+    Router::new().fallback_service(normalized)
+}
+
+/// The routes and their layers. Every route needs its row in [`openapi::OPERATIONS`] (the
+/// OpenAPI document; tests/openapi.rs walks this router and fails on a route without one).
+pub fn routes(state: AppState) -> Router {
     let max_body = state.conductor.config.api.max_body_bytes;
     let admin = Router::new()
         .merge(nodes::routes())
@@ -205,6 +219,8 @@ pub fn router(state: AppState) -> Router {
         .merge(ipa::routes())
         .merge(discovery::routes(&state.conductor.config.discovery))
         .merge(boot::routes())
+        // Every matched route's microversion, from its row in openapi::OPERATIONS.
+        .route_layer(middleware::from_fn(gates::require))
         .fallback(not_found)
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))

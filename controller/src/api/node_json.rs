@@ -18,7 +18,7 @@ use crate::interfaces::Iface;
 use crate::store::{Node, NodeManagement};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -33,6 +33,8 @@ struct Input<'a> {
     kept: Option<&'a NodeManagement>,
     /// The base URL's JSON string contents (escaped, no quotes).
     base: &'a str,
+    /// The request's microversion.
+    version: (u32, u32),
 }
 
 /// Writes one field's value.
@@ -136,7 +138,12 @@ static FIELDS: &[(&str, Field)] = &[
     ("protected_reason", |o, i| {
         json(o, &i.n.attrs.protected_reason)
     }),
-    ("provision_state", |o, i| json(o, &i.n.provision_state)),
+    ("provision_state", |o, i| {
+        json(
+            o,
+            &super::render::provision_state_at(i.n.provision_state, i.version),
+        )
+    }),
     ("provision_updated_at", |o, i| {
         time(o, i.n.provision_updated_at.as_ref())
     }),
@@ -195,7 +202,7 @@ fn null(o: &mut Out) -> Res {
 /// A time as `render::time` shows it.
 fn time(o: &mut Out, t: Option<&DateTime<Utc>>) -> Res {
     match t {
-        Some(t) => json(o, &t.to_rfc3339_opts(SecondsFormat::Secs, false)),
+        Some(t) => json(o, &super::render::timestamp(t)),
         None => null(o),
     }
 }
@@ -300,6 +307,7 @@ pub(super) struct NodeShape {
     shown: Vec<bool>,
     /// The base URL's JSON string contents.
     base: String,
+    version: (u32, u32),
 }
 
 impl NodeShape {
@@ -326,7 +334,11 @@ impl NodeShape {
         let mut escaped_base = Vec::with_capacity(base.len());
         escaped(&mut escaped_base, base).map_err(render_error)?;
         let base = String::from_utf8(escaped_base).map_err(render_error)?;
-        Ok(NodeShape { shown, base })
+        Ok(NodeShape {
+            shown,
+            base,
+            version,
+        })
     }
 
     /// One node's document.
@@ -335,6 +347,7 @@ impl NodeShape {
             n,
             kept,
             base: &self.base,
+            version: self.version,
         };
         o.push(b'{');
         let mut first = true;

@@ -14,7 +14,6 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use chrono::SecondsFormat;
 use serde_json::{json, Value};
 
 pub fn routes() -> Router<AppState> {
@@ -42,7 +41,7 @@ fn render(log: &NodeLog, base: &str) -> Value {
     json!({
         "id": log.id,
         "node_uuid": log.node_uuid,
-        "created_at": log.created_at.to_rfc3339_opts(SecondsFormat::Micros, false),
+        "created_at": super::render::timestamp(&log.created_at),
         "operation": log.operation,
         "step": log.step,
         "command_id": log.command_id,

@@ -542,6 +542,7 @@ async fn create(
     node.resource_class = req.resource_class.clone();
     node.automated_clean = req.automated_clean;
     for (field, v, max) in [
+        ("resource_class", &req.resource_class, 80),
         ("owner", &req.owner, 255),
         ("lessee", &req.lessee, 255),
         ("description", &req.description, 4096),
@@ -801,6 +802,7 @@ async fn update(
         ("retired_reason", json!(a.retired_reason)),
         ("protected", json!(a.protected)),
         ("protected_reason", json!(a.protected_reason)),
+        ("maintenance", json!(node.maintenance)),
     ] {
         doc[k] = v;
     }
@@ -863,6 +865,7 @@ async fn update(
     new.attrs.shard = opt_string(&mut doc, "shard")?;
     new.attrs.instance_name = opt_string(&mut doc, "instance_name")?;
     for (field, v, max) in [
+        ("resource_class", &new.resource_class, 80),
         ("owner", &new.attrs.owner, 255),
         ("lessee", &new.attrs.lessee, 255),
         ("description", &new.attrs.description, 4096),
@@ -901,9 +904,19 @@ async fn update(
     new.attrs.retired_reason = opt_string(&mut doc, "retired_reason")?;
     new.attrs.protected = opt_bool(&mut doc, "protected")?;
     new.attrs.protected_reason = opt_string(&mut doc, "protected_reason")?;
+    // `maintenance` by PATCH, as Ironic takes it from tools that do not use the maintenance
+    // endpoint: leaving it clears the reason and the fault, as the endpoint does.
+    new.maintenance = opt_bool(&mut doc, "maintenance")?;
+    if node.maintenance && !new.maintenance {
+        new.maintenance_reason = None;
+        new.fault = None;
+    }
     check_lifecycle_flags(&node, &mut new)?;
     super::allocations::follow_instance_removal(&state, &node, &mut new).await?;
     let mut saved = state.conductor.store.update_node(&new).await?;
+    if node.maintenance && !saved.maintenance && saved.provision_state.is_conductor_busy() {
+        state.conductor.kick(&saved.uuid);
+    }
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut saved);
     let kept = state.conductor.store.node_management(&saved.uuid).await?;
     Ok(node_response(
@@ -954,10 +967,10 @@ async fn states(
         "console_enabled": false,
         "last_error": n.last_error,
         "power_state": n.power_state,
-        "provision_state": n.provision_state,
+        "provision_state": super::render::provision_state_at(n.provision_state, ver(&version)),
         "target_power_state": n.target_power_state,
         "target_provision_state": n.target_provision_state,
-        "provision_updated_at": n.provision_updated_at.map(|t| t.to_rfc3339()),
+        "provision_updated_at": super::render::time(&n.provision_updated_at),
     });
     if let Value::Object(m) = &mut doc {
         super::node_actions::node_fields::states(m, &kept, ver(&version));
@@ -1092,7 +1105,7 @@ async fn inventory(
     Ok(Json(json!({
         "inventory": inventory,
         "plugin_data": {},
-        "collected_at": at.to_rfc3339(),
+        "collected_at": super::render::timestamp(&at),
     })))
 }
 

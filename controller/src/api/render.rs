@@ -6,6 +6,7 @@ use crate::drivers::mask_secrets;
 use crate::store::Node;
 use axum::http::HeaderMap;
 use chrono::{DateTime, SecondsFormat, Utc};
+use rivet_protocol::states::ProvisionState;
 use serde_json::{json, Map, Value};
 
 /// Fields a non-detailed node listing shows.
@@ -47,8 +48,22 @@ pub fn base_url(headers: &HeaderMap) -> String {
     format!("http://{host}")
 }
 
+/// A timestamp the way Ironic writes one (Python's `isoformat()` of an aware UTC time):
+/// `2026-11-27T09:54:14.123456+00:00`, the fraction left out only when it is zero. Every
+/// Ironic-shaped document writes times through this one function, so a node's
+/// `provision_updated_at` reads the same on the node and on its `/states`.
+pub(super) fn timestamp(t: &DateTime<Utc>) -> String {
+    let format = if t.timestamp_subsec_micros() == 0 {
+        SecondsFormat::Secs
+    } else {
+        SecondsFormat::Micros
+    };
+    t.to_rfc3339_opts(format, false)
+}
+
 pub(super) fn time(t: &Option<DateTime<Utc>>) -> Value {
-    t.map(|t| Value::from(t.to_rfc3339_opts(SecondsFormat::Secs, false)))
+    t.as_ref()
+        .map(|t| Value::from(timestamp(t)))
         .unwrap_or(Value::Null)
 }
 
@@ -133,6 +148,25 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
 /// Drop the fields a client at `version` does not know.
 pub fn gate_node(doc: &mut Map<String, Value>, version: (u32, u32)) {
     super::version::hide_newer(doc, NODE_FIELD_VERSIONS, version);
+    if let Some(Value::String(s)) = doc.get("provision_state") {
+        if let Ok(state) = s.parse::<ProvisionState>() {
+            doc.insert(
+                "provision_state".into(),
+                json!(provision_state_at(state, version)),
+            );
+        }
+    }
+}
+
+/// A node's `provision_state` as a client of `version` knows the states (Ironic's
+/// `update_state_in_older_versions`): below 1.2 `available` was NOSTATE (null), below 1.39
+/// `inspect wait` reads `inspecting`. Only the current state: the target is shown as stored.
+pub fn provision_state_at(state: ProvisionState, version: (u32, u32)) -> Option<ProvisionState> {
+    match state {
+        ProvisionState::Available if version < (1, 2) => None,
+        ProvisionState::InspectWait if version < (1, 39) => Some(ProvisionState::Inspecting),
+        s => Some(s),
+    }
 }
 
 pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::delete;
 use axum::{Extension, Router};
-use chrono::{SecondsFormat, Utc};
+use chrono::Utc;
 use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -117,7 +117,7 @@ fn is_empty(v: &Value) -> bool {
 }
 
 fn now() -> Value {
-    Value::from(Utc::now().to_rfc3339_opts(SecondsFormat::Secs, false))
+    Value::from(super::render::timestamp(&Utc::now()))
 }
 
 /// Validate and store; the stored body is the rule plus its timestamps.

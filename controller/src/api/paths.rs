@@ -1,0 +1,198 @@
+//! Request paths as Ironic answers them besides the canonical `/v1/...` form, rewritten
+//! before routing so that every route serves them the same way:
+//!
+//! - **No `/v1` prefix.** Ironic's root controller serves its default version for a path
+//!   that names none (`/nodes/detail?instance_uuid=…` is `/v1/nodes/detail?…`). Clients that
+//!   join a path to the bare endpoint rely on it. Only the v1 collections are prefixed, so
+//!   `/metrics`, `/agent/…` and `/boot/…` stay what they are.
+//! - **A `.json` suffix.** Ironic strips a trailing `.json` from every path (what is left of
+//!   pecan's content type from the extension; only JSON was ever served). A node, port group,
+//!   allocation, deploy template or runbook whose name really ends in `.json` is still found:
+//!   the suffix is kept when the stripped name names nothing and the whole one does (Ironic's
+//!   `_get_with_suffix`).
+//! - **A node identifier that is neither a UUID nor a valid name** is a 400 on every node
+//!   route (Ironic's `args.uuid_or_name` on `node_ident`), never a lookup.
+
+use super::deploy_templates::{Api as Templates, Deploy};
+use super::resource::Resource;
+use super::runbooks::Runbook;
+use super::{allocations, body, portgroups, ApiError, AppState};
+use axum::extract::{Request, State};
+use axum::http::Uri;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// The first path segments Ironic's v1 API serves (its root controller's children).
+const V1_COLLECTIONS: &[&str] = &[
+    "nodes",
+    "ports",
+    "portgroups",
+    "chassis",
+    "drivers",
+    "conductors",
+    "allocations",
+    "deploy_templates",
+    "runbooks",
+    "volume",
+    "events",
+    "shards",
+    "inspection_rules",
+    "lookup",
+    "heartbeat",
+    "continue_inspection",
+];
+
+/// Paths whose `.json` is part of the name.
+const LITERAL_JSON: &[&str] = &["/v1/openapi.json"];
+
+/// Collections whose members are found by name, where a name may end in `.json`.
+#[derive(Clone, Copy)]
+enum Named {
+    Node,
+    Portgroup,
+    Allocation,
+    DeployTemplate,
+    Runbook,
+}
+
+impl Named {
+    fn of(collection: &str) -> Option<Named> {
+        Some(match collection {
+            "nodes" => Named::Node,
+            "portgroups" => Named::Portgroup,
+            "allocations" => Named::Allocation,
+            "deploy_templates" => Named::DeployTemplate,
+            "runbooks" => Named::Runbook,
+            _ => return None,
+        })
+    }
+
+    async fn exists(self, state: &AppState, ident: &str) -> bool {
+        let store = &state.conductor.store;
+        match self {
+            Named::Node => store.get_node(ident).await.is_ok(),
+            Named::Portgroup => portgroups::Api::get(state, ident).await.is_ok(),
+            Named::Allocation => allocations::Api::get(state, ident).await.is_ok(),
+            Named::DeployTemplate => Templates::<Deploy>::get(state, ident).await.is_ok(),
+            Named::Runbook => Templates::<Runbook>::get(state, ident).await.is_ok(),
+        }
+    }
+}
+
+/// The canonical path of `path`, and whether a `.json` suffix was taken off it.
+fn canonical(path: &str) -> (String, bool) {
+    let mut p = path.to_string();
+    let first = p.trim_start_matches('/').split('/').next().unwrap_or("");
+    let first = first.strip_suffix(".json").unwrap_or(first);
+    if V1_COLLECTIONS.contains(&first) {
+        p = format!("/v1{p}");
+    }
+    if !p.starts_with("/v1/") || LITERAL_JSON.contains(&p.as_str()) {
+        return (p, false);
+    }
+    let trimmed = p.trim_end_matches('/');
+    match trimmed.strip_suffix(".json") {
+        Some(stripped) if !stripped.ends_with('/') => (stripped.to_string(), true),
+        _ => (p, false),
+    }
+}
+
+/// `/v1/{collection}/{ident}` with nothing after it: the collection and the identifier.
+fn member(path: &str) -> Option<(&str, &str)> {
+    let mut parts = path.strip_prefix("/v1/")?.split('/');
+    let collection = parts.next()?;
+    let ident = parts.next()?;
+    (parts.next().is_none() && !ident.is_empty()).then_some((collection, ident))
+}
+
+/// Node sub-paths that are not a node identifier.
+const NODE_COLLECTION_WORDS: &[&str] = &["detail", "validate"];
+
+/// Middleware in front of the router: see the module documentation.
+pub async fn normalize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let (mut canon, stripped) = canonical(path);
+    if stripped {
+        if let Some((collection, ident)) = member(&canon) {
+            if let Some(named) = Named::of(collection) {
+                let whole = format!("{ident}.json");
+                if !named.exists(&state, ident).await && named.exists(&state, &whole).await {
+                    canon = format!("/v1/{collection}/{whole}");
+                }
+            }
+        }
+    }
+    if let Some(ident) = canon
+        .strip_prefix("/v1/nodes/")
+        .and_then(|rest| rest.split('/').next())
+        .filter(|i| !i.is_empty() && !NODE_COLLECTION_WORDS.contains(i))
+    {
+        // Percent-encoded characters are not in a valid name either, so the raw segment
+        // is checked as it came.
+        if let Err(e) = body::check_uuid_or_name("node_ident", ident) {
+            return e.into_response();
+        }
+    }
+    if canon != path {
+        let rewritten = match req.uri().query() {
+            Some(q) => format!("{canon}?{q}"),
+            None => canon,
+        };
+        match rewritten.parse::<Uri>() {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(_) => {
+                return ApiError::bad_request(format!("malformed request path {path:?}"))
+                    .into_response()
+            }
+        }
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v1_is_added_to_ironic_collections_only() {
+        assert_eq!(canonical("/nodes/detail").0, "/v1/nodes/detail");
+        assert_eq!(canonical("/nodes").0, "/v1/nodes");
+        assert_eq!(canonical("/volume/targets").0, "/v1/volume/targets");
+        for kept in [
+            "/",
+            "/v1",
+            "/metrics",
+            "/agent/v1/lookup",
+            "/boot/ipxe",
+            "/v1/nodes",
+        ] {
+            assert_eq!(canonical(kept), (kept.to_string(), false), "{kept}");
+        }
+    }
+
+    #[test]
+    fn a_json_suffix_is_taken_off() {
+        assert_eq!(
+            canonical("/v1/nodes/n1.json"),
+            ("/v1/nodes/n1".into(), true)
+        );
+        assert_eq!(canonical("/v1/nodes.json"), ("/v1/nodes".into(), true));
+        assert_eq!(canonical("/nodes/n1.json"), ("/v1/nodes/n1".into(), true));
+        assert_eq!(
+            canonical("/v1/nodes/n1/states.json/"),
+            ("/v1/nodes/n1/states".into(), true)
+        );
+        assert_eq!(
+            canonical("/v1/openapi.json"),
+            ("/v1/openapi.json".into(), false)
+        );
+        assert_eq!(canonical("/v1/nodes/.json").1, false);
+    }
+
+    #[test]
+    fn a_member_is_the_last_segment() {
+        assert_eq!(member("/v1/nodes/n1"), Some(("nodes", "n1")));
+        assert_eq!(member("/v1/nodes/n1/states"), None);
+        assert_eq!(member("/v1/nodes"), None);
+    }
+}
