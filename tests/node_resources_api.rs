@@ -726,16 +726,36 @@ fn caches_children_raid_console_passthru_and_fake_management() -> Result<()> {
     let cli = baremetal(&d, &["node", "list"])?;
     ensure!(cli.contains("parent") && !cli.contains("kid"), "{cli}");
 
-    // Console: never enabled; enabling is refused as Ironic's no-console refuses it.
+    // Console: fake-hardware's `fake` console is enabled and disabled as Ironic's fake
+    // one is, and the node shows it; `no-console` refuses as Ironic's refuses.
     let c = baremetal_json(&d, &["node", "console", "show", "f"])?;
     ensure!(
         c["console_enabled"] == false && c["console_info"].is_null(),
         "{c}"
     );
-    let e = baremetal_failing(&d, &["node", "console", "enable", "f"])?;
-    ensure!(e.contains("does not support console"), "{e}");
+    baremetal(&d, &["node", "console", "enable", "f"])?;
+    let c = baremetal_json(&d, &["node", "console", "show", "f"])?;
+    ensure!(
+        c["console_enabled"] == true && c["console_info"] == json!({}),
+        "{c}"
+    );
+    let n = baremetal_json(&d, &["node", "show", "f", "--fields", "console_enabled"])?;
+    ensure!(n["console_enabled"] == true, "{n}");
     let v = sdk(&d, "emit(conn.baremetal.get_node_console('f'))")?;
-    ensure!(v["console_enabled"] == false, "{v}");
+    ensure!(v["console_enabled"] == true, "{v}");
+    baremetal(&d, &["node", "console", "disable", "f"])?;
+    let states = at(&d, "latest", "GET", "/v1/nodes/f/states", None)?;
+    ensure!(
+        states.status == 200 && states.body["console_enabled"] == false,
+        "{}",
+        states.body
+    );
+    create_node(
+        &d,
+        json!({"driver": "fake-hardware", "name": "nocons", "console_interface": "no-console"}),
+    )?;
+    let e = baremetal_failing(&d, &["node", "console", "enable", "nocons"])?;
+    ensure!(e.contains("does not support console"), "{e}");
 
     // Vendor passthru: no methods; a call is a 400.
     let m = baremetal(&d, &["node", "passthru", "list", "f"])?;

@@ -808,6 +808,8 @@ pub trait Store: Send + Sync {
         boot_mode: Option<String>,
         secure_boot: Option<bool>,
     ) -> Result<(), StoreError>;
+    /// Record whether a node's console is enabled.
+    async fn set_console_enabled(&self, node_uuid: &str, enabled: bool) -> Result<(), StoreError>;
     /// Set a node's `target_raid_config`.
     async fn set_target_raid_config(
         &self,

@@ -387,6 +387,11 @@ CREATE INDEX node_logs_node ON node_logs(node_uuid, id);
     r#"
 ALTER TABLE conductors ADD COLUMN online {bool} NOT NULL DEFAULT TRUE;
 "#,
+    // Migration 18: whether a node's console is enabled (Ironic's `node.console_enabled`),
+    // kept beside its boot state: only the `fake` console interface turns it on today.
+    r#"
+ALTER TABLE node_management ADD COLUMN console_enabled {bool} NOT NULL DEFAULT FALSE;
+"#,
 ];
 
 #[cfg(test)]

@@ -99,6 +99,8 @@ pub struct NodeManagement {
     pub boot_mode: Option<String>,
     /// Whether UEFI secure boot is on, as the BMC last reported it.
     pub secure_boot: Option<bool>,
+    /// Whether the node's console is enabled (`PUT …/states/console`).
+    pub console_enabled: bool,
 }
 
 /// One BIOS setting as the BMC reported it, with its registry entry (Ironic 1.74 fields:
@@ -661,8 +663,8 @@ impl<E: Engine> SqlStore<E> {
             return Ok(HashMap::new());
         }
         let sql = format!(
-            "SELECT node_uuid, target_raid_config, raid_config, boot_mode, secure_boot \
-             FROM node_management WHERE node_uuid IN ({})",
+            "SELECT node_uuid, target_raid_config, raid_config, boot_mode, secure_boot, \
+             console_enabled FROM node_management WHERE node_uuid IN ({})",
             placeholders(1, uuids.len())
         );
         let args = uuids.iter().map(|u| u.as_str().into()).collect();
@@ -676,6 +678,7 @@ impl<E: Engine> SqlStore<E> {
                         raid_config: json_map(r.json(2)?),
                         boot_mode: r.opt_text(3)?,
                         secure_boot: r.opt_flag(4)?,
+                        console_enabled: r.flag(5)?,
                     },
                 ))
             })
@@ -710,6 +713,22 @@ impl<E: Engine> SqlStore<E> {
              ON CONFLICT (node_uuid) DO UPDATE SET boot_mode = excluded.boot_mode, \
              secure_boot = excluded.secure_boot",
             vec![node_uuid.into(), boot_mode.into(), secure_boot.into()],
+        )
+        .await
+        .map_err(plain)?;
+        Ok(())
+    }
+
+    /// Record whether a node's console is enabled.
+    pub(super) async fn nr_set_console_enabled(
+        &self,
+        node_uuid: &str,
+        enabled: bool,
+    ) -> Result<(), StoreError> {
+        self.exec(
+            "INSERT INTO node_management (node_uuid, console_enabled) VALUES ($1, $2) \
+             ON CONFLICT (node_uuid) DO UPDATE SET console_enabled = excluded.console_enabled",
+            vec![node_uuid.into(), enabled.into()],
         )
         .await
         .map_err(plain)?;

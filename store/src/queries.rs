@@ -1122,6 +1122,9 @@ impl<E: Engine> Store for SqlStore<E> {
         self.nr_set_boot_state(node_uuid, boot_mode, secure_boot)
             .await
     }
+    async fn set_console_enabled(&self, node_uuid: &str, enabled: bool) -> Result<(), StoreError> {
+        self.nr_set_console_enabled(node_uuid, enabled).await
+    }
     async fn set_target_raid_config(
         &self,
         node_uuid: &str,

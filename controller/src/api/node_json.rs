@@ -57,7 +57,9 @@ static FIELDS: &[(&str, Field)] = &[
     ("conductor_group", |o, i| {
         json(o, &i.n.attrs.conductor_group)
     }),
-    ("console_enabled", |o, _| json(o, &false)),
+    ("console_enabled", |o, i| {
+        json(o, &i.kept.is_some_and(|m| m.console_enabled))
+    }),
     ("console_interface", |o, i| iface(o, i, Iface::Console)),
     ("created_at", |o, i| time(o, Some(&i.n.created_at))),
     ("deploy_interface", |o, i| iface(o, i, Iface::Deploy)),

@@ -1,6 +1,6 @@
 //! Node fields Ironic keeps on the node that Rivet stores beside it
 //! ([`crate::store::NodeManagement`]): `target_raid_config` and `raid_config` (1.12),
-//! `boot_mode` and `secure_boot` (1.75). `render::node_full` holds their places (so `fields=`
+//! `boot_mode` and `secure_boot` (1.75), `console_enabled`. `render::node_full` holds their places (so `fields=`
 //! and the version gates treat them as node fields); these functions put the stored values
 //! in a node document and in `/states`.
 
@@ -20,8 +20,9 @@ pub(in crate::api) fn apply(doc: &mut Map<String, Value>, m: &NodeManagement) {
     }
 }
 
-fn values(m: &NodeManagement) -> [(&'static str, Value); 4] {
+fn values(m: &NodeManagement) -> [(&'static str, Value); 5] {
     [
+        ("console_enabled", json!(m.console_enabled)),
         ("target_raid_config", json!(m.target_raid_config)),
         ("raid_config", json!(m.raid_config)),
         ("boot_mode", json!(m.boot_mode)),
@@ -37,7 +38,9 @@ pub(in crate::api) fn states(
     version: (u32, u32),
 ) {
     for (k, v) in values(m) {
-        let since = if k.ends_with("raid_config") {
+        let since = if k == "console_enabled" {
+            (1, 1)
+        } else if k.ends_with("raid_config") {
             super::raid::RAID_VERSION
         } else {
             BOOT_MODE_FIELDS_VERSION
