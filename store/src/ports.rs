@@ -520,10 +520,12 @@ impl<E: Engine> SqlStore<E> {
         }
     }
 
+    /// A port group by UUID, name or MAC address (Ironic's `Portgroup.get`).
     pub(super) async fn portgroup_get(&self, ident: &str) -> Result<Portgroup, StoreError> {
         let sql = format!(
             "SELECT {PORTGROUP_COLUMNS} FROM portgroups WHERE uuid = $1 OR name = $1 \
-             ORDER BY CASE WHEN uuid = $1 THEN 0 ELSE 1 END"
+             OR address = $1 \
+             ORDER BY CASE WHEN uuid = $1 THEN 0 WHEN name = $1 THEN 1 ELSE 2 END"
         );
         let rows = self
             .engine

@@ -204,6 +204,16 @@ impl Resource for Api {
         too_old(version, access)
     }
 
+    /// Ironic's `get_rpc_allocation`: a UUID or a name, else InvalidUuidOrName (400).
+    fn ident(ident: &str, _access: Access) -> ApiResult<String> {
+        if is_logical_name(ident) || uuid::Uuid::parse_str(ident).is_ok() {
+            return Ok(ident.to_string());
+        }
+        Err(ApiError::bad_request(format!(
+            "Expected a logical name or UUID but received {ident}."
+        )))
+    }
+
     fn check_list(l: &Listing<'_>) -> ApiResult<()> {
         let params = l.params;
         let version = l.version;

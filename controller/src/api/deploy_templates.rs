@@ -334,6 +334,15 @@ impl<K: Kind> Resource for Api<K> {
             version: 0,
         }
     }
+    /// A UUID or a name (Ironic's `args.uuid_or_name`), else a 400.
+    fn ident(ident: &str, _access: Access) -> ApiResult<String> {
+        let what = match K::SPEC.kind {
+            TemplateKind::Deploy => "template_ident",
+            _ => "runbook_ident",
+        };
+        super::body::check_uuid_or_name(what, ident)
+    }
+
     async fn get(state: &AppState, ident: &str) -> Result<StepTemplate, StoreError> {
         state
             .conductor

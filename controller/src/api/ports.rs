@@ -484,11 +484,12 @@ impl Resource for Api {
         state.conductor.store.get_port(ident).await
     }
 
-    /// A port is shown and patched by UUID or name, deleted by UUID only.
+    /// A port is shown and patched by UUID or name (a MAC address is a 400, as Ironic's
+    /// `args.uuid_or_name`), deleted by UUID only.
     fn ident(ident: &str, access: Access) -> ApiResult<String> {
         match access {
             Access::Delete => check_uuid("port_uuid", ident),
-            _ => Ok(ident.to_string()),
+            _ => super::body::check_uuid_or_name("port_ident", ident),
         }
     }
 
