@@ -371,6 +371,7 @@ pub(super) async fn list_inner(
     let fields = match params.get("fields") {
         None => None,
         Some(f) => {
+            super::render::check_node_fields(f.split(',').map(str::trim), version)?;
             let template = match nodes.first() {
                 Some(n) => node_doc(n, &base, version),
                 None => node_doc(&Node::new(String::new(), String::new()), &base, version),
@@ -607,6 +608,9 @@ async fn show(
 ) -> ApiResult<Response> {
     let mut node = state.conductor.store.get_node(&ident).await?;
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
+    if let Some(f) = &p.fields {
+        super::render::check_node_fields(f.split(',').map(str::trim), ver(&version))?;
+    }
     let mut full = node_doc(&node, &base_url(&headers), ver(&version));
     let kept = state.conductor.store.node_management(&node.uuid).await?;
     super::node_actions::node_fields::apply(&mut full, &kept);
@@ -757,6 +761,15 @@ async fn update(
             "The reset_interfaces parameter can only be used when changing the node's driver.",
         ));
     }
+    // Ironic's `reject_patch_in_newer_versions`: a value set on a patchable field newer than
+    // the request (a removal, or a path inside the field, is not looked at).
+    let newer: Vec<String> = ops
+        .iter()
+        .filter(|op| op.op != "remove" && !op.path.trim_start_matches('/').contains('/'))
+        .map(|op| patched_field(&op.path))
+        .filter(|f| NODE_PATCHABLE.contains(&f.as_str()))
+        .collect();
+    super::render::check_node_fields(newer.iter().map(String::as_str), ver(&version))?;
     if ops.iter().any(|op| patched_field(&op.path) == "traits") {
         return Err(ApiError::bad_request(
             "Cannot update node traits via node patch. Node traits should be updated via the node traits API.",

@@ -145,6 +145,17 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
     ("health", (1, 109)),
 ];
 
+/// 406 for a node field newer than `version` named in `fields=` or a PATCH path (Ironic's
+/// `check_allowed_fields` and `reject_patch_in_newer_versions` over its VERSIONED_FIELDS).
+/// `states` is a link, hidden from older clients but never asked for by name.
+pub fn check_node_fields<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    version: (u32, u32),
+) -> Result<(), ApiError> {
+    let names: Vec<&str> = names.into_iter().filter(|n| *n != "states").collect();
+    super::version::check_gated(NODE_FIELD_VERSIONS, names, version)
+}
+
 /// Drop the fields a client at `version` does not know.
 pub fn gate_node(doc: &mut Map<String, Value>, version: (u32, u32)) {
     super::version::hide_newer(doc, NODE_FIELD_VERSIONS, version);
