@@ -353,3 +353,73 @@ fn every_served_microversion_passes_its_probe() -> Result<()> {
     }
     Ok(())
 }
+
+/// The gate table, route by route: below the microversion of its row in
+/// `api::openapi::OPERATIONS`, every route answers what `api::gates::refusal` says Ironic
+/// answers (404, or 405/406/400 where Ironic's controller does), with a message naming the
+/// version; at its microversion the gate lets the request through.
+#[test]
+fn every_route_is_refused_below_its_microversion_as_the_gate_table_says() -> Result<()> {
+    use rivet_controller::api::{gates, openapi};
+    let dir = tempfile::tempdir()?;
+    let d = Rivetd::start_in(dir.path(), "")?;
+    let http = reqwest::blocking::Client::new();
+    let created = http
+        .post(format!("{}/v1/nodes", d.url))
+        .header("X-OpenStack-Ironic-API-Version", "latest")
+        .json(&json!({"driver": "fake-hardware", "name": "gate"}))
+        .send()?;
+    ensure!(created.status().as_u16() == 201, "create the probe node");
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for op in openapi::operations() {
+        let Some((major, minor)) = op.since else {
+            continue;
+        };
+        if minor <= 1 {
+            continue;
+        }
+        let path = op
+            .path
+            .replace("{ident}", "gate")
+            .replace("{name}", "fake-hardware")
+            .split('/')
+            .map(|seg| if seg.starts_with('{') { "x" } else { seg })
+            .collect::<Vec<_>>()
+            .join("/");
+        let method = reqwest::Method::from_bytes(op.method.as_bytes())?;
+        let at = |v: String| -> Result<(u16, String)> {
+            let mut req = http
+                .request(method.clone(), format!("{}{path}", d.url))
+                .header("X-OpenStack-Ironic-API-Version", v);
+            req = match op.method {
+                "PATCH" => req.json(&json!([])),
+                "POST" | "PUT" => req.json(&json!({})),
+                _ => req,
+            };
+            let resp = req.send()?;
+            Ok((resp.status().as_u16(), resp.text()?))
+        };
+        let want = gates::refusal(op.method, op.path).as_u16();
+        let (below, body) = at(format!("{major}.{}", minor - 1))?;
+        if below != want || !body.contains("needs API version") {
+            failures.push(format!(
+                "{} {} at {major}.{}: {below} {body} (the table says {want})",
+                op.method,
+                op.path,
+                minor - 1
+            ));
+        }
+        let (_, body) = at(format!("{major}.{minor}"))?;
+        if body.contains("needs API version") {
+            failures.push(format!(
+                "{} {} at {major}.{minor}: still refused: {body}",
+                op.method, op.path
+            ));
+        }
+        checked += 1;
+    }
+    ensure!(checked > 100, "only {checked} versioned routes checked");
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}

@@ -53,7 +53,7 @@ const ROUTE_REFUSALS: &[(&str, &str, u16)] = &[
 ];
 
 /// Ironic's status for `method` on the route template `path` below its microversion.
-pub(super) fn refusal(method: &str, path: &str) -> StatusCode {
+pub fn refusal(method: &str, path: &str) -> StatusCode {
     if let Some((_, _, code)) = ROUTE_REFUSALS
         .iter()
         .find(|(m, p, _)| *m == method && *p == path)

@@ -18,7 +18,7 @@ mod deploy_templates;
 mod discovery;
 mod drivers;
 mod events;
-mod gates;
+pub mod gates;
 mod history;
 mod ipa;
 mod listing;
