@@ -47,18 +47,20 @@ if [ ! -x "$VENV/bin/baremetal" ]; then
 fi
 # prometheus_client's parsers check rivetd's /metrics exposition in tests/metrics.rs.
 PROMETHEUS_CLIENT_VERSION=0.26.0
-if ! "$VENV/bin/pip" show prometheus-client 2>/dev/null | grep -qx "Version: $PROMETHEUS_CLIENT_VERSION"; then
+if ! grep -qx "Version: $PROMETHEUS_CLIENT_VERSION" <<<"$("$VENV/bin/pip" show prometheus-client 2>/dev/null || true)"; then
   echo "setup: installing prometheus-client $PROMETHEUS_CLIENT_VERSION into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "prometheus-client==$PROMETHEUS_CLIENT_VERSION"
 fi
 # openapi-spec-validator checks docs/openapi.json (OpenAPI 3.1) in tests/openapi.rs.
 OPENAPI_SPEC_VALIDATOR_VERSION=0.9.0
-if ! "$VENV/bin/pip" show openapi-spec-validator 2>/dev/null | grep -qx "Version: $OPENAPI_SPEC_VALIDATOR_VERSION"; then
+if ! grep -qx "Version: $OPENAPI_SPEC_VALIDATOR_VERSION" <<<"$("$VENV/bin/pip" show openapi-spec-validator 2>/dev/null || true)"; then
   echo "setup: installing openapi-spec-validator $OPENAPI_SPEC_VALIDATOR_VERSION into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "openapi-spec-validator==$OPENAPI_SPEC_VALIDATOR_VERSION"
 fi
 bash scripts/setup-qemu.sh >/dev/null
 bash scripts/setup-peers.sh
+# Ironic 39 from PyPI, the reference tests/ironic_diff.rs compares rivetd's API with.
+bash scripts/setup-ironic.sh
 bash scripts/setup-lab.sh
 bash scripts/setup-postgres.sh >/dev/null
 echo "setup: ok"

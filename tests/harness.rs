@@ -7,6 +7,7 @@ pub mod clients;
 pub mod faultproxy;
 pub mod fileserver;
 pub mod imagelab;
+pub mod ironic_peer;
 pub mod peers;
 pub mod qemu;
 pub mod simagent;

@@ -64,17 +64,9 @@ async fn list(client: &Client, out: Output) -> Result<()> {
         output::print_json(&json!({ "conductors": rows }));
         return Ok(());
     }
-    let keys = [
-        "hostname",
-        "host",
-        "alive",
-        "last_seen",
-        "created_at",
-        "nodes",
-    ];
+    let keys = ["hostname", "alive", "updated_at", "created_at", "nodes"];
     let headers = [
         "Conductor",
-        "Host",
         "Alive",
         "Last seen",
         "Started",

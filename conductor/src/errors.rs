@@ -44,6 +44,10 @@ pub enum ConductorError {
     /// The request is malformed or not allowed as asked.
     #[error("{0}")]
     BadRequest(String),
+    /// The request needs a newer microversion than it asked for (Ironic's NotAcceptable,
+    /// 406).
+    #[error("{0}")]
+    NotAcceptable(String),
     /// The node is protected (Ironic's `NodeProtected`, 403).
     #[error("Node {node} is protected and cannot be undeployed, rebuilt or deleted; unset protected first (reason: {reason})")]
     Protected {

@@ -104,7 +104,8 @@ fn prepare_configdrive(cd: &Value, node: &Node) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Microversion a verb needs (Ironic's milestones).
+/// Microversion a verb needs (Ironic's `MIN_VERB_VERSIONS` and the state-bound ones: 406
+/// below it).
 fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
     match verb {
         Verb::Abort if state == ProvisionState::InspectWait => (1, 41),
@@ -115,6 +116,9 @@ fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
         Verb::Adopt => (1, 17),
         Verb::Rescue | Verb::Unrescue => (1, 38),
         Verb::Service => (1, 87),
+        Verb::Manage | Verb::Provide => (1, 4),
+        Verb::Inspect => (1, 6),
+        Verb::Deploy | Verb::Undeploy => (1, 73),
         _ => (1, 1),
     }
 }
@@ -181,7 +185,7 @@ impl Conductor {
         let state = node.provision_state;
         let need = min_version(verb, state);
         if version < need {
-            return Err(ConductorError::BadRequest(format!(
+            return Err(ConductorError::NotAcceptable(format!(
                 "\"{verb}\" in \"{state}\" needs API version {}.{} or later; send X-OpenStack-Ironic-API-Version: {}.{}",
                 need.0, need.1, need.0, need.1
             )));

@@ -3,7 +3,7 @@
 //! (`conductor::allocations`); here requests are checked and answered as Ironic does.
 
 use super::body::{at_most, is_logical_name, object_body, object_in, string_in, Named};
-use super::render::{base_url, document, parse_fields, select};
+use super::render::{base_url, document, parse_fields};
 use super::resource::{self, fetch, page_of, paged, Access, Listing, Page, Patched, Resource};
 use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
@@ -360,12 +360,20 @@ async fn destroy(state: &AppState, a: &Allocation) -> ApiResult<StatusCode> {
 }
 
 /// The node's allocation, or Ironic's 404 for a node without one.
-async fn of_node(state: &AppState, ident: &str, version: (u32, u32)) -> ApiResult<Allocation> {
+/// The allocation of a node. A missing node is a 404 on DELETE, but a 400 on GET: Ironic
+/// lists the allocations filtered by the node there, and a filter naming no node is a bad
+/// request.
+async fn of_node(
+    state: &AppState,
+    ident: &str,
+    version: (u32, u32),
+    missing_node: StatusCode,
+) -> ApiResult<Allocation> {
     resource::gate::<Api>(version, Access::Read)?;
     let node = match state.conductor.store.get_node(ident).await {
         Err(StoreError::NotFound { .. }) => {
             return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
+                missing_node,
                 format!("Node {ident} could not be found."),
             ))
         }
@@ -388,12 +396,12 @@ async fn node_show(
     Query(p): Query<listing::ShowParams>,
 ) -> ApiResult<Json<Value>> {
     let version = ver(&version);
-    let a = of_node(&state, &ident, version).await?;
+    let a = of_node(&state, &ident, version, StatusCode::BAD_REQUEST).await?;
     let base = base_url(&headers);
     let fields = resource::fields_of::<Api>(p.fields.as_deref(), &base, version)?;
     let full = Api::doc(&a, &base, version);
     Ok(Json(match fields {
-        Some(f) => select(full, &f),
+        Some(f) => super::render::sanitized(full, &f),
         None => Value::Object(full),
     }))
 }
@@ -403,7 +411,7 @@ async fn node_remove(
     version: Version,
     Path(ident): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let a = of_node(&state, &ident, ver(&version)).await?;
+    let a = of_node(&state, &ident, ver(&version), StatusCode::NOT_FOUND).await?;
     destroy(&state, &a).await
 }
 

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/conductors", get(list))
-        .route("/v1/conductors/detail", get(list_detail))
         .route("/v1/conductors/{hostname}", get(show))
 }
 
@@ -43,7 +42,6 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
         "hostname": c.id,
         "conductor_group": "",
         "alive": c.alive,
-        "last_seen": super::render::timestamp(&c.last_seen),
         "links": [
             {"href": format!("{base}/v1/conductors/{}", c.id), "rel": "self"},
             {"href": format!("{base}/conductors/{}", c.id), "rel": "bookmark"},
@@ -53,7 +51,6 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
         v["drivers"] = json!(["fake-hardware", "ipmi", "redfish"]);
         v["created_at"] = json!(super::render::timestamp(&c.started_at));
         v["updated_at"] = json!(super::render::timestamp(&c.last_seen));
-        v["host"] = json!(c.hostname);
     }
     v
 }
@@ -89,19 +86,6 @@ async fn list(
     let all = conductors(&state).await?;
     Ok(Json(json!({
         "conductors": all.iter().map(|c| render(c, detail, &base)).collect::<Vec<_>>()
-    })))
-}
-
-async fn list_detail(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: super::version::Version,
-) -> ApiResult<Json<Value>> {
-    gate(&version)?;
-    let base = base_url(&headers);
-    let all = conductors(&state).await?;
-    Ok(Json(json!({
-        "conductors": all.iter().map(|c| render(c, true, &base)).collect::<Vec<_>>()
     })))
 }
 

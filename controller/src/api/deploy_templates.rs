@@ -306,6 +306,9 @@ pub(super) struct Api<K>(PhantomData<fn() -> K>);
 impl<K: Kind> Resource for Api<K> {
     type Record = StepTemplate;
     const PATH: &'static str = K::SPEC.collection;
+    /// Ironic has no `/detail` listing for templates or runbooks (`?detail=true` instead):
+    /// `…/detail` is a template named `detail`.
+    const DETAIL_ROUTE: bool = false;
     const NAME: &'static str = K::SPEC.label;
     const SINCE: (u32, u32) = K::SPEC.since;
     const LIST_FIELDS: &'static [&'static str] = &["uuid", "name", "links"];

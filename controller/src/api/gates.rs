@@ -6,7 +6,7 @@
 //! be served below its microversion nor be documented at another one. What Ironic answers
 //! below the microversion is [`refusal`]: 404 as if the route did not exist, except where
 //! Ironic's controller answers a write with 405 (deploy templates, runbooks, allocations, inspection rules) or a
-//! route answers 406, 405 or 400 ([`ROUTE_REFUSALS`]).
+//! route answers 406 or 405 ([`ROUTE_REFUSALS`]).
 //!
 //! Fields, filters and PATCH paths newer than the request are gated by the resources' own
 //! tables (each resource's `FIELD_VERSIONS`, the node's in `render::NODE_FIELD_VERSIONS`
@@ -47,9 +47,6 @@ const ROUTE_REFUSALS: &[(&str, &str, u16)] = &[
         "/v1/drivers/{name}/raid/logical_disk_properties",
         406,
     ),
-    // Creating through a parent is refused at any version (MalformedRequestURI).
-    ("POST", "/v1/nodes/{ident}/portgroups", 400),
-    ("POST", "/v1/portgroups/{ident}/ports", 400),
 ];
 
 /// Ironic's status for `method` on the route template `path` below its microversion.
@@ -61,9 +58,12 @@ pub fn refusal(method: &str, path: &str) -> StatusCode {
         return StatusCode::from_u16(*code).unwrap_or(StatusCode::NOT_FOUND);
     }
     let write = matches!(method, "POST" | "PUT" | "PATCH" | "DELETE");
-    let collection = WRITE_405
-        .iter()
-        .any(|c| path == *c || path.strip_prefix(c).is_some_and(|r| r.starts_with('/')));
+    // The collection (`/x`, `/x/`) or one member (`/x/{ident}`); not routes under a member
+    // (a runbook's traits are 404 below their version, as any route).
+    let collection = WRITE_405.iter().any(|c| {
+        path.strip_prefix(c)
+            .is_some_and(|r| r.is_empty() || (r.starts_with('/') && !r[1..].contains('/')))
+    });
     if write && collection {
         StatusCode::METHOD_NOT_ALLOWED
     } else {
@@ -120,13 +120,16 @@ mod tests {
             ("POST", "/v1/allocations", 405),
             ("GET", "/v1/deploy_templates", 404),
             ("GET", "/v1/runbooks/{ident}", 404),
-            ("PUT", "/v1/nodes/{ident}/traits", 404),
+            ("PUT", "/v1/nodes/{ident}/traits", 405),
             ("POST", "/v1/portgroups", 404),
             ("DELETE", "/v1/nodes/{ident}/allocation", 404),
             ("GET", "/v1/nodes/{ident}/traits", 406),
             ("PUT", "/v1/nodes/{ident}/traits/{trait}", 405),
             ("DELETE", "/v1/nodes/{ident}/traits", 404),
-            ("POST", "/v1/nodes/{ident}/portgroups", 400),
+            ("POST", "/v1/nodes/{ident}/portgroups", 404),
+            ("PUT", "/v1/runbooks/{ident}/traits", 404),
+            ("DELETE", "/v1/runbooks/{ident}/traits/{name}", 404),
+            ("POST", "/v1/runbooks/", 405),
         ] {
             assert_eq!(refusal(m, p).as_u16(), want, "{m} {p}");
         }

@@ -162,6 +162,9 @@ impl From<ConductorError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, e.to_string())
             }
             ConductorError::Protected { .. } => ApiError::new(StatusCode::FORBIDDEN, e.to_string()),
+            ConductorError::NotAcceptable(_) => {
+                ApiError::new(StatusCode::NOT_ACCEPTABLE, e.to_string())
+            }
             ConductorError::Driver { .. } => ApiError::bad_request(e.to_string()),
         }
     }

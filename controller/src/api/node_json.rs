@@ -130,8 +130,13 @@ static FIELDS: &[(&str, Field)] = &[
     ("network_interface", |o, i| iface(o, i, Iface::Network)),
     ("owner", |o, i| json(o, &i.n.attrs.owner)),
     ("parent_node", |o, i| json(o, &i.n.attrs.parent_node)),
+    ("portgroups", |o, i| {
+        href(o, i, "[{", "/v1/nodes/", "/portgroups", "self,")?;
+        href(o, i, "{", "/nodes/", "/portgroups", "bookmark]")
+    }),
     ("ports", |o, i| {
-        href(o, i, "[{", "/v1/nodes/", "/ports", "self]")
+        href(o, i, "[{", "/v1/nodes/", "/ports", "self,")?;
+        href(o, i, "{", "/nodes/", "/ports", "bookmark]")
     }),
     ("power_interface", |o, i| iface(o, i, Iface::Power)),
     ("power_state", |o, i| json(o, &i.n.power_state)),
@@ -168,7 +173,8 @@ static FIELDS: &[(&str, Field)] = &[
     }),
     ("shard", |o, i| json(o, &i.n.attrs.shard)),
     ("states", |o, i| {
-        href(o, i, "[{", "/v1/nodes/", "/states", "self]")
+        href(o, i, "[{", "/v1/nodes/", "/states", "self,")?;
+        href(o, i, "{", "/nodes/", "/states", "bookmark]")
     }),
     ("storage_interface", |o, i| iface(o, i, Iface::Storage)),
     ("target_power_state", |o, i| {
@@ -185,7 +191,10 @@ static FIELDS: &[(&str, Field)] = &[
     ("updated_at", |o, i| time(o, i.n.updated_at.as_ref())),
     ("uuid", |o, i| json(o, &i.n.uuid)),
     ("vendor_interface", |o, i| iface(o, i, Iface::Vendor)),
-    ("version", |o, i| json(o, &i.n.version)),
+    ("volume", |o, i| {
+        href(o, i, "[{", "/v1/nodes/", "/volume", "self,")?;
+        href(o, i, "{", "/nodes/", "/volume", "bookmark]")
+    }),
 ];
 
 fn json<T: Serialize + ?Sized>(o: &mut Out, v: &T) -> Res {
@@ -326,7 +335,8 @@ impl NodeShape {
                     .iter()
                     .any(|(f, since)| f == key && version < *since);
                 let asked = match (fields, detail) {
-                    (Some(f), _) => f.iter().any(|f| f == key),
+                    // `links` always, as Ironic's `sanitize_dict`.
+                    (Some(f), _) => *key == "links" || f.iter().any(|f| f == key),
                     (None, true) => true,
                     (None, false) => NODE_LIST_FIELDS.contains(key),
                 };
@@ -563,6 +573,7 @@ mod tests {
             raid_config: obj(json!({"built": true})),
             boot_mode: Some("uefi".into()),
             secure_boot: Some(false),
+            console_enabled: true,
         }
     }
 
@@ -585,7 +596,7 @@ mod tests {
                     super::super::node_actions::node_fields::apply(&mut full, m);
                 }
                 match (fields, detail) {
-                    (Some(f), _) => super::super::render::select(full, f),
+                    (Some(f), _) => super::super::render::sanitized(full, f),
                     (None, true) => Value::Object(full),
                     (None, false) => super::super::render::select(full, NODE_LIST_FIELDS),
                 }

@@ -1,7 +1,7 @@
 //! `/v1/nodes`: create, list, show, patch, delete, states, maintenance.
 
 use super::node_json::{JsonBytes, NodeShape};
-use super::render::{base_url, node_full, parse_fields, select};
+use super::render::{base_url, node_full, parse_fields};
 use super::version::{ver, Version};
 use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
 use crate::drivers::DRIVERS;
@@ -615,7 +615,7 @@ async fn show(
     let kept = state.conductor.store.node_management(&node.uuid).await?;
     super::node_actions::node_fields::apply(&mut full, &kept);
     let mut resp = match parse_fields(p.fields.as_deref(), &full)? {
-        Some(f) => Json(select(full, &f)).into_response(),
+        Some(f) => Json(super::render::sanitized(full, &f)).into_response(),
         None => Json(Value::Object(full)).into_response(),
     };
     etag(&mut resp, node.version);

@@ -373,7 +373,6 @@ pub static OPERATIONS: &[&[Op]] = &[
     // Conductors, drivers, shards.
     &[
         op("GET", "/v1/conductors", (1, 49), Admin, "List conductors", NoBody, Json(200)),
-        op("GET", "/v1/conductors/detail", (1, 49), Admin, "List conductors with every field", NoBody, Json(200)),
         op("GET", "/v1/conductors/{hostname}", (1, 49), Admin, "Show a conductor", NoBody, Json(200)),
         op("GET", "/v1/drivers", V1, Admin, "List drivers", NoBody, Json(200)),
         op("GET", "/v1/drivers/", V1, Admin, "List drivers (trailing slash)", NoBody, Json(200)),
@@ -392,10 +391,8 @@ pub static OPERATIONS: &[&[Op]] = &[
     // Allocations, deploy templates, runbooks.
     &crud!("/v1/allocations", "/v1/allocations/{ident}", (1, 52), "allocation", "allocations"),
     &crud!("/v1/deploy_templates", "/v1/deploy_templates/{ident}", (1, 55), "deploy template", "deploy templates"),
-    &[op("GET", "/v1/deploy_templates/detail", (1, 55), Admin, "List deploy templates with every field", NoBody, Json(200))],
     &crud!("/v1/runbooks", "/v1/runbooks/{ident}", (1, 92), "runbook", "runbooks"),
     &[
-        op("GET", "/v1/runbooks/detail", (1, 92), Admin, "List runbooks with every field", NoBody, Json(200)),
         op("GET", "/v1/runbooks/{ident}/traits", (1, 112), Admin, "List a runbook's traits", NoBody, Json(200)),
         op("PUT", "/v1/runbooks/{ident}/traits", (1, 112), Admin, "Replace a runbook's traits", Object, Reply::Empty(204)),
         op("DELETE", "/v1/runbooks/{ident}/traits", (1, 112), Admin, "Remove every trait of a runbook", NoBody, Reply::Empty(204)),

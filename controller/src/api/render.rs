@@ -104,6 +104,8 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
     ("inspection_finished_at", (1, 6)),
     ("clean_step", (1, 7)),
     ("states", (1, 14)),
+    ("portgroups", (1, 24)),
+    ("volume", (1, 32)),
     ("network_interface", (1, 20)),
     ("resource_class", (1, 21)),
     ("boot_interface", (1, 31)),
@@ -147,12 +149,16 @@ pub const NODE_FIELD_VERSIONS: &[(&str, (u32, u32))] = &[
 
 /// 406 for a node field newer than `version` named in `fields=` or a PATCH path (Ironic's
 /// `check_allowed_fields` and `reject_patch_in_newer_versions` over its VERSIONED_FIELDS).
-/// `states` is a link, hidden from older clients but never asked for by name.
+/// `states`, `portgroups` and `volume` are links, hidden from older clients but not gated
+/// by name.
 pub fn check_node_fields<'a>(
     names: impl IntoIterator<Item = &'a str>,
     version: (u32, u32),
 ) -> Result<(), ApiError> {
-    let names: Vec<&str> = names.into_iter().filter(|n| *n != "states").collect();
+    let names: Vec<&str> = names
+        .into_iter()
+        .filter(|n| !["states", "portgroups", "volume"].contains(n))
+        .collect();
     super::version::check_gated(NODE_FIELD_VERSIONS, names, version)
 }
 
@@ -221,10 +227,11 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         "inspection_finished_at": time(&n.inspection_finished_at),
         "created_at": time(&Some(n.created_at)),
         "updated_at": time(&n.updated_at),
-        "version": n.version,
         "links": links(base, "nodes", &n.uuid),
-        "ports": [{"href": format!("{base}/v1/nodes/{}/ports", n.uuid), "rel": "self"}],
-        "states": [{"href": format!("{base}/v1/nodes/{}/states", n.uuid), "rel": "self"}],
+        "ports": links(base, "nodes", &format!("{}/ports", n.uuid)),
+        "portgroups": links(base, "nodes", &format!("{}/portgroups", n.uuid)),
+        "states": links(base, "nodes", &format!("{}/states", n.uuid)),
+        "volume": links(base, "nodes", &format!("{}/volume", n.uuid)),
     });
     let mut m = match v {
         Value::Object(m) => m,
@@ -361,6 +368,16 @@ pub fn parse_fields(
 }
 
 /// Keep only `keep` of a document.
+/// The `fields=` selection of a document: the fields asked for and `links`, which Ironic
+/// always keeps (its `sanitize_dict`).
+pub fn sanitized(doc: Map<String, Value>, fields: &[impl AsRef<str>]) -> Value {
+    let mut keep: Vec<&str> = fields.iter().map(AsRef::as_ref).collect();
+    if !keep.contains(&"links") {
+        keep.push("links");
+    }
+    select(doc, &keep)
+}
+
 pub fn select(mut doc: Map<String, Value>, keep: &[impl AsRef<str>]) -> Value {
     let mut out = Map::new();
     for k in keep {

@@ -158,9 +158,6 @@ pub(super) trait Resource: Send + Sync + 'static {
     const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = &[];
     /// Fields of a listing without `detail` (Ironic's `_DEFAULT_RETURN_FIELDS`).
     const LIST_FIELDS: &'static [&'static str];
-    /// Whether a listing item and a `fields` selection always keep `links` (Ironic's
-    /// `sanitize_dict` in the volume API).
-    const ALWAYS_LINKS: bool = false;
     /// The listing's own query parameters (its filters); every listing takes the page's
     /// too ([`PAGE_PARAMS`]).
     const FILTERS: &'static [&'static str] = &[];
@@ -352,13 +349,10 @@ pub(super) async fn fetch<R: Resource>(
     found::<R, _>(&ident, R::get(state, &ident).await)
 }
 
-/// Keeps `keep` of a document (and its links where `R` always shows them).
+/// Keeps `keep` of a document, and its links (Ironic's `sanitize_dict`, for a `fields=`
+/// selection and a short listing alike).
 pub(super) fn keep<R: Resource>(doc: Map<String, Value>, keep: &[impl AsRef<str>]) -> Value {
-    let mut keep: Vec<&str> = keep.iter().map(AsRef::as_ref).collect();
-    if R::ALWAYS_LINKS {
-        keep.push("links");
-    }
-    select(doc, &keep)
+    super::render::sanitized(doc, keep)
 }
 
 /// The `fields=` of a request, checked against `R`'s document at `version`.

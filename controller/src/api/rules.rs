@@ -337,6 +337,11 @@ impl Resource for Api {
         }
     }
 
+    /// Rules are named by UUID only (Ironic's `args.uuid` / UUID path schema): 400 else.
+    fn ident(ident: &str, _access: Access) -> ApiResult<String> {
+        super::body::check_uuid("inspection_rule_uuid", ident)
+    }
+
     async fn get(state: &AppState, uuid: &str) -> Result<Stored, StoreError> {
         all(state)
             .await?

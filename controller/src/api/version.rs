@@ -225,20 +225,51 @@ pub async fn root(headers: HeaderMap) -> impl IntoResponse {
     }))
 }
 
-/// `GET /v1`.
-pub async fn v1(headers: HeaderMap) -> impl IntoResponse {
+/// Collections the v1 document links to from a microversion on (Ironic's
+/// `VERSIONED_CONTROLLERS`). IPA's ramdisk endpoints (`lookup`, `heartbeat`,
+/// `continue_inspection`) are not linked: rivetd answers them only with a 404 that says to
+/// boot Rivet's ramdisk (docs/ironic-compatibility.md).
+const VERSIONED_COLLECTIONS: &[(&str, (u32, u32))] = &[
+    ("portgroups", (1, 23)),
+    ("volume", (1, 32)),
+    ("conductors", (1, 49)),
+    ("allocations", (1, 52)),
+    ("events", (1, 54)),
+    ("deploy_templates", (1, 55)),
+    ("shards", (1, 82)),
+    ("runbooks", (1, 92)),
+    ("inspection_rules", (1, 96)),
+];
+
+/// `GET /v1`: Ironic's v1 document at the request's microversion.
+pub async fn v1(headers: HeaderMap, version: Version) -> impl IntoResponse {
     let host = host(&headers);
-    let link = |p: &str| json!([{"href": format!("http://{host}/v1/{p}/"), "rel": "self"}]);
-    Json(json!({
+    let link = |p: &str| {
+        json!([
+            {"href": format!("http://{host}/v1/{p}/"), "rel": "self"},
+            {"href": format!("http://{host}/{p}/"), "rel": "bookmark"},
+        ])
+    };
+    let mut doc = json!({
         "id": "v1",
         "version": version_doc(&host),
-        "media_types": [{"base": "application/json", "type": "application/vnd.openstack.ironic.v1+json"}],
-        "links": [{"href": format!("http://{host}/v1/"), "rel": "self"}],
+        "media_types": {"base": "application/json", "type": "application/vnd.openstack.ironic.v1+json"},
+        "links": [
+            {"href": format!("http://{host}/v1/"), "rel": "self"},
+            {"href": "https://docs.openstack.org/ironic/latest/contributor/webapi.html", "rel": "describedby", "type": "text/html"},
+        ],
+        "chassis": link("chassis"),
         "nodes": link("nodes"),
         "ports": link("ports"),
-        "chassis": link("chassis"),
         "drivers": link("drivers"),
-    }))
+    });
+    let asked = ver(&version);
+    for (name, since) in VERSIONED_COLLECTIONS {
+        if asked >= *since {
+            doc[*name] = link(name);
+        }
+    }
+    Json(doc)
 }
 
 #[cfg(test)]

@@ -243,7 +243,6 @@ impl<K: VolumeKind> Resource for Api<K> {
         Kind::Connector => CONNECTOR_FIELDS,
         Kind::Target => TARGET_FIELDS,
     };
-    const ALWAYS_LINKS: bool = true;
     const FILTERS: &'static [&'static str] = &["node"];
     const SORT_KEYS: &'static [&'static str] = match K::KIND {
         Kind::Connector => CONNECTOR_SORT_KEYS,

@@ -45,6 +45,7 @@ pub(super) async fn console_set(
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
+    super::only_args(&body, &["enabled"])?;
     let enabled = json_body(&body)?.and_then(|b| b.get("enabled").cloned());
     let on = match enabled {
         Some(Value::Bool(b)) => b,

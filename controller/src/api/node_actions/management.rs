@@ -108,6 +108,7 @@ pub(super) async fn indicator_set(
 ) -> ApiResult<StatusCode> {
     gate(version, INDICATORS_VERSION, "Indicators")?;
     let (name, component) = split_indicator(&indicator)?;
+    super::only_args(&body, &["state"])?;
     let from_body =
         json_body(&body)?.and_then(|b| b.get("state").and_then(Value::as_str).map(str::to_string));
     let Some(wanted) = from_body.or_else(|| query.get("state").cloned()) else {
@@ -181,6 +182,7 @@ async fn record_boot_state(
 }
 
 fn target_of(body: &Bytes) -> Result<Value, ApiError> {
+    super::only_args(body, &["target"])?;
     json_body(body)?
         .and_then(|b| b.get("target").cloned())
         .ok_or_else(|| ApiError::bad_request("Missing argument: \"target\""))

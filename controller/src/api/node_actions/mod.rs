@@ -262,6 +262,26 @@ fn json_body(body: &Bytes) -> Result<Option<Value>, ApiError> {
     Ok(if v.is_null() { None } else { Some(v) })
 }
 
+/// A body's arguments beyond `allowed` are Ironic's 400 (its `args.validate` of an
+/// action's keyword arguments): "Unexpected arguments: a, b".
+fn only_args(body: &Bytes, allowed: &[&str]) -> Result<(), ApiError> {
+    if let Some(Value::Object(m)) = json_body(body)? {
+        let mut extra: Vec<&str> = m
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !allowed.contains(k))
+            .collect();
+        if !extra.is_empty() {
+            extra.sort_unstable();
+            return Err(ApiError::bad_request(format!(
+                "Unexpected arguments: {}",
+                extra.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------------ Ironic's schema errors
 
 /// A string as Python's `repr` writes it (Ironic's schema errors quote values that way).
