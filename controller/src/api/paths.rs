@@ -186,7 +186,7 @@ mod tests {
             canonical("/v1/openapi.json"),
             ("/v1/openapi.json".into(), false)
         );
-        assert_eq!(canonical("/v1/nodes/.json").1, false);
+        assert!(!canonical("/v1/nodes/.json").1);
     }
 
     #[test]
