@@ -158,6 +158,18 @@ const ALLOWED: &[(&str, &str, &str, &str)] = &[
          (400, the node stays manageable); Ironic accepts it and fails the cleaning",
     ),
     (
+        "GET",
+        "/v1/nodes/{node:nhist}/history/{event:h1}",
+        "target_provision_state",
+        "the same refused clean: Ironic's event is the failed cleaning, Rivet's an earlier one",
+    ),
+    (
+        "GET",
+        "/v1/nodes/nhist/history/{event:h1}",
+        "target_provision_state",
+        "the same refused clean: Ironic's event is the failed cleaning, Rivet's an earlier one",
+    ),
+    (
         "SETTLE",
         "nhist",
         "clean failed",
@@ -647,6 +659,16 @@ fn setup() -> Vec<Step> {
             "/v1/inspection_rules",
             rule(&n),
         ));
+    }
+    // navail: available, to be deleted there (Ironic's allow_deleting_available_nodes).
+    s.push(node("navail", json!({})));
+    for target in ["manage", "provide"] {
+        s.push(Step::Call(
+            "PUT",
+            "/v1/nodes/{node:navail}/states/provision".into(),
+            Some(json!({"target": target})),
+        ));
+        s.push(Step::Settle("navail"));
     }
     // nalloc: available with a known power state (Ironic allocates no node whose power
     // state is unknown), then allocated to a1.
@@ -1317,6 +1339,97 @@ fn routes() -> Vec<Step> {
         Some(json!([{"op": "remove", "path": "/uuid"}])),
     ));
 
+    // What clients written against Ironic trip over (each compared, values included).
+    // Paths without /v1 and with a .json suffix.
+    for path in [
+        "/nodes/detail?instance_uuid=0e4f6b8a-0000-4000-8000-00000000dead",
+        "/nodes/{node:n1}",
+        "/ports",
+        "/v1/nodes.json",
+        "/v1/nodes/{node:n1}.json",
+        "/v1/nodes/n1.json",
+        "/v1/nodes/n1/states.json",
+        "/v1/ports/{port:p1}.json",
+        "/v1/portgroups/pg1.json",
+        "/v1/deploy_templates/CUSTOM_DT1.json",
+        "/v1/allocations/a1.json",
+        // Query booleans as Python clients send them.
+        "/v1/conductors?detail=True",
+        "/v1/nodes?maintenance=True",
+        "/v1/nodes?detail=True",
+        "/v1/nodes?associated=no",
+        "/v1/ports?detail=yes",
+        // A port or a port group by MAC: 400.
+        "/v1/ports/52:54:00:00:01:01",
+        "/v1/portgroups/52:54:00:00:03:01",
+    ] {
+        t.push(fixed("GET", path, None));
+    }
+    // Below 1.2 an available node reads NOSTATE; fields, filters and PATCH values newer than
+    // the request are 406.
+    for (path, version) in [
+        ("/v1/nodes/{node:nalloc}", "1.1"),
+        ("/v1/nodes/{node:nalloc}/states", "1.1"),
+        ("/v1/nodes?fields=uuid,provision_state", "1.8"),
+        ("/v1/nodes/{node:n1}?fields=traits", "1.36"),
+        ("/v1/nodes/{node:n1}?fields=resource_class", "1.20"),
+        ("/v1/nodes?resource_class=rc-n1", "1.20"),
+        ("/v1/nodes?fault=power%20failure", "1.41"),
+    ] {
+        t.push(Step::Fixed("GET", path.into(), Some(version), None));
+    }
+    t.push(Step::Fixed(
+        "PATCH",
+        "/v1/nodes/{node:n1}".into(),
+        Some("1.47"),
+        Some(json!([{"op": "replace", "path": "/protected", "value": true}])),
+    ));
+    t.push(Step::Fixed(
+        "PATCH",
+        "/v1/nodes/{node:n1}".into(),
+        Some("1.20"),
+        Some(json!([{"op": "replace", "path": "/resource_class", "value": "x"}])),
+    ));
+    // Validation: resource_class at most 80 characters; maintenance by PATCH;
+    // reset_interfaces only with a driver change, from 1.45.
+    let long_rc = "r".repeat(81);
+    t.push(fixed(
+        "POST",
+        "/v1/nodes",
+        Some(json!({"driver": "fake-hardware", "resource_class": long_rc})),
+    ));
+    t.push(fixed(
+        "PATCH",
+        "/v1/nodes/{node:n1}",
+        Some(json!([{"op": "replace", "path": "/resource_class", "value": long_rc}])),
+    ));
+    for value in [json!(true), json!("false")] {
+        t.push(fixed(
+            "PATCH",
+            "/v1/nodes/{node:nact}",
+            Some(json!([{"op": "replace", "path": "/maintenance", "value": value}])),
+        ));
+        t.push(fixed("GET", "/v1/nodes/{node:nact}", None));
+    }
+    t.push(fixed(
+        "PATCH",
+        "/v1/nodes/{node:n1}?reset_interfaces=true",
+        Some(json!([{"op": "replace", "path": "/description", "value": "d"}])),
+    ));
+    t.push(Step::Fixed(
+        "PATCH",
+        "/v1/nodes/{node:n1}?reset_interfaces=true".into(),
+        Some("1.44"),
+        Some(json!([{"op": "replace", "path": "/driver", "value": "fake-hardware"}])),
+    ));
+    t.push(fixed(
+        "PATCH",
+        "/v1/nodes/{node:n1}?reset_interfaces=True",
+        Some(json!([{"op": "replace", "path": "/driver", "value": "fake-hardware"}])),
+    ));
+    // Deleting an available node.
+    t.push(fixed("DELETE", "/v1/nodes/{node:navail}", None));
+
     // Node allocation delete last: it frees nalloc.
     t.push(r("DELETE", "/v1/nodes/{node:nalloc}/allocation", 52).into());
     t.push(r("DELETE", "/v1/inspection_rules", 96).into());
@@ -1639,6 +1752,7 @@ enum Kind {
     ErrorBody,
     BodyShape,
     Keys,
+    Values,
 }
 
 impl Kind {
@@ -1650,6 +1764,7 @@ impl Kind {
             Kind::ErrorBody => "error body without error_message",
             Kind::BodyShape => "body shape differs (JSON vs empty/other)",
             Kind::Keys => "JSON keys differ",
+            Kind::Values => "values differ (states, flags, timestamp formats)",
         }
     }
 }
@@ -1759,6 +1874,22 @@ fn compare(req: &Request, ironic: &Answer, rivet: &Answer) -> Vec<Diff> {
                     format!("only Ironic: {only_i:?} | only Rivet: {only_r:?}"),
                 );
             }
+            // Values both servers must agree on, in the document or its first list item.
+            let mut values = Vec::new();
+            diff_values("", i, rv, &mut values);
+            if let (Some(io), Some(ro)) = (i.as_object(), rv.as_object()) {
+                for (k, iv) in io {
+                    if let (Some(ie), Some(re)) = (
+                        iv.as_array().and_then(|a| a.first()),
+                        ro.get(k).and_then(Value::as_array).and_then(|a| a.first()),
+                    ) {
+                        diff_values(&format!("{k}[0]."), ie, re, &mut values);
+                    }
+                }
+            }
+            if !values.is_empty() {
+                push(Kind::Values, values.join("; "));
+            }
         }
         (None, None) => {
             // Both not JSON (204, text): the status is the comparison.
@@ -1801,6 +1932,48 @@ fn diff_keys(
     let (ki, kr) = (keys(i), keys(r));
     only_i.extend(ki.difference(&kr).map(|k| format!("{prefix}{k}")));
     only_r.extend(kr.difference(&ki).map(|k| format!("{prefix}{k}")));
+}
+
+/// Fields whose values are the same on both servers after the same requests: the states a
+/// client reads (NOSTATE below 1.2 included) and the flags it set.
+const SAME_VALUE: &[&str] = &[
+    "provision_state",
+    "target_provision_state",
+    "maintenance",
+    "maintenance_reason",
+    "console_enabled",
+    "resource_class",
+    "retired",
+    "protected",
+];
+
+/// A timestamp's shape: digits as `d` (`dddd-dd-ddTdd:dd:dd.dddddd+dd:dd`), so that the
+/// format, not the time, is compared.
+fn time_shape(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_digit() { 'd' } else { c })
+        .collect()
+}
+
+/// Differences of [`SAME_VALUE`] fields and of timestamp formats (`*_at`) between two
+/// documents, one line each.
+fn diff_values(prefix: &str, i: &Value, r: &Value, out: &mut Vec<String>) {
+    let (Some(io), Some(ro)) = (i.as_object(), r.as_object()) else {
+        return;
+    };
+    for (k, iv) in io {
+        let Some(rv) = ro.get(k) else { continue };
+        if SAME_VALUE.contains(&k.as_str()) && iv != rv {
+            out.push(format!("{prefix}{k}: Ironic {iv} | Rivet {rv}"));
+        }
+        if let (true, Some(it), Some(rt)) = (k.ends_with("_at"), iv.as_str(), rv.as_str()) {
+            // A zero fraction is left out by both (isoformat): compare only when both have one
+            // or neither.
+            if it.contains('.') == rt.contains('.') && time_shape(it) != time_shape(rt) {
+                out.push(format!("{prefix}{k} format: Ironic {it} | Rivet {rt}"));
+            }
+        }
+    }
 }
 
 fn allowed(d: &Diff) -> Option<&'static str> {

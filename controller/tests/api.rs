@@ -148,11 +148,12 @@ async fn version_documents_and_negotiation(db: TestDb) {
         .expect("get");
     assert_eq!(r.headers()["X-OpenStack-Ironic-API-Version"], "1.20");
 
-    // Clients older than 1.11 know no `enroll`: Ironic creates their nodes `available`.
+    // Clients older than 1.11 know no `enroll`: Ironic creates their nodes `available`,
+    // which a client older than 1.2 reads as NOSTATE (null).
     for (version, state) in [
-        ("1.10", "available"),
-        ("1.11", "enroll"),
-        ("1.1", "available"),
+        ("1.10", json!("available")),
+        ("1.11", json!("enroll")),
+        ("1.1", Value::Null),
     ] {
         let r = app
             .server
@@ -192,7 +193,9 @@ async fn node_lifecycle(db: TestDb) {
     let (_, detail) = app.get("/v1/nodes/detail").await;
     assert_eq!(detail["nodes"][0]["driver"], "fake-hardware");
     let (_, fields) = app.get("/v1/nodes?fields=uuid,provision_state").await;
-    assert_eq!(fields["nodes"][0].as_object().expect("obj").len(), 2);
+    // The fields asked for, and links (Ironic's sanitize_dict).
+    assert_eq!(fields["nodes"][0].as_object().expect("obj").len(), 3);
+    assert!(fields["nodes"][0]["links"].is_array(), "{fields}");
 
     // manage: enroll -> verifying -> manageable, power state read.
     let (s, _) = app.provision("n1", "manage").await;
@@ -634,7 +637,9 @@ async fn ports_crud(db: TestDb) {
 }
 
 async fn delete_only_in_allowed_states_and_locks(db: TestDb) {
-    let app = start(db, |_| {}).await;
+    // Deleting an available node is refused only where the operator turned Ironic's
+    // `allow_deleting_available_nodes` off (the default allows it: tests/sdk_roundtrip.rs).
+    let app = start(db, |c| c.conductor.allow_deleting_available_nodes = false).await;
     app.create("n1").await;
     let (s, _) = app
         .send(
@@ -1010,7 +1015,14 @@ async fn chassis_crud_and_nodes(db: TestDb) {
     let (_, v) = app
         .get(&format!("/v1/chassis/{u1}?fields=uuid,extra"))
         .await;
-    assert_eq!(v, json!({"uuid": u1, "extra": {"row": 4}}));
+    assert_eq!(
+        v,
+        json!({"uuid": u1, "extra": {"row": 4}, "links": [
+            {"href": format!("{}/v1/chassis/{u1}", app.server.base), "rel": "self"},
+            {"href": format!("{}/chassis/{u1}", app.server.base), "rel": "bookmark"},
+        ]}),
+        "the fields asked for, and links (Ironic's sanitize_dict)"
+    );
     let (s, _) = app.get(&format!("/v1/chassis/{u1}?fields=colour")).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     let missing = "eeeeeeee-cccc-aaaa-bbbb-cccccccccccc";
@@ -1047,7 +1059,12 @@ async fn chassis_crud_and_nodes(db: TestDb) {
     let (_, p2) = app.get(&format!("/v1/chassis?limit=1&marker={u1}")).await;
     assert_eq!(p2["chassis"][0]["uuid"], given);
     let (_, v) = app.get("/v1/chassis?sort_dir=desc&fields=uuid").await;
-    assert_eq!(v["chassis"][0], json!({"uuid": given}));
+    assert_eq!(v["chassis"][0]["uuid"], json!(given));
+    assert_eq!(
+        v["chassis"][0].as_object().map(|o| o.len()),
+        Some(2),
+        "uuid, links: {v}"
+    );
     let (_, v) = app.get("/v1/chassis?sort_key=uuid").await;
     assert_eq!(v["chassis"][0]["uuid"], given);
     let (s, _) = app.get("/v1/chassis?sort_key=extra").await;

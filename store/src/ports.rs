@@ -520,12 +520,11 @@ impl<E: Engine> SqlStore<E> {
         }
     }
 
-    /// A port group by UUID, name or MAC address (Ironic's `Portgroup.get`).
+    /// A port group by UUID or name.
     pub(super) async fn portgroup_get(&self, ident: &str) -> Result<Portgroup, StoreError> {
         let sql = format!(
             "SELECT {PORTGROUP_COLUMNS} FROM portgroups WHERE uuid = $1 OR name = $1 \
-             OR address = $1 \
-             ORDER BY CASE WHEN uuid = $1 THEN 0 WHEN name = $1 THEN 1 ELSE 2 END"
+             ORDER BY CASE WHEN uuid = $1 THEN 0 ELSE 1 END"
         );
         let rows = self
             .engine

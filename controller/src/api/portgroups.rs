@@ -206,18 +206,10 @@ impl Resource for Api {
         state.conductor.store.get_portgroup(ident).await
     }
 
-    /// A port group by UUID, name or MAC address (Ironic's `Portgroup.get`); anything else
-    /// is Ironic's InvalidIdentity (400).
+    /// A UUID or a name (Ironic 39's path schema for port groups): a MAC address or anything
+    /// else is a 400.
     fn ident(ident: &str, _access: Access) -> ApiResult<String> {
-        if let Some(mac) = crate::store::normalize_mac(ident) {
-            return Ok(mac);
-        }
-        if super::body::is_logical_name(ident) || uuid::Uuid::parse_str(ident).is_ok() {
-            return Ok(ident.to_string());
-        }
-        Err(ApiError::bad_request(format!(
-            "Expected a UUID or int but received {ident}."
-        )))
+        super::body::check_uuid_or_name("portgroup", ident)
     }
 
     /// Below 1.23 there are no port groups (Ironic: 404).
