@@ -247,31 +247,18 @@ const ALLOWED: &[(&str, &str, &str, &str)] = &[
         ),
     ),
     (
-        "POST",
+        "GET",
         "/v1/nodes/{node:nact}/vmedia",
-        "does not support virtual media",
-        concat!(
-            "docs 1.89: virtual media on Redfish only, not on fake-hardware (Ironic's fake ",
-            "management pretends)",
-        ),
+        "does not support get_virtual_media",
+        "Rivet's fake BMC lists the medium it was given; Ironic's fake management accepts \
+         attach and detach but cannot list",
     ),
     (
-        "DELETE",
-        "/v1/nodes/{node:nact}/vmedia",
-        "does not support virtual media",
-        concat!(
-            "docs 1.89: virtual media on Redfish only, not on fake-hardware (Ironic's fake ",
-            "management pretends)",
-        ),
-    ),
-    (
-        "DELETE",
-        "/v1/nodes/{node:nact}/vmedia/cdrom",
-        "does not support virtual media",
-        concat!(
-            "docs 1.89: virtual media on Redfish only, not on fake-hardware (Ironic's fake ",
-            "management pretends)",
-        ),
+        "GET",
+        "/v1/nodes/nact/vmedia",
+        "does not support get_virtual_media",
+        "Rivet's fake BMC lists the medium it was given; Ironic's fake management accepts \
+         attach and detach but cannot list",
     ),
     (
         "GET",

@@ -778,26 +778,31 @@ fn vmedia_gates_and_refusals() -> Result<()> {
         "vmedia",
         "DELETE one at 1.88",
     )?;
-    // At its version the request reaches the driver, which has no virtual media.
-    let unsupported = "Driver fake-hardware does not support virtual media";
-    refused(
+    // At its version the request reaches the driver: fake-hardware's fake BMC keeps the
+    // medium in memory (Ironic's fake-hardware accepts both calls), and lists it.
+    expect(
         send(&d, Some("1.89"), "POST", "/v1/nodes/v/vmedia", Some(attach))?,
-        400,
-        unsupported,
+        204,
         "attach on fake",
     )?;
-    refused(
-        send(&d, Some("1.89"), "DELETE", "/v1/nodes/v/vmedia", None)?,
-        400,
-        unsupported,
-        "detach on fake",
-    )?;
-    refused(
+    let listed = expect(
         send(&d, Some("1.93"), "GET", "/v1/nodes/v/vmedia", None)?,
-        400,
-        unsupported,
+        200,
         "list on fake",
     )?;
+    assert_eq!(listed[0]["inserted"], true, "{listed}");
+    assert_eq!(listed[0]["image"], "http://h/x.iso", "{listed}");
+    expect(
+        send(&d, Some("1.89"), "DELETE", "/v1/nodes/v/vmedia", None)?,
+        204,
+        "detach on fake",
+    )?;
+    let listed = expect(
+        send(&d, Some("1.93"), "GET", "/v1/nodes/v/vmedia", None)?,
+        200,
+        "list on fake after detach",
+    )?;
+    assert_eq!(listed[0]["inserted"], false, "{listed}");
     // Bodies as Ironic's schema checks them.
     for (body, needle) in [
         (

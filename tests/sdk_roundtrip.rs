@@ -672,3 +672,67 @@ fn disable_power_off_keeps_the_node_on() -> Result<()> {
     );
     Ok(())
 }
+
+/// What other projects' functional tests do against fake-hardware, through openstacksdk, and
+/// Ironic answers: an available node is deleted; `instance_name` follows
+/// `instance_info.display_name`; a VIF attaches to (and detaches from) a node without ports
+/// (the noop network: nothing to bind); virtual media attaches and detaches on fake-hardware;
+/// `retired` on an available node is a 409; the fake console enables.
+#[test]
+fn fake_hardware_answers_client_functional_tests_as_ironic() -> Result<()> {
+    if !clients::available() {
+        return Ok(());
+    }
+    let (_dir, d) = start()?;
+    let v = sdk(
+        &d,
+        r#"
+import openstack.exceptions as exc
+b = conn.baremetal
+out = {}
+n = b.create_node(driver='fake-hardware', name='ci-node')
+b.set_node_provision_state('ci-node', 'manage', wait=True)
+b.set_node_provision_state('ci-node', 'provide', wait=True)
+b.patch_node('ci-node', [{'op': 'add', 'path': '/instance_info/display_name', 'value': 'vm-7'}])
+out['instance_name'] = b.get('/nodes/ci-node', microversion='1.104').json()['instance_name']
+b.attach_vif_to_node('ci-node', 'f0f0f0f0-1111-2222-3333-444444444444')
+out['vifs'] = list(b.list_node_vifs('ci-node'))
+b.detach_vif_from_node('ci-node', 'f0f0f0f0-1111-2222-3333-444444444444')
+r = b.post('/nodes/ci-node/vmedia', json={'device_type': 'cdrom', 'image_url': 'http://127.0.0.1:9/x.iso'}, microversion='1.89')
+out['vmedia_attach'] = r.status_code
+out['vmedia'] = b.get('/nodes/ci-node/vmedia', microversion='1.93').json()
+out['vmedia_detach'] = b.delete('/nodes/ci-node/vmedia', microversion='1.89').status_code
+try:
+    b.patch_node('ci-node', [{'op': 'replace', 'path': '/retired', 'value': True}])
+    out['retired'] = 'accepted'
+except exc.HttpException as e:
+    out['retired'] = e.status_code
+b.enable_node_console('ci-node')
+out['console'] = b.get_node_console('ci-node')['console_enabled']
+b.delete_node('ci-node')
+try:
+    b.get_node('ci-node')
+    out['deleted'] = False
+except exc.NotFoundException:
+    out['deleted'] = True
+emit(out)
+"#,
+    )?;
+    ensure!(v["instance_name"] == "vm-7", "{v}");
+    ensure!(
+        v["vifs"] == json!([]),
+        "nothing recorded without ports: {v}"
+    );
+    ensure!(
+        v["vmedia_attach"] == 204 && v["vmedia_detach"] == 204,
+        "{v}"
+    );
+    ensure!(
+        v["vmedia"][0]["inserted"] == true && v["vmedia"][0]["image"] == "http://127.0.0.1:9/x.iso",
+        "{v}"
+    );
+    ensure!(v["retired"] == 409, "{v}");
+    ensure!(v["console"] == true, "{v}");
+    ensure!(v["deleted"] == true, "an available node is deleted: {v}");
+    Ok(())
+}

@@ -243,6 +243,43 @@ impl Bmc for FakeBmc {
         self.mgmt_set(format!("{node}/indicator/{name}@{component}"), state)
     }
 
+    /// Virtual media kept in memory, as the fake BMC keeps indicators: an inserted CD is
+    /// listed until it is ejected (Ironic's fake-hardware accepts both calls).
+    async fn insert_virtual_media(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+        url: &str,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        self.mgmt_set(format!("{node}/vmedia/cd"), url)
+    }
+
+    async fn eject_virtual_media(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+    ) -> Result<(), DriverError> {
+        self.behave(info).await?;
+        self.mgmt_set(format!("{node}/vmedia/cd"), "")
+    }
+
+    async fn get_virtual_media(
+        &self,
+        node: &str,
+        info: &Map<String, Value>,
+    ) -> Result<Vec<super::VirtualMedia>, DriverError> {
+        self.behave(info).await?;
+        let image = self
+            .mgmt_get(&format!("{node}/vmedia/cd"))?
+            .filter(|u| !u.is_empty());
+        Ok(vec![super::VirtualMedia {
+            media_types: vec!["CD".into(), "DVD".into()],
+            inserted: Some(image.is_some()),
+            image,
+        }])
+    }
+
     async fn boot_mode(
         &self,
         node: &str,

@@ -877,6 +877,16 @@ async fn update(
     new.attrs.description = opt_string(&mut doc, "description")?;
     new.attrs.shard = opt_string(&mut doc, "shard")?;
     new.attrs.instance_name = opt_string(&mut doc, "instance_name")?;
+    // As Ironic: a changed instance_info whose `display_name` is set names the instance
+    // when nothing else does (nova writes display_name; clients read instance_name).
+    if new.instance_info != node.instance_info && new.attrs.instance_name.is_none() {
+        new.attrs.instance_name = new
+            .instance_info
+            .get("display_name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string);
+    }
     for (field, v, max) in [
         ("resource_class", &new.resource_class, 80),
         ("owner", &new.attrs.owner, 255),

@@ -5,7 +5,9 @@
 //! into `internal_info.tenant_vif_port_id` of a free port group or port, chosen as
 //! `get_free_port_like_object` chooses (the one named by `port_uuid`/`portgroup_uuid`, 1.67;
 //! else a group with free ports before a port, a PXE-enabled port before another). Detaching
-//! clears it (and `extra.vif_port_id`) and removes a dynamic port group (1.111).
+//! clears it (and `extra.vif_port_id`) and removes a dynamic port group (1.111). A node with
+//! no ports and no port groups has nothing to bind a VIF to: attaching and detaching are
+//! accepted and record nothing, as Ironic's `noop` interface does.
 
 use super::refuse_locked;
 use crate::api::ports::ports_of;
@@ -205,6 +207,12 @@ pub(super) async fn vif_attach(
     let (node, ports, groups) = load(&state, &ident).await?;
     node.writable()?;
     refuse_locked(&node, false)?;
+    if ports.is_empty() && groups.is_empty() && port_uuid.is_none() && portgroup_uuid.is_none() {
+        // Nothing to bind the VIF to: accepted and not recorded, as Ironic's `noop` network
+        // interface accepts every VIF (what clients' CI runs against on fake-hardware).
+        tracing::info!(node = %node.uuid, vif = %id, "VIF accepted on a node without ports: nothing to bind, nothing recorded (noop network)");
+        return Ok(StatusCode::NO_CONTENT);
+    }
     let store = &state.conductor.store;
     match choose(&id, ports, groups, port_uuid, portgroup_uuid)? {
         Target::Port(mut p) => {
@@ -231,6 +239,7 @@ pub(super) async fn vif_detach(
     let (node, ports, groups) = load(&state, &ident).await?;
     node.writable()?;
     refuse_locked(&node, false)?;
+    let no_ports = ports.is_empty() && groups.is_empty();
     let store = &state.conductor.store;
     if let Some(mut g) = groups
         .iter()
@@ -264,6 +273,10 @@ pub(super) async fn vif_detach(
         p.attrs.internal_info.remove(VIF_KEY);
         p.extra.remove("vif_port_id");
         store.update_port(&p).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    if no_ports {
+        // The other half of a VIF accepted without ports (see `vif_attach`).
         return Ok(StatusCode::NO_CONTENT);
     }
     Err(ApiError::bad_request(format!(
