@@ -1342,6 +1342,12 @@ fn routes() -> Vec<Step> {
         "/v1/allocations/a1.json",
         // Query booleans as Python clients send them.
         "/v1/conductors?detail=True",
+        "/v1/conductors?fields=hostname,alive",
+        "/v1/conductors?limit=1",
+        "/v1/conductors?sort_key=hostname&sort_dir=desc",
+        "/v1/conductors?marker=test-conductor",
+        "/v1/conductors?marker=no-such-conductor",
+        "/v1/conductors?detail=true&fields=hostname",
         "/v1/nodes?maintenance=True",
         "/v1/nodes?detail=True",
         "/v1/nodes?associated=no",

@@ -23,18 +23,47 @@ const LIST_PARAMS: &[&str] = &[
     "limit", "marker", "sort_key", "sort_dir", "fields", "detail",
 ];
 
-/// Whole documents asked for (`detail`, a boolean as Ironic parses one: `True` from Python
-/// clients too); 400 for a parameter Ironic does not take.
-fn list_params(params: &HashMap<String, String>) -> ApiResult<bool> {
+/// The page a listing asks for, checked as Ironic checks it.
+struct ListQuery {
+    detail: bool,
+    fields: Option<String>,
+    limit: usize,
+    marker: Option<String>,
+    sort_key: String,
+    desc: bool,
+}
+
+/// Keys a conductor listing sorts by (`id` is the registration order, which is the
+/// hostname's here).
+const SORT_KEYS: &[&str] = &["id", "hostname", "created_at", "updated_at"];
+
+/// 400 for a parameter Ironic does not take; `detail` is a boolean as Ironic parses one
+/// (`True` from Python clients too), not together with `fields`.
+fn list_query(params: &HashMap<String, String>, max_limit: usize) -> ApiResult<ListQuery> {
     if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
         return Err(ApiError::bad_request(format!(
             "unknown query parameter {bad:?}; supported: {}",
             LIST_PARAMS.join(", ")
         )));
     }
-    super::listing::page_limit(params, usize::MAX)?;
-    super::listing::sort_dir_param(params)?;
-    Ok(super::listing::bool_param(params, "detail")?.unwrap_or(false))
+    let sort_key = params
+        .get("sort_key")
+        .cloned()
+        .unwrap_or_else(|| "id".into());
+    if !SORT_KEYS.contains(&sort_key.as_str()) {
+        return Err(ApiError::bad_request(format!(
+            "sort_key {sort_key:?} is not supported; use one of {}",
+            SORT_KEYS.join(", ")
+        )));
+    }
+    Ok(ListQuery {
+        detail: super::listing::detail_param(params, false)?,
+        fields: params.get("fields").cloned(),
+        limit: super::listing::page_limit(params, max_limit)?,
+        marker: params.get("marker").cloned(),
+        sort_key,
+        desc: super::listing::sort_dir_param(params)? == Some(crate::store::SortDir::Desc),
+    })
 }
 
 fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
@@ -81,12 +110,60 @@ async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     gate(&version)?;
-    let detail = list_params(&params)?;
+    let q = list_query(&params, state.conductor.config.api.max_limit)?;
     let base = base_url(&headers);
-    let all = conductors(&state).await?;
-    Ok(Json(json!({
-        "conductors": all.iter().map(|c| render(c, detail, &base)).collect::<Vec<_>>()
-    })))
+    let mut all = conductors(&state).await?;
+    match q.sort_key.as_str() {
+        "created_at" => all.sort_by_key(|c| c.started_at),
+        "updated_at" => all.sort_by_key(|c| c.last_seen),
+        _ => all.sort_by(|a, b| a.id.cmp(&b.id)),
+    }
+    if q.desc {
+        all.reverse();
+    }
+    if let Some(m) = &q.marker {
+        let at = all.iter().position(|c| &c.id == m).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("Conductor {m} could not be found."),
+            )
+        })?;
+        all.drain(..=at);
+    }
+    all.truncate(q.limit);
+    // A full page links the next one, as every Ironic listing does (even when it is empty).
+    let full_page = all.len() == q.limit;
+    // `fields` names are checked against a whole document.
+    let template = all
+        .first()
+        .map(|c| render(c, true, &base))
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    let fields = match &q.fields {
+        Some(f) if !all.is_empty() => super::render::parse_fields(Some(f), &template)?,
+        _ => None,
+    };
+    let docs: Vec<Value> = all
+        .iter()
+        .map(|c| {
+            let doc = render(c, q.detail || fields.is_some(), &base);
+            match (&fields, doc) {
+                (Some(f), Value::Object(m)) => super::render::sanitized(m, f),
+                (_, doc) => doc,
+            }
+        })
+        .collect();
+    let mut body = json!({ "conductors": docs });
+    if let (true, Some(last)) = (full_page, all.last()) {
+        body["next"] = json!(super::listing::next_link(
+            &base,
+            "/v1/conductors",
+            &params,
+            q.limit,
+            &last.id
+        ));
+    }
+    Ok(Json(body))
 }
 
 async fn show(
