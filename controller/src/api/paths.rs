@@ -79,22 +79,33 @@ impl Named {
     }
 }
 
-/// The canonical path of `path`, and whether a `.json` suffix was taken off it.
-fn canonical(path: &str) -> (String, bool) {
-    let mut p = path.to_string();
-    let first = p.trim_start_matches('/').split('/').next().unwrap_or("");
+/// The canonical path of `path` and whether a `.json` suffix was taken off it; `None` when
+/// `path` is canonical already (nearly every request: nothing is allocated for those).
+fn canonical(path: &str) -> Option<(String, bool)> {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     let first = first.strip_suffix(".json").unwrap_or(first);
-    if V1_COLLECTIONS.contains(&first) {
-        p = format!("/v1{p}");
+    let prefixed = V1_COLLECTIONS.contains(&first);
+    let v1 = prefixed || path.starts_with("/v1/");
+    let trimmed = path.trim_end_matches('/');
+    let suffixed = v1
+        && !LITERAL_JSON.contains(&path)
+        && trimmed
+            .strip_suffix(".json")
+            .is_some_and(|stripped| !stripped.ends_with('/'));
+    if !prefixed && !suffixed {
+        return None;
     }
-    if !p.starts_with("/v1/") || LITERAL_JSON.contains(&p.as_str()) {
-        return (p, false);
-    }
-    let trimmed = p.trim_end_matches('/');
-    match trimmed.strip_suffix(".json") {
-        Some(stripped) if !stripped.ends_with('/') => (stripped.to_string(), true),
-        _ => (p, false),
-    }
+    let p = if suffixed {
+        &trimmed[..trimmed.len() - ".json".len()]
+    } else {
+        path
+    };
+    let p = if prefixed {
+        format!("/v1{p}")
+    } else {
+        p.to_string()
+    };
+    Some((p, suffixed))
 }
 
 /// `/v1/{collection}/{ident}` with nothing after it: the collection and the identifier.
@@ -111,7 +122,11 @@ const NODE_COLLECTION_WORDS: &[&str] = &["detail", "validate"];
 /// Middleware in front of the router: see the module documentation.
 pub async fn normalize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let (mut canon, stripped) = canonical(path);
+    let rewrite = canonical(path);
+    let (mut canon, stripped) = match &rewrite {
+        Some((c, stripped)) => (c.clone(), *stripped),
+        None => (String::new(), false),
+    };
     if stripped {
         if let Some((collection, ident)) = member(&canon) {
             if let Some(named) = Named::of(collection) {
@@ -122,7 +137,12 @@ pub async fn normalize(State(state): State<AppState>, mut req: Request, next: Ne
             }
         }
     }
-    if let Some(ident) = canon
+    let effective = if rewrite.is_some() {
+        canon.as_str()
+    } else {
+        path
+    };
+    if let Some(ident) = effective
         .strip_prefix("/v1/nodes/")
         .and_then(|rest| rest.split('/').next())
         .filter(|i| !i.is_empty() && !NODE_COLLECTION_WORDS.contains(i))
@@ -133,7 +153,7 @@ pub async fn normalize(State(state): State<AppState>, mut req: Request, next: Ne
             return e.into_response();
         }
     }
-    if canon != path {
+    if rewrite.is_some() {
         let rewritten = match req.uri().query() {
             Some(q) => format!("{canon}?{q}"),
             None => canon,
@@ -152,6 +172,11 @@ pub async fn normalize(State(state): State<AppState>, mut req: Request, next: Ne
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `normalize` routes by: the rewritten path, or the path as it came.
+    fn canonical(path: &str) -> (String, bool) {
+        super::canonical(path).unwrap_or_else(|| (path.to_string(), false))
+    }
 
     #[test]
     fn v1_is_added_to_ironic_collections_only() {
