@@ -50,6 +50,13 @@ impl LoopDevice {
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
+        // Partitions added with BLKPG (`partx -u`, sfdisk) outlive a detach on a device
+        // without partscan, and the next test to get this loop device would see them.
+        let _ = Command::new("partx")
+            .arg("-d")
+            .arg(&self.path)
+            .stderr(std::process::Stdio::null())
+            .status();
         let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
     }
 }

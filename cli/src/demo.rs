@@ -420,6 +420,7 @@ impl Demo {
         println!("   the fake driver \"booted\" the ramdisk: start rivet-agent on the disk files");
         self.start_agent()?;
         self.wait_state("available", limit).await?;
+        self.ramdisk_gone();
         let expected = self.automated_steps().await?;
         self.end_phase("automated cleaning", t, expected);
 
@@ -450,9 +451,9 @@ impl Demo {
         println!(
             "   the fake driver \"rebooted\" the node into the ramdisk: start rivet-agent again"
         );
-        self.agent = None;
         self.start_agent()?;
         self.wait_state("manageable", limit).await?;
+        self.ramdisk_gone();
         self.end_phase("manual cleaning", t, expected);
 
         self.print_clean_steps().await?;
@@ -511,6 +512,7 @@ impl Demo {
         println!("   the fake driver \"booted\" the deploy ramdisk: start rivet-agent again");
         self.start_agent()?;
         let node = self.wait_state("active", limit).await?;
+        self.ramdisk_gone();
         self.end_phase("deploy", t, Vec::new());
         let written = node
             .pointer("/driver_internal_info/deployed_image")
@@ -537,6 +539,7 @@ impl Demo {
         );
         self.start_agent()?;
         let node = self.wait_state("available", limit).await?;
+        self.ramdisk_gone();
         self.end_phase("undeploy + cleaning", t, Vec::new());
         if node.get("instance_info") != Some(&serde_json::json!({})) {
             bail!(
@@ -604,8 +607,17 @@ impl Demo {
         Ok(())
     }
 
+    /// The node left the ramdisk (powered off after cleaning, or booted into its instance):
+    /// stop the agent process standing in for it, so that it cannot look the node up again
+    /// and take the next boot's one-time token.
+    fn ramdisk_gone(&mut self) {
+        self.agent = None;
+    }
+
     /// Start the "ramdisk": a rivet-agent process on the disk files.
     fn start_agent(&mut self) -> Result<()> {
+        // An old "ramdisk" still running goes first, as a reboot would take it.
+        self.ramdisk_gone();
         let devices: Vec<String> = self
             .disks
             .iter()
@@ -624,7 +636,6 @@ impl Demo {
             &self.dir.join("agent.log"),
         )?;
         println!("   rivet-agent pid {}", agent.child.id());
-        // Replacing an old agent kills it (drop).
         self.agent = Some(agent);
         Ok(())
     }

@@ -114,6 +114,64 @@ fn metadata_erase_on_partitioned_loop_device() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The kernel's partition list and the disk's table disagree: the kernel still lists a
+/// partition from an older table (added with BLKPG, never re-read), and the table on the disk
+/// has partitions the kernel does not know. Both sets are old metadata: both are wiped.
+#[test]
+fn metadata_erase_when_the_kernel_view_is_stale() -> anyhow::Result<()> {
+    if !require(
+        true,
+        &["losetup", "sgdisk", "mkfs.ext4", "wipefs", "blkid", "partx"],
+    ) {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let file = sparse(dir.path(), "disk.img", 128 * MIB)?;
+    let disk = LoopDev::attach_no_partscan(&file)?;
+    let dev = disk.as_str();
+    // Table A: one partition, made known to the kernel with BLKPG.
+    run("sgdisk", &["-n1:2048:+32M", dev])?;
+    run("partx", &["-a", dev])?;
+    let old = partitions(dev)?;
+    assert_eq!(old.len(), 1);
+    let kernel_p1 = format!("{dev}p1");
+    if !std::path::Path::new(&kernel_p1).exists() {
+        eprintln!("skipping: partx -a made no {kernel_p1} (no BLKPG support on loop devices here)");
+        return Ok(());
+    }
+    run("mkfs.ext4", &["-q", "-F", &kernel_p1])?;
+    // Table B, written over it; without partscan the kernel keeps listing table A's p1.
+    run("sgdisk", &["-Z", dev])?;
+    run("sgdisk", &["-n1:48M:+32M", "-n2:96M:0", dev])?;
+    let new = partitions(dev)?;
+    assert_eq!(new.len(), 2);
+    assert!(
+        std::path::Path::new(&kernel_p1).exists(),
+        "kernel view is stale"
+    );
+    {
+        let v = LoopDev::attach_range(&file, new[0].0, new[0].1)?;
+        run("mkfs.ext4", &["-q", "-F", v.as_str()])?;
+    }
+    for (o, s) in [old[0], new[0]] {
+        assert!(blkid_probe(dev, Some((o, s)))?.is_some(), "seeded at {o}");
+    }
+
+    let (d, _) = generic_over(vec![disk.path.clone()]);
+    let r = step(&d, "erase_devices_metadata", json!({}))?;
+    assert_eq!(
+        r["devices"][0]["partitions"].as_array().map(Vec::len),
+        Some(3),
+        "the kernel's one and the table's two: {r}"
+    );
+    for (o, s) in [old[0], new[0], new[1]] {
+        let v = LoopDev::attach_range(&file, o, s)?;
+        assert_eq!(blkid_probe(v.as_str(), None)?, None, "blkid -p at {o}");
+    }
+    assert_eq!(wipefs_signatures(dev)?, Vec::<String>::new());
+    Ok(())
+}
+
 /// The same on a regular file (no root needed): the partition table is parsed from the file.
 #[test]
 fn metadata_erase_on_partitioned_file() -> anyhow::Result<()> {

@@ -53,18 +53,26 @@ impl Plan {
     }
 }
 
-/// Find the partitions and compute the ranges. Partitions come from sysfs for block devices
-/// the kernel has partitioned, else from the table on the target itself (files, loop devices
-/// without partscan, partitions left on a device whose partition scan failed).
+/// Find the partitions and compute the ranges. Partitions are both the kernel's (sysfs) and
+/// the table's on the target itself, because either can be wrong on its own: files and loop
+/// devices without partscan have no kernel view; and the kernel's view goes stale when a
+/// table is rewritten without a re-read (a partition added with BLKPG by partx or sfdisk, a
+/// re-read refused while a partition was open). A partition only one of them knows still
+/// holds a signature a probe may find once the other view is refreshed.
 pub fn plan(t: &Target) -> Result<Plan, EraseError> {
     let mut partitions = t.sysfs_partitions();
-    if partitions.is_empty() {
-        let f = File::open(&t.path).map_err(|source| EraseError::Io {
-            device: t.display(),
-            op: "open to read the partition table",
-            source,
-        })?;
-        partitions = table::parse(&f, t.size, t.sector, &t.name());
+    let f = File::open(&t.path).map_err(|source| EraseError::Io {
+        device: t.display(),
+        op: "open to read the partition table",
+        source,
+    })?;
+    for p in table::parse(&f, t.size, t.sector, &t.name()) {
+        if !partitions
+            .iter()
+            .any(|k| k.start == p.start && k.size == p.size)
+        {
+            partitions.push(p);
+        }
     }
     // IPA wipes partitions in reverse name order before the disk; with plain zeroing the
     // order does not matter, the set of ranges does.

@@ -102,6 +102,12 @@ impl LoopDev {
         Self::attach_args(file, &["--partscan"])
     }
 
+    /// `losetup --find --show FILE`: no partscan, so the kernel lists only the partitions
+    /// someone adds with BLKPG (`partx -a`), and keeps them when the table changes.
+    pub fn attach_no_partscan(file: &Path) -> Result<LoopDev> {
+        Self::attach_args(file, &[])
+    }
+
     /// A read-only attach.
     pub fn attach_ro(file: &Path) -> Result<LoopDev> {
         Self::attach_args(file, &["--read-only"])
@@ -138,6 +144,13 @@ impl LoopDev {
 
 impl Drop for LoopDev {
     fn drop(&mut self) {
+        // Partitions added with BLKPG (partx, sfdisk) outlive a detach on a device without
+        // partscan, and the next test to get this loop device would see them: drop them first.
+        let _ = Command::new("partx")
+            .arg("-d")
+            .arg(&self.path)
+            .stderr(std::process::Stdio::null())
+            .status();
         if let Err(e) = run("losetup", &["-d", self.as_str()]) {
             eprintln!("warning: detaching {}: {e}", self.path.display());
         }
