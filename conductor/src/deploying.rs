@@ -333,6 +333,7 @@ impl Conductor {
             permitted_formats: self.config.deploy.permitted_image_formats.clone(),
             ca_pem: self.config.deploy.image_ca_pem(),
             download_retries: Some(self.config.deploy.image_download_retries),
+            boot_mode: None,
         }
     }
 

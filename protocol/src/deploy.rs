@@ -59,6 +59,40 @@ pub struct WriteImageArgs {
     /// step fails (`[deploy] image_download_retries`); none = [`DEFAULT_DOWNLOAD_RETRIES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download_retries: Option<u32>,
+    /// The mode the node boots its instance in. `uefi`: once the image is on the disk, the
+    /// agent finds its EFI System Partition and loader and writes the firmware's boot entry
+    /// (a UEFI node whose image has no ESP fails the step). `bios` or none: no boot entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_mode: Option<BootMode>,
+}
+
+/// How a node's firmware boots: Ironic's `boot_mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootMode {
+    /// UEFI firmware: boot entries in NVRAM, an EFI System Partition on the disk.
+    Uefi,
+    /// Legacy BIOS: the disk's MBR boot code.
+    Bios,
+}
+
+impl BootMode {
+    /// Ironic's spelling: `uefi` or `bios`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootMode::Uefi => "uefi",
+            BootMode::Bios => "bios",
+        }
+    }
+
+    /// From Ironic's spelling (`uefi`, `bios`); anything else is `None`.
+    pub fn parse(s: &str) -> Option<BootMode> {
+        match s {
+            "uefi" => Some(BootMode::Uefi),
+            "bios" => Some(BootMode::Bios),
+            _ => None,
+        }
+    }
 }
 
 impl WriteImageArgs {
