@@ -4,7 +4,7 @@
 # DHCP/TFTP (dnsmasq) on a private bridge, and, unless --no-rivetd, a rivetd for them.
 #
 #   scripts/lab.sh image [--force]          # build the ramdisk and the test image
-#   scripts/lab.sh up [--nodes N] [--no-rivetd]
+#   scripts/lab.sh up [--nodes N] [--firmware F[,F...]] [--secure-boot] [--no-rivetd]
 #   scripts/lab.sh status                   # exit 0 when everything is up
 #   scripts/lab.sh down                     # remove everything `up` made
 #
@@ -14,6 +14,14 @@
 # (:8080, the instance image) and a socat that forwards :6385 over a Unix socket to rivetd
 # on the host's 127.0.0.1:16385 (Unix sockets cross namespaces; TCP does not). The BMCs,
 # libvirt and rivetd stay on the host's loopback, so no traffic leaves the machine.
+#
+# Firmware (--firmware, per guest, comma-separated, the last one repeating; default uefi):
+#   uefi         q35 + OVMF (Secure Boot capable code, NVRAM without keys: Secure Boot off)
+#   secure-boot  q35 + OVMF with Microsoft's keys enrolled: Secure Boot enforcing
+#   bios         pc + SeaBIOS
+# --secure-boot turns every uefi guest into secure-boot. Each guest has its own NVRAM file
+# (target/lab/nvram/), as a server has its own; sushy-tools switches boot mode and Secure Boot
+# the way an operator would, through Redfish (BootSourceOverrideMode, SecureBoot).
 #
 # Everything lives in target/lab/: artefacts, disks, logs, generated configs, and run/, which
 # records what `up` started or created so that `down` removes exactly that. Run as root
@@ -42,7 +50,13 @@ SUSHY_PORT=8101
 VBMC_FIRST_PORT=6231
 VBMC_CONTROL_PORT=50991     # vbmcd's ZMQ control port (not the default, to stay clear of others)
 MAC_PREFIX=52:54:00:6c:ab
-DISK_BYTES=$((2 * 1024 * 1024 * 1024))
+DISK_BYTES=$((8 * 1024 * 1024 * 1024))   # sparse; IPA's root-disk floor is 4 GiB
+# OVMF (Debian ovmf). The Secure Boot capable code serves every UEFI guest (it needs SMM, so
+# q35); the NVRAM template decides whether Secure Boot is on.
+OVMF_CODE=/usr/share/OVMF/OVMF_CODE_4M.secboot.fd
+OVMF_VARS=/usr/share/OVMF/OVMF_VARS_4M.fd
+OVMF_VARS_SB=/usr/share/OVMF/OVMF_VARS_4M.ms.fd
+FIRMWARE=""                 # --firmware; empty = what each guest had, else uefi
 DOMAIN_PREFIX=rivet-lab-
 DOMAIN_TAG="rivet-lab: defined by scripts/lab.sh"   # libvirt <description>: marks our guests
 BMC_USER=admin
@@ -203,15 +217,23 @@ cmd_image() {
     else
         log "ramdisk up to date in $rd"
     fi
-    local img="$LAB/www/testimage.raw"
-    if [ "$force" = 1 ] || stale "$img" "$img.sha256" -- "$deb" image-build; then
-        log "building the test image $img"
-        cargo run -q -p rivet-image-build -- --test-image "$img" --kernel-package "$kp" >&2
-        sha256sum "$img" | cut -d' ' -f1 > "$img.sha256.tmp"
-        mv "$img.sha256.tmp" "$img.sha256"
-    else
-        log "test image up to date: $img"
-    fi
+    # testimage.raw: UEFI loader only at \EFI\rivet\ (it boots on a UEFI guest only through
+    # the boot entry the agent writes); testimage-signed.raw: Debian's signed shim + GRUB +
+    # kernel, for Secure Boot guests. Both boot BIOS guests through syslinux.
+    local img layout
+    for layout in vendor signed; do
+        img="$LAB/www/testimage.raw"
+        [ "$layout" = signed ] && img="$LAB/www/testimage-signed.raw"
+        if [ "$force" = 1 ] || stale "$img" "$img.sha256" -- "$deb" image-build; then
+            log "building the test image $img ($layout UEFI loader)"
+            cargo run -q -p rivet-image-build -- --test-image "$img" --test-image-efi "$layout" \
+                --kernel-package "$kp" >&2
+            sha256sum "$img" | cut -d' ' -f1 > "$img.sha256.tmp"
+            mv "$img.sha256.tmp" "$img.sha256"
+        else
+            log "test image up to date: $img"
+        fi
+    done
 }
 
 # ---------------------------------------------------------------------------------------
@@ -331,6 +353,7 @@ network_up() {
 dnsmasq_up() {
     mkdir -p "$LAB/tftp"
     cp -u /usr/lib/ipxe/undionly.kpxe "$LAB/tftp/undionly.kpxe"
+    cp -u /usr/lib/ipxe/ipxe.efi "$LAB/tftp/ipxe.efi"
     # iPXE expands ${...} in scripts, not in a DHCP file name: hand iPXE a script that chains
     # to rivetd with the booting NIC's MAC. If rivetd has nothing for it, fall through to the
     # next boot device after a pause.
@@ -360,8 +383,12 @@ enable-ra
 dhcp-range=${NS_IP6%1},ra-only,64
 ra-param=$VETH_NS,60,0
 dhcp-userclass=set:ipxe,iPXE
+# UEFI firmware (client architecture 7 or 9: x86-64) gets EFI iPXE; BIOS gets undionly.
+dhcp-match=set:efi64,option:client-arch,7
+dhcp-match=set:efi64,option:client-arch,9
 dhcp-boot=tag:ipxe,boot.ipxe,,$NS_IP
-dhcp-boot=tag:!ipxe,undionly.kpxe,,$NS_IP
+dhcp-boot=tag:!ipxe,tag:efi64,ipxe.efi,,$NS_IP
+dhcp-boot=tag:!ipxe,tag:!efi64,undionly.kpxe,,$NS_IP
 enable-tftp
 tftp-root=$LAB/tftp
 pid-file=$(pidfile dnsmasq)
@@ -428,16 +455,25 @@ lab_domains() {
     done
 }
 
-domain_xml() {
-    local i="$1" name disk
-    name="$(domain_name "$i")"
-    disk="$LAB/disks/$name.raw"
-    cat <<EOF
-<domain type='qemu'>
-  <name>$name</name>
-  <description>$DOMAIN_TAG</description>
-  <memory unit='MiB'>512</memory>
-  <vcpu>1</vcpu>
+# The firmware guest I asks for: --firmware's Ith entry (the last one repeats), else what
+# the guest was defined with, else uefi.
+firmware_of() {
+    local i="$1" list
+    if [ -n "$FIRMWARE" ]; then
+        IFS=, read -ra list <<< "$FIRMWARE"
+        if [ "$i" -lt "${#list[@]}" ]; then echo "${list[$i]}"; else echo "${list[-1]}"; fi
+    elif [ -s "$RUN/$(domain_name "$i").firmware" ]; then
+        cat "$RUN/$(domain_name "$i").firmware"
+    else
+        echo uefi
+    fi
+}
+
+# The <os> element and machine features for a firmware.
+os_xml() {
+    local fw="$1" name="$2"
+    case "$fw" in
+        bios) cat <<EOF
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
     <boot dev='hd'/>
@@ -445,6 +481,42 @@ domain_xml() {
     <bios useserial='yes' rebootTimeout='10000'/>
   </os>
   <features><acpi/><apic/></features>
+EOF
+        ;;
+        uefi|secure-boot)
+            # sushy-tools names NVRAM files NAME.secboot.fd / NAME.nosecboot.fd when it toggles
+            # Secure Boot (a fresh copy of the template): start with the same convention.
+            local secure=no vars="$OVMF_VARS" nv="$LAB/nvram/$name.nosecboot.fd"
+            if [ "$fw" = secure-boot ]; then secure=yes vars="$OVMF_VARS_SB" nv="$LAB/nvram/$name.secboot.fd"; fi
+            cat <<EOF
+  <os>
+    <type arch='x86_64' machine='q35'>hvm</type>
+    <loader readonly='yes' secure='$secure' type='pflash'>$OVMF_CODE</loader>
+    <nvram template='$vars'>$nv</nvram>
+    <boot dev='hd'/>
+    <boot dev='network'/>
+  </os>
+  <features><acpi/><apic/><smm state='on'/></features>
+EOF
+        ;;
+        *) die "unknown firmware $fw (uefi, secure-boot or bios)" ;;
+    esac
+}
+
+domain_xml() {
+    local i="$1" name disk fw cdrom
+    name="$(domain_name "$i")"
+    disk="$LAB/disks/$name.raw"
+    fw="$(firmware_of "$i")"
+    # q35 has no IDE: the CD drive sits on SATA there.
+    if [ "$fw" = bios ]; then cdrom="<target dev='hdc' bus='ide'/>"; else cdrom="<target dev='sdc' bus='sata'/>"; fi
+    cat <<EOF
+<domain type='qemu'>
+  <name>$name</name>
+  <description>$DOMAIN_TAG</description>
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+$(os_xml "$fw" "$name")
   <clock offset='utc'/>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
@@ -458,7 +530,7 @@ domain_xml() {
     </disk>
     <disk type='file' device='cdrom'>
       <driver name='qemu' type='raw'/>
-      <target dev='hdc' bus='ide'/>
+      $cdrom
       <readonly/>
     </disk>
     <interface type='ethernet'>
@@ -491,27 +563,40 @@ tap_up() {
 }
 
 guests_up() {
-    local n="$1" i name
-    mkdir -p "$LAB/disks" "$LAB/serial"
+    local n="$1" i name fw had
+    mkdir -p "$LAB/disks" "$LAB/serial" "$LAB/nvram"
     for ((i = 0; i < n; i++)); do
         name="$(domain_name "$i")"
+        fw="$(firmware_of "$i")"
         tap_up "$i"
         if virsh_q dominfo "$name" >/dev/null 2>&1; then
             is_lab_domain "$name" || die "a domain $name exists that scripts/lab.sh did not define; remove or rename it"
-            # A guest defined by an older lab.sh (serial port only a file): redefine it, disk kept.
-            if [[ "$(virsh_q dumpxml --inactive "$name")" != *"$(console_socket "$i")"* ]]; then
-                log "redefining $name (console socket)"
+            # Disks from an older, smaller lab grow (sparse; the next deploy or clean redoes
+            # the partition table anyway).
+            if [ "$(stat -c %s "$LAB/disks/$name.raw")" -lt "$DISK_BYTES" ]; then
+                truncate -s "$DISK_BYTES" "$LAB/disks/$name.raw"
+            fi
+            # Redefine, disk kept: a guest from an older lab.sh (serial port only a file, or
+            # no firmware record: SeaBIOS), or one whose firmware changed.
+            had="$(cat "$RUN/$name.firmware" 2>/dev/null || echo bios)"
+            if [[ "$(virsh_q dumpxml --inactive "$name")" != *"$(console_socket "$i")"* ]] || [ "$had" != "$fw" ]; then
+                log "redefining $name ($had → $fw firmware)"
+                virsh_q destroy "$name" >/dev/null 2>&1 || true
+                virsh_q undefine --nvram "$name" >/dev/null 2>&1 || virsh_q undefine "$name" >/dev/null || die "virsh undefine $name failed"
+                rm -f "$LAB/nvram/$name".*
                 domain_xml "$i" > "$RUN/$name.xml"
                 virsh_q define "$RUN/$name.xml" >/dev/null || die "virsh define $name failed"
+                echo "$fw" > "$RUN/$name.firmware"
             fi
             continue
         fi
-        log "defining $name ($(domain_mac "$i"))"
-        rm -f "$LAB/disks/$name.raw"
+        log "defining $name ($(domain_mac "$i"), $fw firmware)"
+        rm -f "$LAB/disks/$name.raw" "$LAB/nvram/$name".*
         truncate -s "$DISK_BYTES" "$LAB/disks/$name.raw"
         : > "$(serial_log "$i")"
         domain_xml "$i" > "$RUN/$name.xml"
         virsh_q define "$RUN/$name.xml" >/dev/null || die "virsh define $name failed"
+        echo "$fw" > "$RUN/$name.firmware"
     done
     # Guests beyond --nodes from an earlier, bigger lab.
     for name in $(lab_domains); do
@@ -526,14 +611,15 @@ remove_guest() {
     vbmc_cmd delete "$name" >/dev/null 2>&1 || true
     rm -rf "${LAB:?}/vbmc/$name"
     virsh_q destroy "$name" >/dev/null 2>&1 || true
-    virsh_q undefine "$name" >/dev/null || log "warning: undefine $name failed"
+    # UEFI guests have an NVRAM file, which plain undefine refuses to leave behind.
+    virsh_q undefine --nvram "$name" >/dev/null 2>&1 || virsh_q undefine "$name" >/dev/null || log "warning: undefine $name failed"
     # Virtual media sushy uploaded for this guest.
     if [ -n "$uuid" ]; then
         for v in $(virsh_q vol-list default 2>/dev/null | awk -v s="-$uuid.img" 'substr($1, length($1) - length(s) + 1) == s {print $1}'); do
             virsh_q vol-delete "$v" --pool default >/dev/null || true
         done
     fi
-    rm -f "$LAB/disks/$name.raw" "$RUN/$name.xml" "/var/log/libvirt/qemu/$name.log"
+    rm -f "$LAB/disks/$name.raw" "$RUN/$name.xml" "$RUN/$name.firmware" "$LAB/nvram/$name".* "/var/log/libvirt/qemu/$name.log"
     ip link del "$(tap_name "${name#"$DOMAIN_PREFIX"}")" 2>/dev/null || true
     log "removed $name"
 }
@@ -572,6 +658,11 @@ SUSHY_EMULATOR_LISTEN_PORT = $SUSHY_PORT
 SUSHY_EMULATOR_LIBVIRT_URI = 'qemu:///system'
 SUSHY_EMULATOR_AUTH_FILE = '$LAB/htpasswd'
 SUSHY_EMULATOR_ALLOWED_INSTANCES = [$allowed]
+# Debian's OVMF, not sushy-tools' defaults (another distribution's names): boot mode and
+# Secure Boot PATCHes rewrite a guest's loader and NVRAM template with these.
+SUSHY_EMULATOR_BOOT_LOADER_MAP = {'UEFI': {'x86_64': '$OVMF_CODE'}, 'Legacy': {'x86_64': None}}
+SUSHY_EMULATOR_SECURE_BOOT_ENABLED_NVRAM = '$OVMF_VARS_SB'
+SUSHY_EMULATOR_SECURE_BOOT_DISABLED_NVRAM = '$OVMF_VARS'
 EOF
     if alive sushy >/dev/null; then
         if cmp -s "$LAB/sushy.conf" "$RUN/sushy.conf.running"; then return 0; fi
@@ -707,7 +798,7 @@ write_lab_json() {
     for ((i = 0; i < n; i++)); do
         name="$(domain_name "$i")"
         nodes+=("$name" "$(domain_mac "$i")" "$(virsh_q domuuid "$name")" \
-                "$((VBMC_FIRST_PORT + i))" "$(serial_log "$i")")
+                "$((VBMC_FIRST_PORT + i))" "$(serial_log "$i")" "$(firmware_of "$i")")
     done
     /usr/bin/python3 - "$LAB/lab.json" "$rivetd_started" "$(password)" "$(cat "$LAB/rivetd-token")" \
         "${nodes[@]}" <<EOF
@@ -715,10 +806,11 @@ import json, os, sys
 out, started, password, token = sys.argv[1:5]
 rest = sys.argv[5:]
 nodes = []
-for k in range(0, len(rest), 5):
-    name, mac, uuid, port, serial = rest[k:k + 5]
+for k in range(0, len(rest), 6):
+    name, mac, uuid, port, serial, firmware = rest[k:k + 6]
     nodes.append({
         "name": name,
+        "firmware": firmware,
         "macs": [mac],
         "disk_bytes": $DISK_BYTES,
         "redfish": {"address": "http://127.0.0.1:$SUSHY_PORT",
@@ -746,6 +838,11 @@ lab = {
         "sha256": open("$LAB/www/testimage.raw.sha256").read().strip(),
         "path": "$LAB/www/testimage.raw",
     },
+    "signed_image": {
+        "url": "$IMAGE_URL".replace("testimage.raw", "testimage-signed.raw"),
+        "sha256": open("$LAB/www/testimage-signed.raw.sha256").read().strip(),
+        "path": "$LAB/www/testimage-signed.raw",
+    },
 }
 tmp = out + ".tmp"
 with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -767,21 +864,30 @@ need_tools() {
     done
     [ -x "$VENV/bin/sushy-emulator" ] && [ -x "$VENV/bin/vbmcd" ] || missing+=("$VENV")
     [ -f /usr/lib/ipxe/undionly.kpxe ] || missing+=("/usr/lib/ipxe/undionly.kpxe")
+    [ -f /usr/lib/ipxe/ipxe.efi ] || missing+=("/usr/lib/ipxe/ipxe.efi")
+    for t in "$OVMF_CODE" "$OVMF_VARS" "$OVMF_VARS_SB"; do [ -f "$t" ] || missing+=("$t"); done
     [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: run scripts/setup-lab.sh"
 }
 
 cmd_up() {
-    local n=2 rivetd=1
+    local n=2 rivetd=1 secure=0 f
     while [ $# -gt 0 ]; do
         case "$1" in
             --nodes) [ $# -ge 2 ] || die "--nodes needs a number"; n="$2"; shift ;;
             --nodes=*) n="${1#--nodes=}" ;;
             --no-rivetd) rivetd=0 ;;
+            --firmware) [ $# -ge 2 ] || die "--firmware needs uefi, secure-boot or bios"; FIRMWARE="$2"; shift ;;
+            --firmware=*) FIRMWARE="${1#--firmware=}" ;;
+            --secure-boot) secure=1 ;;
             *) die "up: unknown argument $1" ;;
         esac
         shift
     done
     [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 32 ] || die "--nodes must be 1..32"
+    if [ "$secure" = 1 ]; then FIRMWARE="$(echo "${FIRMWARE:-uefi}" | sed 's/\buefi\b/secure-boot/g')"; fi
+    for f in ${FIRMWARE//,/ }; do
+        case "$f" in uefi|secure-boot|bios) ;; *) die "--firmware: unknown firmware $f (uefi, secure-boot or bios)" ;; esac
+    done
     need_root
     need_tools
     # target/lab stays world-readable: dnsmasq serves TFTP from it as `nobody`. The secrets

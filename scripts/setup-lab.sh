@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 log() { echo "setup-lab: $*" >&2; }
 
 APT_PACKAGES=(libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils ovmf python3-libvirt
-              dnsmasq-base ipxe python3-venv ipmitool socat iproute2 curl)
+              dnsmasq-base ipxe python3-venv ipmitool socat iproute2 curl
+              shim-signed grub-efi-amd64-signed grub-efi-amd64-bin mtools dosfstools syslinux syslinux-common gdisk)
 VENV=.venv-lab
 SUSHY_TOOLS_VERSION=2.2.0
 VIRTUALBMC_VERSION=3.3.0

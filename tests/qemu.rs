@@ -177,7 +177,7 @@ pub fn build_artefacts(out: &Path, iso: bool) -> Result<ib::Report> {
     Ok(ib::build(&opts)?)
 }
 
-/// The bootable whole-disk test image (image-build's `testimage`: syslinux, the same kernel,
+/// The bootable whole-disk test image (image-build's `testimage`: syslinux and GRUB, the same kernel,
 /// an init that prints the configdrive's uuid), built once per process into
 /// `target/qemu-e2e/testimage.raw`.
 pub fn test_image() -> Result<PathBuf> {
@@ -191,10 +191,12 @@ pub fn test_image() -> Result<PathBuf> {
                 let kernel = ib::KernelPackage::open(&dir, &target_dir())?;
                 let out = target_dir().join("qemu-e2e/testimage.raw");
                 std::fs::create_dir_all(target_dir().join("qemu-e2e"))?;
+                // Removable: it boots under SeaBIOS or OVMF with no boot entry.
                 Ok(ib::testimage::build(
                     &kernel,
                     Path::new("/bin/busybox"),
                     &out,
+                    ib::testimage::EfiLayout::Removable,
                 )?)
             };
             build().map_err(|e| format!("{e:#}"))

@@ -17,6 +17,11 @@ struct Cli {
     /// the configdrive's uuid on the serial console) into PATH, and nothing else.
     #[arg(long, value_name = "PATH", conflicts_with = "out")]
     test_image: Option<PathBuf>,
+    /// The test image's UEFI loader: `vendor` (only \EFI\rivet\grubx64.efi: boots through a
+    /// boot entry), `removable` (also \EFI\BOOT\BOOTX64.EFI), `signed` (Debian's signed
+    /// shim and GRUB, for Secure Boot).
+    #[arg(long, value_name = "LAYOUT", default_value = "vendor", value_parser = parse_layout)]
+    test_image_efi: rivet_image_build::testimage::EfiLayout,
     /// Debian linux-image-*.deb (or a directory it was extracted into). Default: the newest in
     /// $RIVET_KERNEL_CACHE or target/kernel-cache/ (scripts/setup-qemu.sh downloads one).
     #[arg(long, env = "RIVET_KERNEL_PACKAGE")]
@@ -56,14 +61,24 @@ fn workspace_root() -> PathBuf {
 
 /// Build the test image at `out`, extracting the kernel package next to it (scratch space
 /// on the same filesystem, removed afterwards).
-fn build_test_image(out: &Path, kernel_package: &Path, busybox: &Path) -> Result<()> {
+fn parse_layout(s: &str) -> Result<rivet_image_build::testimage::EfiLayout, String> {
+    rivet_image_build::testimage::EfiLayout::parse(s)
+        .ok_or_else(|| format!("{s:?}: use vendor, removable or signed"))
+}
+
+fn build_test_image(
+    out: &Path,
+    kernel_package: &Path,
+    busybox: &Path,
+    layout: rivet_image_build::testimage::EfiLayout,
+) -> Result<()> {
     let dir = match out.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let kernel = KernelPackage::open(kernel_package, dir)?;
-    let path = rivet_image_build::testimage::build(&kernel, busybox, out)
+    let path = rivet_image_build::testimage::build(&kernel, busybox, out, layout)
         .context("building the test image failed")?;
     println!("kernel      {}", kernel.modules.version);
     println!(
@@ -92,7 +107,9 @@ fn main() -> Result<()> {
         }
     };
     let out = match (cli.test_image, cli.out) {
-        (Some(image), _) => return build_test_image(&image, &kernel_package, &cli.busybox),
+        (Some(image), _) => {
+            return build_test_image(&image, &kernel_package, &cli.busybox, cli.test_image_efi)
+        }
         (None, Some(out)) => out,
         (None, None) => bail!("--out or --test-image is required"),
     };
