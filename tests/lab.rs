@@ -3,12 +3,21 @@
 //! IPMI in front of the same guests, a bridge and a network namespace with dnsmasq) and a
 //! rivetd on the host that the guests reach through the lab's forwarder.
 //!
+//! Both guests boot UEFI (OVMF; lab.json `firmware`), with 8 GiB disks and no root device
+//! hint. The deployed image has its UEFI loader only at `\EFI\rivet\grubx64.efi`: the
+//! firmware boots it only through the boot entry the agent writes, and the instance prints
+//! the firmware it booted (`firmware=uefi secure_boot=0`) before its marker.
+//!
 //! - `rivet-lab-0`, redfish + `redfish-virtual-media`: enroll → manage (the BMC is verified)
 //!   → inspect in the ramdisk (its MACs and disk size are the domain's) → provide (automated
 //!   cleaning in the ramdisk) → deploy a whole-disk image with a configdrive → the guest boots
 //!   from its disk and prints the configdrive's uuid on its serial console → power sync sees
-//!   the instance power itself off → undeploy → cleaning → available, powered off. Then a
-//!   deploy aborted while the ramdisk boots ends in `deploy failed` with the guest off.
+//!   the instance power itself off → undeploy → cleaning → available, powered off. Then the
+//!   same machine with `capabilities secure_boot:true` and Debian's signed shim/GRUB/kernel
+//!   image: Rivet turns Secure Boot on through Redfish, the instance reports
+//!   `secure_boot=1`, undeploy turns it off; and with `boot_mode:bios`: Rivet switches the
+//!   BMC to Legacy, the instance reports `firmware=bios`. Then a deploy aborted while the
+//!   ramdisk boots ends in `deploy failed` with the guest off.
 //! - `rivet-lab-1`, ipmi + `ipxe`: the same from manage to active and back, at the same time,
 //!   and while active: rescue with a password → the ramdisk offers a login on its serial
 //!   console; the test types into the serial port's socket (lab.json `console_socket`): a
@@ -140,6 +149,8 @@ impl Clock {
 /// A node of the lab and how to reach its console.
 struct Guest {
     name: String,
+    /// The firmware lab.sh gave the domain: `uefi`, `secure-boot` or `bios`.
+    firmware: String,
     mac: String,
     disk_bytes: u64,
     serial_log: PathBuf,
@@ -208,6 +219,20 @@ impl Redfish {
             .as_str()
             .context("the system has no Bios link")?;
         Ok(self.get(path)?["Attributes"].clone())
+    }
+
+    /// `Boot.BootSourceOverrideMode` (`UEFI`/`Legacy`) and `SecureBootEnable`.
+    fn boot_mode(&self) -> Result<(String, bool)> {
+        let sys = self.get(&self.system)?;
+        let mode = sys["Boot"]["BootSourceOverrideMode"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let secure = match sys["SecureBoot"]["@odata.id"].as_str() {
+            Some(p) => self.get(p)?["SecureBootEnable"].as_bool() == Some(true),
+            None => false,
+        };
+        Ok((mode, secure))
     }
 
     fn power(&self) -> Result<String> {
@@ -434,6 +459,12 @@ fn lifecycle(
         line.ends_with(&format!("uuid={uuid}")),
         "{name}: the instance did not read the configdrive Rivet wrote: {line:?}"
     );
+    let want = if g.firmware == "bios" {
+        "bios secure_boot=none"
+    } else {
+        "uefi secure_boot=0"
+    };
+    instance_firmware(g, since, want)?;
     // The test instance powers itself off after its marker: behind Rivet's back.
     clock.phase(name, "power sync sees the instance off", || {
         d.wait_node(&uuid, Duration::from_secs(60), |n| {
@@ -459,6 +490,114 @@ fn lifecycle(
         Ok(())
     })?;
     Ok(uuid)
+}
+
+/// What the booted instance printed about its firmware since `since` (its line before the
+/// marker): `want` is e.g. `uefi secure_boot=1`.
+fn instance_firmware(g: &Guest, since: u64, want: &str) -> Result<()> {
+    let marker = rivet_image_build::testimage::FIRMWARE_MARKER;
+    let out = g.serial_since(since);
+    let seen = out
+        .lines()
+        .filter_map(|l| {
+            l.find(marker)
+                .map(|i| l[i + marker.len()..].trim().to_string())
+        })
+        .last();
+    ensure!(
+        seen.as_deref() == Some(want),
+        "{}: the instance reports firmware {seen:?}, expected {want:?}",
+        g.name
+    );
+    Ok(())
+}
+
+/// The virtual-media node, once more through a firmware other than its default, set the way
+/// an operator sets it on Ironic: `instance_info.capabilities` `secure_boot:true` (with the
+/// signed image) and then `properties.capabilities` `boot_mode:bios`. Each: deploy → the
+/// instance reports the firmware it booted → the BMC says so → undeploy puts it back.
+fn firmware_variants(
+    d: &Rivetd,
+    clock: &Clock,
+    g: &Guest,
+    image: &Image,
+    signed: &Image,
+    uuid: &str,
+) -> Result<()> {
+    let name = g.name.as_str();
+    let deploy = |image: &Image, caps: Option<Value>| -> Result<u64> {
+        set_image(d, uuid, image)?;
+        if let Some(caps) = caps {
+            let (s, v) = d.call(
+                "PATCH",
+                &format!("/v1/nodes/{uuid}"),
+                Some(json!([{"op": "add", "path": "/instance_info/capabilities", "value": caps}])),
+            )?;
+            ensure!(s == 200, "instance_info capabilities: {s} {v}");
+        }
+        let since = g.serial_len();
+        verb(
+            d,
+            uuid,
+            json!({"target": "active", "configdrive": {"meta_data": {"hostname": name}}}),
+        )?;
+        wait_state(d, g, uuid, "active", 900, since)?;
+        let line = wait_console(g, rivet_image_build::testimage::MARKER, since, 300)?;
+        ensure!(line.ends_with(&format!("uuid={uuid}")), "{name}: {line:?}");
+        Ok(since)
+    };
+    let undeploy = || -> Result<()> {
+        let since = g.serial_len();
+        verb(d, uuid, json!({"target": "deleted"}))?;
+        wait_state(d, g, uuid, "available", 900, since)?;
+        Ok(())
+    };
+    if g.firmware != "bios" {
+        clock.phase(name, "Secure Boot: signed image → active", || {
+            let since = deploy(signed, Some(json!({"secure_boot": "true"})))?;
+            instance_firmware(g, since, "uefi secure_boot=1")?;
+            let (mode, secure) = g.redfish.boot_mode()?;
+            ensure!(
+                mode == "UEFI" && secure,
+                "{name}: the BMC reports {mode}, Secure Boot {secure}"
+            );
+            let n = d.node(uuid)?;
+            ensure!(n["boot_mode"] == "uefi" && n["secure_boot"] == true, "{n}");
+            Ok(())
+        })?;
+        clock.phase(name, "Secure Boot: undeploy turns it off", || {
+            undeploy()?;
+            let (_, secure) = g.redfish.boot_mode()?;
+            ensure!(!secure, "{name}: Secure Boot still on after undeploy");
+            Ok(())
+        })?;
+    }
+    clock.phase(name, "BIOS (boot_mode:bios) → active", || {
+        let (s, v) = d.call(
+            "PATCH",
+            &format!("/v1/nodes/{uuid}"),
+            Some(json!([{"op": "add", "path": "/properties/capabilities", "value": "boot_mode:bios"}])),
+        )?;
+        ensure!(s == 200, "capabilities: {s} {v}");
+        let since = deploy(image, None)?;
+        instance_firmware(g, since, "bios secure_boot=none")?;
+        let (mode, _) = g.redfish.boot_mode()?;
+        ensure!(mode == "Legacy", "{name}: the BMC reports boot mode {mode}");
+        undeploy()
+    })?;
+    // Back to the lab's firmware for whatever runs next.
+    let back = if g.firmware == "bios" {
+        "boot_mode:bios"
+    } else {
+        "boot_mode:uefi"
+    };
+    let (s, v) = d.call(
+        "PATCH",
+        &format!("/v1/nodes/{uuid}"),
+        Some(json!([{"op": "add", "path": "/properties/capabilities", "value": back}])),
+    )?;
+    ensure!(s == 200, "capabilities: {s} {v}");
+    Ok(())
 }
 
 /// A connection to a guest's serial port: what is written reaches the guest's ttyS0; what
@@ -759,6 +898,7 @@ fn guest(lab: &Value, i: usize, node: Value) -> Result<Guest> {
     let n = lab_node(lab, i)?;
     Ok(Guest {
         name: n["name"].as_str().context("name")?.to_string(),
+        firmware: n["firmware"].as_str().unwrap_or("bios").to_string(),
         mac: n["macs"][0].as_str().context("mac")?.to_lowercase(),
         disk_bytes: n["disk_bytes"].as_u64().context("disk_bytes")?,
         serial_log: PathBuf::from(n["serial_log"].as_str().context("serial_log")?),
@@ -851,8 +991,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
         lab,
         0,
         json!({"driver": "redfish", "name": n0["name"], "boot_interface": "redfish-virtual-media",
-               "driver_info": redfish_info(n0), "automated_clean": true,
-               "properties": {"root_device": {"name": "/dev/vda"}}}),
+               "driver_info": redfish_info(n0), "automated_clean": true}),
     )?;
     let n1 = lab_node(lab, 1)?;
     let ipxe = guest(
@@ -861,8 +1000,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
         json!({"driver": "ipmi", "name": n1["name"], "boot_interface": "ipxe", "rescue_interface": "agent",
                "driver_info": {"ipmi_address": n1["ipmi"]["address"], "ipmi_port": n1["ipmi"]["port"],
                                "ipmi_username": n1["ipmi"]["username"], "ipmi_password": n1["ipmi"]["password"]},
-               "automated_clean": true,
-               "properties": {"root_device": {"name": "/dev/vda"}}}),
+               "automated_clean": true}),
     )?;
 
     let (vmedia_uuid, ipxe_result) = std::thread::scope(|s| {
@@ -876,6 +1014,19 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
         Err(_) => bail!("the ipxe node's thread panicked"),
     };
     let vmedia_uuid = vmedia_uuid?;
+
+    // The same machine through the other firmwares an operator asks for.
+    let signed = Image {
+        url: lab["signed_image"]["url"]
+            .as_str()
+            .context("signed image url")?
+            .to_string(),
+        sha256: lab["signed_image"]["sha256"]
+            .as_str()
+            .context("signed image sha256")?
+            .to_string(),
+    };
+    firmware_variants(&d, &clock, &vmedia, &image, &signed, &vmedia_uuid)?;
 
     // Abort while the ramdisk boots: deploy failed, the guest off.
     clock.phase(
