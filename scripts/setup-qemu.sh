@@ -14,7 +14,8 @@ cd "$root"
 
 log() { echo "setup-qemu: $*" >&2; }
 
-APT_PACKAGES=(qemu-system-x86 qemu-utils zstd syslinux syslinux-common dosfstools ovmf busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux)
+APT_PACKAGES=(qemu-system-x86 qemu-utils zstd syslinux syslinux-common dosfstools ovmf busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux
+              shim-signed grub-efi-amd64-signed)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -338,6 +338,9 @@ pub enum Boot {
     Cdrom(PathBuf),
     /// The ISO on a q35 machine with OVMF firmware (UEFI → the ISO's EFI El Torito image).
     CdromUefi(PathBuf),
+    /// The ISO on q35 + SMM with OVMF's Secure Boot build and Microsoft's keys enrolled:
+    /// Secure Boot enforcing, as servers ship.
+    CdromSecureBoot(PathBuf),
     /// Network boot: QEMU's iPXE option ROM fetches this URL (the DHCP boot file name).
     Pxe(String),
     /// SeaBIOS boots the first disk (a deployed instance), no kernel given.
@@ -429,6 +432,14 @@ pub fn ovmf_code() -> Option<PathBuf> {
     .find(|p| p.is_file() && p.with_file_name(ovmf_vars_name(p)).is_file())
 }
 
+/// OVMF's Secure Boot build and the variable store with Microsoft's keys enrolled (Debian
+/// `ovmf`), if installed.
+pub fn ovmf_secure_boot() -> Option<(PathBuf, PathBuf)> {
+    let code = PathBuf::from("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd");
+    let vars = PathBuf::from("/usr/share/OVMF/OVMF_VARS_4M.ms.fd");
+    (code.is_file() && vars.is_file()).then_some((code, vars))
+}
+
 /// The variable-store template that goes with a code image.
 fn ovmf_vars_name(code: &Path) -> String {
     code.file_name()
@@ -499,13 +510,27 @@ impl Qemu {
                     ))
                     .args(["-boot", "order=d"]);
             }
-            Boot::CdromUefi(iso) => {
-                let code = ovmf_code().context("no OVMF firmware: install Debian ovmf")?;
+            Boot::CdromUefi(iso) | Boot::CdromSecureBoot(iso) => {
+                let secure = matches!(cfg.boot, Boot::CdromSecureBoot(_));
+                let (code, template) = if secure {
+                    let (c, v) = ovmf_secure_boot()
+                        .context("no OVMF Secure Boot firmware: install Debian ovmf")?;
+                    (c, v)
+                } else {
+                    let c = ovmf_code().context("no OVMF firmware: install Debian ovmf")?;
+                    let v = c.with_file_name(ovmf_vars_name(&c));
+                    (c, v)
+                };
                 let vars = cfg.log_dir.join("OVMF_VARS.fd");
-                std::fs::copy(code.with_file_name(ovmf_vars_name(&code)), &vars)
-                    .context("copying the OVMF variable store")?;
-                cmd.args(["-machine", "q35"])
-                    .arg("-drive")
+                std::fs::copy(&template, &vars).context("copying the OVMF variable store")?;
+                if secure {
+                    // The Secure Boot build keeps its variables behind SMM.
+                    cmd.args(["-machine", "q35,smm=on"])
+                        .args(["-global", "driver=cfi.pflash01,property=secure,value=on"]);
+                } else {
+                    cmd.args(["-machine", "q35"]);
+                }
+                cmd.arg("-drive")
                     .arg(format!(
                         "if=pflash,format=raw,readonly=on,file={}",
                         code.display()

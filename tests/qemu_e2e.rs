@@ -230,7 +230,7 @@ fn iso_boot_bios_looks_up_and_reports_inventory() -> Result<()> {
     if !ready() {
         return Ok(());
     }
-    iso_boot(false, "52:54:00:e2:e0:02")
+    iso_boot(IsoFirmware::Bios, "52:54:00:e2:e0:02")
 }
 
 #[test]
@@ -243,11 +243,36 @@ fn iso_boot_uefi_looks_up_and_reports_inventory() -> Result<()> {
     {
         return Ok(());
     }
-    iso_boot(true, "52:54:00:e2:e0:05")
+    iso_boot(IsoFirmware::Uefi, "52:54:00:e2:e0:05")
+}
+
+/// Secure Boot enforcing (OVMF with Microsoft's keys): the ISO's signed chain (shim → GRUB →
+/// Debian's kernel) boots, the kernel says Secure Boot is on and locks down, and the agent
+/// (its modules loaded under lockdown) still reports its inventory.
+#[test]
+fn iso_boot_secure_boot_looks_up_and_reports_inventory() -> Result<()> {
+    if !ready()
+        || !prerequisite(
+            qemu::ovmf_secure_boot().is_some(),
+            "OVMF's Secure Boot build (Debian ovmf)",
+        )
+    {
+        return Ok(());
+    }
+    iso_boot(IsoFirmware::SecureBoot, "52:54:00:e2:e0:06")
+}
+
+/// The firmware an ISO boot test runs under.
+#[derive(Clone, Copy, PartialEq)]
+enum IsoFirmware {
+    Bios,
+    Uefi,
+    SecureBoot,
 }
 
 /// Boot the ISO from a CD drive (SeaBIOS or OVMF): GRUB → kernel → agent → inventory.
-fn iso_boot(uefi: bool, mac: &str) -> Result<()> {
+fn iso_boot(fw: IsoFirmware, mac: &str) -> Result<()> {
+    let uefi = fw != IsoFirmware::Bios;
     let art = qemu::shared_artefacts()?;
     let Some((iso, boot)) = art.iso.clone() else {
         bail!("image-build made no ISO");
@@ -256,9 +281,15 @@ fn iso_boot(uefi: bool, mac: &str) -> Result<()> {
     if uefi {
         ensure!(boot.uefi, "the ISO has no UEFI El Torito image");
     }
+    if fw == IsoFirmware::SecureBoot {
+        ensure!(
+            boot.secure_boot,
+            "the ISO's UEFI image is not a signed chain: install shim-signed and grub-efi-amd64-signed"
+        );
+    }
     if let Some(report) = rivet_image_build::iso::el_torito(&iso) {
         ensure!(
-            report == boot,
+            (report.bios, report.uefi) == (boot.bios, boot.uefi),
             "xorriso reports {report:?}, image-build said {boot:?}"
         );
     }
@@ -269,18 +300,18 @@ fn iso_boot(uefi: bool, mac: &str) -> Result<()> {
     qemu::make_disk(&disk, 16, &[("ext4", 0)])?;
     let uuid = qemu::node_in_clean_wait(
         &d,
-        if uefi {
-            "qemu-iso-uefi"
-        } else {
-            "qemu-iso-bios"
+        match fw {
+            IsoFirmware::Bios => "qemu-iso-bios",
+            IsoFirmware::Uefi => "qemu-iso-uefi",
+            IsoFirmware::SecureBoot => "qemu-iso-secure-boot",
         },
         mac,
     )?;
     let mut vm = Qemu::start(&Config {
-        boot: if uefi {
-            Boot::CdromUefi(iso)
-        } else {
-            Boot::Cdrom(iso)
+        boot: match fw {
+            IsoFirmware::Bios => Boot::Cdrom(iso),
+            IsoFirmware::Uefi => Boot::CdromUefi(iso),
+            IsoFirmware::SecureBoot => Boot::CdromSecureBoot(iso),
         },
         disks: vec![disk],
         mac: mac.into(),
@@ -310,6 +341,15 @@ fn iso_boot(uefi: bool, mac: &str) -> Result<()> {
             vm.diagnostics(60)
         );
     }
+    // The kernel's own word, from the firmware's SecureBoot variable.
+    let secure = text.contains("secureboot: Secure boot enabled");
+    ensure!(
+        secure == (fw == IsoFirmware::SecureBoot),
+        "Secure Boot {} on the console, expected {}\n{}",
+        if secure { "enabled" } else { "not enabled" },
+        fw == IsoFirmware::SecureBoot,
+        vm.diagnostics(60)
+    );
     Ok(())
 }
 

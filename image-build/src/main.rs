@@ -171,12 +171,15 @@ fn main() -> Result<()> {
     );
     match &r.iso {
         Some((p, boot)) => println!(
-            "iso         {} (El Torito: BIOS{})",
+            "iso         {} (El Torito: {}{})",
             p.display(),
-            if boot.uefi {
-                " + UEFI"
-            } else {
+            boot.describe(),
+            if !boot.uefi {
                 "; no UEFI: install grub-efi-amd64-bin and mtools"
+            } else if !boot.secure_boot {
+                "; not for Secure Boot: install shim-signed and grub-efi-amd64-signed"
+            } else {
+                ""
             }
         ),
         None => println!("iso         skipped (--no-iso)"),
