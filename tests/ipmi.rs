@@ -8,7 +8,7 @@
 //! RIVET_REQUIRE_PEERS=1.
 
 use rivet_controller::drivers::ipmi::IpmiBmc;
-use rivet_controller::drivers::{Bmc, BootDevice, DriversConfig};
+use rivet_controller::drivers::{Bmc, BootDevice, BootMode, DriversConfig};
 use rivet_tests::peers::{free_udp_port, have_ipmi_sim, IpmiSim};
 use rivet_tests::{prerequisite, Rivetd};
 use serde_json::{json, Value};
@@ -200,13 +200,89 @@ fn boot_device_reaches_the_chassis() -> anyhow::Result<()> {
         (BootDevice::Cdrom, "cdrom"),
         (BootDevice::Pxe, "pxe"),
     ] {
-        rt.block_on(bmc.set_boot_device("n1", &info, dev))?;
+        rt.block_on(bmc.set_boot_device("n1", &info, dev, None))?;
         assert_eq!(sim.boot(), want, "{dev:?}");
     }
     let mut uefi = info.clone();
     uefi.insert("boot_mode".into(), "uefi".into());
-    rt.block_on(bmc.set_boot_device("n1", &uefi, BootDevice::Disk))?;
+    rt.block_on(bmc.set_boot_device("n1", &uefi, BootDevice::Disk, None))?;
     assert_eq!(sim.boot(), "default");
+    Ok(())
+}
+
+/// The boot mode rides on the boot device override as IPMI's EFI boot flag. ipmi_sim keeps
+/// only the device of a Set System Boot Options request (its `bootparam get 5` rebuilds the
+/// flags from the chassis script's device, always "legacy"), so the flag cannot be read back
+/// from it: the test runs the real ipmitool through a wrapper that records its arguments,
+/// checks ipmi_sim accepted each request (the device reached the chassis) and that exactly
+/// the uefi requests carried `efiboot`.
+#[test]
+fn boot_mode_rides_on_the_override_as_the_efi_flag() -> anyhow::Result<()> {
+    if !ipmi_ok() {
+        return Ok(());
+    }
+    let sim = IpmiSim::start(USER, PASSWORD)?;
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("args");
+    let wrapper = dir.path().join("ipmitool");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nexec ipmitool \"$@\"\n",
+            log.display()
+        ),
+    )?;
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&wrapper)
+        .status()?;
+    let bmc = IpmiBmc::new(DriversConfig {
+        ipmitool: wrapper.to_string_lossy().into_owned(),
+        ..DriversConfig::default()
+    });
+    let info = sim.driver_info(PASSWORD);
+    let mut info = info.as_object().cloned().unwrap_or_default();
+    // The older driver_info field says bios: the mode passed in wins over it.
+    info.insert("boot_mode".into(), "bios".into());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let last = || -> anyhow::Result<String> {
+        let text = std::fs::read_to_string(&log)?;
+        Ok(text.lines().last().unwrap_or_default().to_string())
+    };
+    rt.block_on(bmc.set_boot_device("n1", &info, BootDevice::Pxe, Some(BootMode::Uefi)))?;
+    assert_eq!(sim.boot(), "pxe");
+    let sent = last()?;
+    assert!(
+        sent.ends_with("chassis bootdev pxe options=efiboot"),
+        "{sent}"
+    );
+    rt.block_on(bmc.set_boot_device_persistent(
+        "n1",
+        &info,
+        BootDevice::Disk,
+        Some(BootMode::Uefi),
+    ))?;
+    assert_eq!(sim.boot(), "default");
+    let sent = last()?;
+    assert!(
+        sent.ends_with("chassis bootdev disk options=persistent,efiboot"),
+        "{sent}"
+    );
+    rt.block_on(bmc.set_boot_device("n1", &info, BootDevice::Pxe, Some(BootMode::Bios)))?;
+    let sent = last()?;
+    assert!(sent.ends_with("chassis bootdev pxe"), "{sent}");
+    // No mode passed: driver_info's (bios) applies, no flag.
+    rt.block_on(bmc.set_boot_device("n1", &info, BootDevice::Cdrom, None))?;
+    assert_eq!(sim.boot(), "cdrom");
+    assert!(last()?.ends_with("chassis bootdev cdrom"));
+    // What ipmi_sim answers for the boot flags: the device it kept.
+    let flags = sim.ipmitool(&["chassis", "bootparam", "get", "5"])?;
+    assert!(
+        flags.contains("Boot Device Selector : Force Boot from CD/DVD"),
+        "{flags}"
+    );
     Ok(())
 }
 

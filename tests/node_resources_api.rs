@@ -1102,13 +1102,22 @@ fn redfish_management_in_sushy() -> Result<()> {
         system["Boot"]["BootSourceOverrideMode"] == "Legacy",
         "{system}"
     );
-    // Secure boot through the emulator's SecureBoot resource.
+    // Secure boot through the emulator's SecureBoot resource: refused in Legacy mode (as
+    // Ironic's redfish management refuses it), done once the mode is UEFI.
+    let refused = baremetal(&d, &["node", "secure", "boot", "on", "s"])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    ensure!(refused.contains("Secure Boot needs UEFI"), "{refused}");
+    let sb = sushy.get(&format!("/redfish/v1/Systems/{}/SecureBoot", sys.uuid))?;
+    ensure!(sb["SecureBootEnable"] == false, "{sb}");
+    baremetal(&d, &["node", "boot", "mode", "set", "s", "uefi"])?;
     baremetal(&d, &["node", "secure", "boot", "on", "s"])?;
     let sb = sushy.get(&format!("/redfish/v1/Systems/{}/SecureBoot", sys.uuid))?;
     ensure!(sb["SecureBootEnable"] == true, "{sb}");
     let node = ok(latest(&d, "GET", "/v1/nodes/s", None)?, 200, "node")?;
     ensure!(
-        node["boot_mode"] == "bios" && node["secure_boot"] == true,
+        node["boot_mode"] == "uefi" && node["secure_boot"] == true,
         "the node shows what the BMC reports: {node}"
     );
 
@@ -1394,8 +1403,11 @@ fn rivet_cli_node_resources() -> Result<()> {
     ensure!(r.contains("MAX"), "{r}");
     rivet(&d, &["node", "inject-nmi", "c"])?;
     rivet(&d, &["node", "boot-mode", "c", "bios"])?;
+    // Secure Boot is UEFI's: the fake BMC refuses it in bios mode, as a Redfish BMC does.
+    ensure!(rivet(&d, &["node", "secure-boot", "c", "on"]).is_err());
+    rivet(&d, &["node", "boot-mode", "c", "uefi"])?;
     rivet(&d, &["node", "secure-boot", "c", "on"])?;
-    ensure!(d.node("c")?["boot_mode"] == "bios" && d.node("c")?["secure_boot"] == true);
+    ensure!(d.node("c")?["boot_mode"] == "uefi" && d.node("c")?["secure_boot"] == true);
     let console = rivet(&d, &["--json", "node", "console", "c"])?;
     ensure!(console.contains("\"console_enabled\": false"), "{console}");
     let bios = rivet(&d, &["--json", "node", "bios", "c"])?;

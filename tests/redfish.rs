@@ -13,7 +13,7 @@
 //! RIVET_REQUIRE_PEERS=1.
 
 use rivet_controller::drivers::redfish::RedfishBmc;
-use rivet_controller::drivers::{Bmc, BootDevice, DriversConfig};
+use rivet_controller::drivers::{Bmc, BootDevice, BootMode, DriversConfig};
 use rivet_tests::peers::{
     closed_port, have_sushy, on_path, FakeSystem, FileServer, Sushy, SushyOptions, TlsFiles,
 };
@@ -223,15 +223,30 @@ fn boot_override_virtual_media_and_inspection() -> anyhow::Result<()> {
         (BootDevice::Cdrom, "Cd"),
         (BootDevice::Disk, "Hdd"),
     ] {
-        rt.block_on(bmc.set_boot_device(node, &info, dev))?;
+        rt.block_on(bmc.set_boot_device(node, &info, dev, None))?;
         let boot = &sushy.system(&sys.uuid)?["Boot"];
         assert_eq!(boot["BootSourceOverrideTarget"], want, "{boot}");
     }
     info.insert("boot_mode".into(), "bios".into());
-    rt.block_on(bmc.set_boot_device(node, &info, BootDevice::Pxe))?;
+    rt.block_on(bmc.set_boot_device(node, &info, BootDevice::Pxe, None))?;
     let boot = &sushy.system(&sys.uuid)?["Boot"];
     assert_eq!(boot["BootSourceOverrideMode"], "Legacy", "{boot}");
     assert_eq!(boot["BootSourceOverrideTarget"], "Pxe", "{boot}");
+    // In Legacy mode Secure Boot is refused (Ironic refuses it too), naming what to do.
+    let err = rt
+        .block_on(bmc.set_secure_boot(node, &info, true))
+        .expect_err("secure boot in Legacy");
+    assert!(
+        err.to_string().contains("set the boot mode to uefi first"),
+        "{err}"
+    );
+    // The mode the conductor passes in wins over the older driver_info field, and is what
+    // the BMC then reports.
+    rt.block_on(bmc.set_boot_device(node, &info, BootDevice::Pxe, Some(BootMode::Uefi)))?;
+    let boot = &sushy.system(&sys.uuid)?["Boot"];
+    assert_eq!(boot["BootSourceOverrideMode"], "UEFI", "{boot}");
+    let (mode, _) = rt.block_on(bmc.boot_mode(node, &info))?;
+    assert_eq!(mode.as_deref(), Some("uefi"));
 
     // Virtual media: the emulator downloads the image from our file server.
     let files = FileServer::start(b"not really an ISO, but bytes to download".to_vec())?;
@@ -416,7 +431,7 @@ fn sushy_patch_boot(sushy: &Sushy, uuid: &str, target: &str) -> anyhow::Result<(
         "Cd" => BootDevice::Cdrom,
         _ => BootDevice::Pxe,
     };
-    rt.block_on(RedfishBmc::default().set_boot_device("setup", &info, dev))?;
+    rt.block_on(RedfishBmc::default().set_boot_device("setup", &info, dev, None))?;
     Ok(())
 }
 

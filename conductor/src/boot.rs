@@ -11,7 +11,7 @@
 //! node with a message that says which setting to fix.
 
 use super::Conductor;
-use rivet_drivers::{Bmc, BootDevice, DriverError};
+use rivet_drivers::{Bmc, BootDevice, BootMode, DriverError};
 use rivet_model::interfaces::Iface;
 use rivet_protocol::states::PowerState;
 use rivet_store::Node;
@@ -47,13 +47,16 @@ impl BootMethod {
 }
 
 impl Conductor {
-    /// Boot the node into the ramdisk. A new boot means a new agent token, so the old one is
-    /// forgotten here.
+    /// Boot the node into the ramdisk, the BMC first put in the node's effective boot mode
+    /// (returned). A new boot means a new agent token, so the old one is forgotten here.
     pub(crate) async fn boot_ramdisk(
         &self,
         node: &mut Node,
         bmc: &dyn Bmc,
-    ) -> Result<(), DriverError> {
+    ) -> Result<BootMode, DriverError> {
+        // Before anything else: settings that do not resolve fail here, before the BMC
+        // is asked for anything.
+        let mode = self.apply_boot_mode(node, bmc).await?.mode;
         let method = BootMethod::of(node);
         if method == BootMethod::VirtualMedia {
             let url =
@@ -68,13 +71,18 @@ impl Conductor {
             bmc.insert_virtual_media(&node.uuid, &node.driver_info, &url)
                 .await?;
         }
-        bmc.set_boot_device(&node.uuid, &node.driver_info, method.ramdisk_device())
-            .await?;
+        bmc.set_boot_device(
+            &node.uuid,
+            &node.driver_info,
+            method.ramdisk_device(),
+            Some(mode),
+        )
+        .await?;
         bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)
             .await?;
         node.power_state = Some(PowerState::On);
         super::agent::forget_agent_token(node);
-        Ok(())
+        Ok(mode)
     }
 
     /// Put the ramdisk's boot medium away: eject the virtual CD. Network boot leaves nothing

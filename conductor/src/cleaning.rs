@@ -464,7 +464,8 @@ impl Conductor {
             let rebooted = async {
                 if ramdisk {
                     let device = super::boot::BootMethod::of(&node).ramdisk_device();
-                    bmc.set_boot_device(&node.uuid, &node.driver_info, device)
+                    let mode = self.override_mode(&node).await;
+                    bmc.set_boot_device(&node.uuid, &node.driver_info, device, mode)
                         .await?;
                 }
                 bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)

@@ -314,8 +314,13 @@ impl Conductor {
     }
 
     /// `write_image`'s arguments from the node: image fields of `instance_info`, root device
-    /// hints, the configdrive, and the operator's image policy.
-    pub(crate) fn write_image_args(&self, node: &Node) -> WriteImageArgs {
+    /// hints, the configdrive, the operator's image policy, and the node's effective boot
+    /// mode (the agent writes a UEFI boot entry on a uefi node).
+    pub(crate) fn write_image_args(
+        &self,
+        node: &Node,
+        boot_mode: Option<rivet_protocol::deploy::BootMode>,
+    ) -> WriteImageArgs {
         let info = &node.instance_info;
         let s = |k: &str| info.get(k).and_then(Value::as_str).map(str::to_string);
         WriteImageArgs {
@@ -333,7 +338,7 @@ impl Conductor {
             permitted_formats: self.config.deploy.permitted_image_formats.clone(),
             ca_pem: self.config.deploy.image_ca_pem(),
             download_retries: Some(self.config.deploy.image_download_retries),
-            boot_mode: None,
+            boot_mode,
         }
     }
 
@@ -345,7 +350,13 @@ impl Conductor {
     ) -> Result<Option<Node>, ConductorError> {
         let uuid = node.uuid.clone();
         let args = if step.step.step == WRITE_IMAGE {
-            self.write_image_args(&node).to_args()
+            // The mode the ramdisk booted in; a run that booted no ramdisk (fast track, a
+            // run from an older rivetd) resolves it now.
+            let mode = match run.boot_mode {
+                Some(m) => Some(m),
+                None => self.override_mode(&node).await,
+            };
+            self.write_image_args(&node, mode).to_args()
         } else {
             step.args.clone()
         };
@@ -457,7 +468,8 @@ impl Conductor {
                 // Boot the ramdisk; the step is done once the agent calls back (the next
                 // decision gathers its steps).
                 let booted = self.boot_ramdisk(&mut node, bmc).await;
-                if booted.is_ok() {
+                if let Ok(mode) = booted {
+                    run.boot_mode = Some(mode);
                     tracing::info!(node = %uuid, "deploy ramdisk booting; waiting for the agent");
                     run.index += 1;
                     Self::put_run(&mut node, &run);
@@ -467,17 +479,25 @@ impl Conductor {
                         .await
                         .map(Some);
                 }
-                booted
+                booted.map(|_| ())
             }
             "prepare_instance_boot" => {
                 // The CD goes before the instance boots: it must not see the ramdisk.
-                match self.clean_up_ramdisk(&node, bmc).await {
-                    Ok(()) => {
-                        bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk)
-                            .await
-                    }
-                    Err(e) => Err(e),
+                // Then the instance's boot mode and Secure Boot, checked on the BMC, and the
+                // disk for every boot from now on, in that mode.
+                async {
+                    self.clean_up_ramdisk(&node, bmc).await?;
+                    let eff = self.apply_boot_mode(&node, bmc).await?;
+                    self.apply_secure_boot(&mut node, bmc, &eff).await?;
+                    bmc.set_boot_device_persistent(
+                        &uuid,
+                        &node.driver_info,
+                        BootDevice::Disk,
+                        Some(eff.mode),
+                    )
+                    .await
                 }
+                .await
             }
             "tear_down_agent" => {
                 // disable_power_off (1.95): the agent is left running; boot_instance reboots.

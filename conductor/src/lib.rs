@@ -16,6 +16,7 @@ mod agent_logs;
 mod allocations;
 pub mod bmc_caches;
 pub mod boot;
+pub mod boot_mode;
 mod cleaning;
 mod deploying;
 pub mod discovery;
@@ -342,6 +343,8 @@ impl Conductor {
                 let torn = async {
                     // disable_power_off (1.95): no power off; the reboot below instead.
                     self.power_off_unless_kept_on(&node, bmc.as_ref()).await?;
+                    // Secure Boot Rivet turned on was the instance's, not the machine's.
+                    self.undo_secure_boot(&node, bmc.as_ref()).await?;
                     // The next boot is the cleaning ramdisk's: from the network for PXE
                     // (virtual media sets its own one-time override when it inserts).
                     if !node.interfaces.fake_boot(&node.driver)
@@ -351,6 +354,7 @@ impl Conductor {
                             &node.uuid,
                             &node.driver_info,
                             BootDevice::Pxe,
+                            self.override_mode(&node).await,
                         )
                         .await?;
                     }
@@ -374,6 +378,10 @@ impl Conductor {
                     }
                 }
                 node.instance_info.clear();
+                rivet_model::internal_info::set_secure_boot_enabled_by_rivet(
+                    &mut node.driver_internal_info,
+                    false,
+                );
                 node.runs.deploy = None;
                 rivet_model::internal_info::forget_deployed_image(&mut node.driver_internal_info);
                 node.runs.service = None;

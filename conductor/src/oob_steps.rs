@@ -40,21 +40,21 @@ pub(crate) async fn verify_and_refresh(
 }
 
 /// Reboot (into `ramdisk` when the run booted one, since each boot consumes the one-time
-/// override), then [`verify_and_refresh`]. Without a reboot only the caches are refreshed.
+/// override; in the boot mode given with it), then [`verify_and_refresh`]. Without a reboot only the caches are refreshed.
 pub(crate) async fn reboot_verify_refresh(
     store: &dyn Store,
     bmc: &dyn Bmc,
     node: &Node,
     step: &PlannedStep,
     result: &Value,
-    ramdisk: Option<BootDevice>,
+    ramdisk: Option<(BootDevice, Option<rivet_drivers::BootMode>)>,
 ) -> Result<(), DriverError> {
     if !reboot_needed(step, result) {
         crate::bmc_caches::refresh_caches_logged(store, bmc, &node.uuid, &node.driver_info).await;
         return Ok(());
     }
-    if let Some(device) = ramdisk {
-        bmc.set_boot_device(&node.uuid, &node.driver_info, device)
+    if let Some((device, mode)) = ramdisk {
+        bmc.set_boot_device(&node.uuid, &node.driver_info, device, mode)
             .await?;
     }
     bmc.set_power(&node.uuid, &node.driver_info, PowerState::Rebooting)

@@ -228,7 +228,8 @@ impl Conductor {
             // disable_power_off (1.95): no power off; boot_action reboots into the instance.
             self.power_off_unless_kept_on(&node, bmc).await?;
             self.clean_up_ramdisk(&node, bmc).await?;
-            bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk)
+            let mode = self.override_mode(&node).await;
+            bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk, mode)
                 .await?;
             let action = super::power_policy::boot_action(&node);
             bmc.set_power(&uuid, &node.driver_info, action).await

@@ -267,9 +267,13 @@ impl Conductor {
                     // BIOS settings and the like apply at the next boot: reboot (back into
                     // the ramdisk if this run booted it), check, refresh the caches.
                     Ok(result) => {
-                        let ramdisk = run
-                            .ramdisk_booted
-                            .then(|| super::boot::BootMethod::of(&node).ramdisk_device());
+                        let ramdisk = match run.ramdisk_booted {
+                            true => Some((
+                                super::boot::BootMethod::of(&node).ramdisk_device(),
+                                self.override_mode(&node).await,
+                            )),
+                            false => None,
+                        };
                         super::oob_steps::reboot_verify_refresh(
                             self.store.as_ref(),
                             bmc,
@@ -418,7 +422,8 @@ impl Conductor {
         super::agent::forget_agent_token(node);
         let _ = self.store.cancel_pending(&uuid).await;
         self.clean_up_ramdisk(node, bmc).await?;
-        bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk)
+        let mode = self.override_mode(node).await;
+        bmc.set_boot_device_persistent(&uuid, &node.driver_info, BootDevice::Disk, mode)
             .await?;
         let action = super::power_policy::boot_action(node);
         bmc.set_power(&uuid, &node.driver_info, action).await?;

@@ -5,7 +5,7 @@
 //! `driver_info.fake_steps` (a list of step descriptors, each optionally with `sleep_ms`) makes
 //! the driver offer out-of-band steps, so step merging and out-of-band execution are testable.
 
-use super::{Bmc, BootDevice, DriverError};
+use super::{Bmc, BootDevice, BootMode, DriverError};
 use async_trait::async_trait;
 use rivet_protocol::states::PowerState;
 use rivet_protocol::steps::StepDescriptor;
@@ -89,13 +89,26 @@ impl FakeBmc {
         info: &Map<String, Value>,
         device: BootDevice,
         persistent: bool,
+        mode: Option<BootMode>,
     ) -> Result<(), DriverError> {
         self.behave(info).await?;
         self.boot
             .lock()
             .map_err(|_| DriverError::Bmc("fake BMC poisoned".into()))?
             .insert(node.to_string(), (device, persistent));
+        // As a Redfish BootSourceOverrideMode does, the override's mode becomes the
+        // machine's, so the mode read back afterwards is the one the override named.
+        if let Some(mode) = mode {
+            self.mgmt_set(format!("{node}/boot_mode"), mode.as_str())?;
+        }
         Ok(())
+    }
+
+    /// The boot mode of a node's fake machine (`uefi` until set otherwise).
+    fn mode_of(&self, node: &str) -> Result<String, DriverError> {
+        Ok(self
+            .mgmt_get(&format!("{node}/boot_mode"))?
+            .unwrap_or_else(|| "uefi".into()))
     }
 }
 
@@ -152,8 +165,9 @@ impl Bmc for FakeBmc {
         node: &str,
         info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<BootMode>,
     ) -> Result<(), DriverError> {
-        self.set_boot(node, info, device, false).await
+        self.set_boot(node, info, device, false, mode).await
     }
 
     async fn set_boot_device_persistent(
@@ -161,8 +175,9 @@ impl Bmc for FakeBmc {
         node: &str,
         info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<BootMode>,
     ) -> Result<(), DriverError> {
-        self.set_boot(node, info, device, true).await
+        self.set_boot(node, info, device, true, mode).await
     }
 
     /// The last device set; a node never set boots from the network once, as Ironic's fake
@@ -286,9 +301,7 @@ impl Bmc for FakeBmc {
         info: &Map<String, Value>,
     ) -> Result<(Option<String>, Option<bool>), DriverError> {
         self.behave(info).await?;
-        let mode = self
-            .mgmt_get(&format!("{node}/boot_mode"))?
-            .unwrap_or_else(|| "uefi".into());
+        let mode = self.mode_of(node)?;
         let secure = self.mgmt_get(&format!("{node}/secure_boot"))?.as_deref() == Some("true");
         Ok((Some(mode), Some(secure)))
     }
@@ -310,6 +323,13 @@ impl Bmc for FakeBmc {
         on: bool,
     ) -> Result<(), DriverError> {
         self.behave(info).await?;
+        // As Ironic's redfish management refuses it: Secure Boot is a UEFI feature.
+        let mode = self.mode_of(node)?;
+        if on && mode != "uefi" {
+            return Err(DriverError::Bmc(format!(
+                "fake BMC of node {node} is in {mode} boot mode: Secure Boot needs uefi"
+            )));
+        }
         self.mgmt_set(
             format!("{node}/secure_boot"),
             if on { "true" } else { "false" },

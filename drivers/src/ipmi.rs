@@ -316,8 +316,9 @@ impl Bmc for IpmiBmc {
         node: &str,
         driver_info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<super::BootMode>,
     ) -> Result<(), DriverError> {
-        self.bootdev(node, driver_info, device, false).await
+        self.bootdev(node, driver_info, device, false, mode).await
     }
 
     async fn set_boot_device_persistent(
@@ -325,8 +326,9 @@ impl Bmc for IpmiBmc {
         node: &str,
         driver_info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<super::BootMode>,
     ) -> Result<(), DriverError> {
-        self.bootdev(node, driver_info, device, true).await
+        self.bootdev(node, driver_info, device, true, mode).await
     }
 
     fn supported_boot_devices(&self) -> &'static [BootDevice] {
@@ -407,8 +409,11 @@ impl IpmiBmc {
         driver_info: &Map<String, Value>,
         device: BootDevice,
         persistent: bool,
+        mode: Option<super::BootMode>,
     ) -> Result<(), DriverError> {
         let info = parse(driver_info)?;
+        // The mode passed in, else the older `driver_info.boot_mode`.
+        let uefi = mode.map_or(info.uefi, |m| m == super::BootMode::Uefi);
         let dev = match device {
             BootDevice::Pxe => "pxe",
             BootDevice::Disk => "disk",
@@ -427,7 +432,7 @@ impl IpmiBmc {
         if persistent {
             options.push("persistent");
         }
-        if info.uefi {
+        if uefi {
             options.push("efiboot");
         }
         let options = format!("options={}", options.join(","));

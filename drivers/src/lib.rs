@@ -15,6 +15,7 @@ pub mod management;
 pub mod redfish;
 
 use async_trait::async_trait;
+pub use rivet_protocol::deploy::BootMode;
 use rivet_protocol::states::PowerState;
 use rivet_protocol::steps::StepDescriptor;
 use serde_json::{Map, Value};
@@ -41,6 +42,10 @@ pub enum DriverError {
         /// What is wrong.
         reason: String,
     },
+    /// The node's own settings (capabilities, instance_info) ask for something impossible or
+    /// contradict each other; the text names the field and what to write instead.
+    #[error("{0}")]
+    NodeSettings(String),
     /// The driver does not support the operation.
     #[error("driver {driver} does not support {operation}")]
     Unsupported {
@@ -177,19 +182,25 @@ pub trait Bmc: Send + Sync {
         driver_info: &Map<String, Value>,
         target: PowerState,
     ) -> Result<(), DriverError>;
-    /// One-time boot device override.
+    /// One-time boot device override. `mode` is the node's effective boot mode: the override
+    /// carries it (Redfish `BootSourceOverrideMode`, IPMI's EFI boot flag), because some BMCs
+    /// fall back to their default mode on an override that does not say. `None` (a caller
+    /// that has not resolved it) leaves the driver to its `driver_info.boot_mode`, if any.
     async fn set_boot_device(
         &self,
         node: &str,
         driver_info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<BootMode>,
     ) -> Result<(), DriverError>;
-    /// Boot device for every boot from now on (a deployed instance boots from its disk).
+    /// Boot device for every boot from now on (a deployed instance boots from its disk);
+    /// `mode` as for [`Bmc::set_boot_device`].
     async fn set_boot_device_persistent(
         &self,
         node: &str,
         driver_info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<BootMode>,
     ) -> Result<(), DriverError>;
 
     /// The boot devices [`Bmc::set_boot_device`] accepts (Ironic's

@@ -130,6 +130,10 @@ pub struct DeployConfig {
     /// How many times the agent resumes (HTTP Range) or restarts an image download cut
     /// mid-way before `write_image` fails, 0 to [`MAX_DOWNLOAD_RETRIES`].
     pub image_download_retries: u32,
+    /// The boot mode of a node none of whose settings names one and whose BMC does not say
+    /// (Ironic's `[deploy] default_boot_mode`, `uefi` as in Ironic); typed, so a value other
+    /// than `uefi` or `bios` is refused when the file is read. See [`crate::boot_mode`].
+    pub default_boot_mode: rivet_protocol::deploy::BootMode,
 }
 
 /// Most `[deploy] image_download_retries` accepted: beyond it a broken image server only
@@ -146,6 +150,7 @@ impl Default for DeployConfig {
             image_ca_file: None,
             power_off_after_deploy_failure: true,
             image_download_retries: rivet_protocol::deploy::DEFAULT_DOWNLOAD_RETRIES,
+            default_boot_mode: rivet_protocol::deploy::BootMode::Uefi,
         }
     }
 }
@@ -631,5 +636,19 @@ mod tests {
         let err = Config::from_toml("[deploy]\npower_off_after_deploy_failure = \"yes\"\n")
             .expect_err("not a bool");
         assert!(err.contains("power_off_after_deploy_failure"), "{err}");
+    }
+
+    #[test]
+    fn default_boot_mode_is_uefi_and_checked() {
+        use rivet_protocol::deploy::BootMode;
+        assert_eq!(Config::default().deploy.default_boot_mode, BootMode::Uefi);
+        let c = Config::from_toml("[deploy]\ndefault_boot_mode = \"bios\"\n").expect("bios");
+        assert_eq!(c.deploy.default_boot_mode, BootMode::Bios);
+        assert!(c.to_toml().contains("default_boot_mode = \"bios\""));
+        let err = Config::from_toml("[deploy]\ndefault_boot_mode = \"efi\"\n").expect_err("efi");
+        assert!(
+            err.contains("default_boot_mode") && err.contains("uefi") && err.contains("bios"),
+            "{err}"
+        );
     }
 }

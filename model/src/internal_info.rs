@@ -3,7 +3,7 @@
 //! They stay in `driver_internal_info` (not in the run state) because they outlive one
 //! operation and Ironic's clients read the same kind of facts there: the cause of the current
 //! operation, what `write_image` reported, the merged clean steps of the last cleaning, and
-//! whether discovery enrolled the node.
+//! whether discovery enrolled the node, and whether Rivet turned Secure Boot on.
 
 use crate::steps::PlannedStep;
 use chrono::{DateTime, Utc};
@@ -15,6 +15,7 @@ const CLEAN_STEPS: &str = "cached_clean_steps";
 const CLEAN_STEPS_AT: &str = "cached_clean_steps_at";
 const AUTO_DISCOVERED: &str = "auto_discovered";
 const DISCOVERED_AT: &str = "discovered_at";
+const SECURE_BOOT_ENABLED: &str = "secure_boot_enabled_by_rivet";
 
 /// The verb and caller that started the node's current operation (`provide by admin`): the
 /// cause its transitions record in the audit trail.
@@ -65,6 +66,23 @@ pub fn set_cached_clean_steps(
         serde_json::to_value(available).unwrap_or(Value::Null),
     );
     dii.insert(CLEAN_STEPS_AT.into(), Value::from(at.to_rfc3339()));
+}
+
+/// Whether Rivet turned Secure Boot on for the deployed instance (so undeploy turns it off
+/// again; a machine that already had it on is left as it was).
+pub fn secure_boot_enabled_by_rivet(dii: &Map<String, Value>) -> bool {
+    dii.get(SECURE_BOOT_ENABLED)
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// Record that Rivet turned Secure Boot on (`true`), or forget it once turned off (`false`).
+pub fn set_secure_boot_enabled_by_rivet(dii: &mut Map<String, Value>, enabled: bool) {
+    if enabled {
+        dii.insert(SECURE_BOOT_ENABLED.into(), Value::Bool(true));
+    } else {
+        dii.remove(SECURE_BOOT_ENABLED);
+    }
 }
 
 /// Mark a node enrolled by discovery (as Ironic marks its auto-discovered nodes).

@@ -10,9 +10,11 @@
 //! - [`inspection`]: what an inventory says about a node, and the operator's inspection rules.
 //! - [`internal_info`]: the `driver_internal_info` keys Rivet writes, one typed reader and writer each.
 //! - [`records`]: firmware readings and MAC addresses, shared by drivers and store.
+//! - [`boot_mode`]: a node's effective boot mode and whether Secure Boot is requested.
 //! - [`config`]: every section of rivetd's configuration file.
 #![warn(missing_docs)]
 
+pub mod boot_mode;
 pub mod config;
 pub mod fsm;
 pub mod inspection;

@@ -162,6 +162,10 @@ pub struct DeployRun {
     /// When `tear_down_agent` asked the agent to power off.
     #[serde(default)]
     pub teardown_since: Option<DateTime<Utc>>,
+    /// The effective boot mode the BMC was put in when the deploy ramdisk booted:
+    /// `write_image` writes the boot loader for it.
+    #[serde(default)]
+    pub boot_mode: Option<rivet_protocol::deploy::BootMode>,
 }
 
 /// The bookkeeping of one servicing run: steps run on an `active` node in the order given.

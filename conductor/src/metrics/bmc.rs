@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use rivet_drivers::management::{BiosReading, Indicator};
 use rivet_drivers::{
-    Bmc, BootDevice, BootDeviceState, DriverError, Health, OobInventory, VirtualMedia,
+    Bmc, BootDevice, BootDeviceState, BootMode, DriverError, Health, OobInventory, VirtualMedia,
 };
 use rivet_protocol::states::PowerState;
 use rivet_protocol::steps::StepDescriptor;
@@ -45,7 +45,11 @@ fn outcome<T>(r: &Result<T, DriverError>) -> &'static str {
     match r {
         Ok(_) => "ok",
         Err(DriverError::Bmc(_)) => "error",
-        Err(DriverError::BadDriverInfo { .. } | DriverError::BadStepArgs { .. }) => "invalid",
+        Err(
+            DriverError::BadDriverInfo { .. }
+            | DriverError::BadStepArgs { .. }
+            | DriverError::NodeSettings(_),
+        ) => "invalid",
         Err(DriverError::Unsupported { .. }) => "unsupported",
     }
 }
@@ -101,10 +105,11 @@ impl Bmc for Metered {
         node: &str,
         info: &Info,
         device: BootDevice,
+        mode: Option<BootMode>,
     ) -> Result<(), DriverError> {
         self.timed(
             "set_boot_device",
-            self.inner.set_boot_device(node, info, device),
+            self.inner.set_boot_device(node, info, device, mode),
         )
         .await
     }
@@ -114,10 +119,12 @@ impl Bmc for Metered {
         node: &str,
         info: &Info,
         device: BootDevice,
+        mode: Option<BootMode>,
     ) -> Result<(), DriverError> {
         self.timed(
             "set_boot_device",
-            self.inner.set_boot_device_persistent(node, info, device),
+            self.inner
+                .set_boot_device_persistent(node, info, device, mode),
         )
         .await
     }

@@ -284,6 +284,18 @@ pub(crate) async fn set_secure_boot(ctx: &Ctx, on: bool) -> Result<(), DriverErr
                 ctx.client.address()
             ),
         })?;
+    // As Ironic's redfish management: nothing to do when already so, and Secure Boot is
+    // refused in Legacy mode (the BMC would accept the PATCH and the machine would ignore it).
+    if ctx.client.get(&path).await?["SecureBootEnable"].as_bool() == Some(on) {
+        return Ok(());
+    }
+    if on && sys["Boot"]["BootSourceOverrideMode"].as_str() == Some("Legacy") {
+        return Err(DriverError::Bmc(format!(
+            "{} at {} is in Legacy boot mode: Secure Boot needs UEFI; set the boot mode to uefi first",
+            ctx.system,
+            ctx.client.address()
+        )));
+    }
     ctx.client
         .patch(&path, &json!({"SecureBootEnable": on}))
         .await?;

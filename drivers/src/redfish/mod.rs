@@ -294,7 +294,22 @@ fn boot_from_redfish(boot: &Value) -> super::BootDeviceState {
     }
 }
 
-async fn set_boot(ctx: &Ctx, device: BootDevice, persistent: bool) -> Result<(), DriverError> {
+/// `BootSourceOverrideMode`'s value for a boot mode.
+fn redfish_mode(mode: super::BootMode) -> &'static str {
+    match mode {
+        super::BootMode::Uefi => "UEFI",
+        super::BootMode::Bios => "Legacy",
+    }
+}
+
+/// The boot override PATCH. It names the mode (the one passed in, else the older
+/// `driver_info.boot_mode`): a BMC given a target alone may fall back to its default mode.
+async fn set_boot(
+    ctx: &Ctx,
+    device: BootDevice,
+    persistent: bool,
+    mode: Option<super::BootMode>,
+) -> Result<(), DriverError> {
     let target = boot_target(device).ok_or_else(|| DriverError::Unsupported {
         driver: "redfish".into(),
         operation: format!("boot device {}", device.as_str()),
@@ -303,8 +318,11 @@ async fn set_boot(ctx: &Ctx, device: BootDevice, persistent: bool) -> Result<(),
         "BootSourceOverrideTarget": target,
         "BootSourceOverrideEnabled": if persistent { "Continuous" } else { "Once" },
     });
-    if let Some(mode) = ctx.info.boot_mode {
-        boot["BootSourceOverrideMode"] = mode.redfish().into();
+    let mode = mode
+        .map(redfish_mode)
+        .or(ctx.info.boot_mode.map(|m| m.redfish()));
+    if let Some(mode) = mode {
+        boot["BootSourceOverrideMode"] = mode.into();
     }
     ctx.client
         .patch(&ctx.system, &json!({ "Boot": boot }))
@@ -370,10 +388,15 @@ impl Bmc for RedfishBmc {
         node: &str,
         driver_info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<super::BootMode>,
     ) -> Result<(), DriverError> {
         tracing::info!(node = %node, device = device.as_str(), "redfish: one-time boot override");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(set_boot(&ctx, device, false).instrument(span(node)).await)
+        ctx.scrub(
+            set_boot(&ctx, device, false, mode)
+                .instrument(span(node))
+                .await,
+        )
     }
 
     async fn set_boot_device_persistent(
@@ -381,10 +404,15 @@ impl Bmc for RedfishBmc {
         node: &str,
         driver_info: &Map<String, Value>,
         device: BootDevice,
+        mode: Option<super::BootMode>,
     ) -> Result<(), DriverError> {
         tracing::info!(node = %node, device = device.as_str(), "redfish: persistent boot device");
         let ctx = self.ctx(driver_info).await?;
-        ctx.scrub(set_boot(&ctx, device, true).instrument(span(node)).await)
+        ctx.scrub(
+            set_boot(&ctx, device, true, mode)
+                .instrument(span(node))
+                .await,
+        )
     }
 
     fn supported_boot_devices(&self) -> &'static [BootDevice] {

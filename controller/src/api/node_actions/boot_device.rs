@@ -129,11 +129,13 @@ pub(super) async fn boot_device_set(
             device_list(supported).join(", ")
         )));
     };
+    // In the node's boot mode, as Ironic's ipmitool driver sets its EFI flag from it.
+    let mode = state.conductor.override_mode(&node).await;
     let set = if persistent {
-        bmc.set_boot_device_persistent(&node.uuid, &node.driver_info, device)
+        bmc.set_boot_device_persistent(&node.uuid, &node.driver_info, device, mode)
             .await
     } else {
-        bmc.set_boot_device(&node.uuid, &node.driver_info, device)
+        bmc.set_boot_device(&node.uuid, &node.driver_info, device, mode)
             .await
     };
     set.map_err(|e| driver_error(&node, e))?;

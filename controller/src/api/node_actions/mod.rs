@@ -224,7 +224,9 @@ fn driver_error(node: &Node, e: DriverError) -> ApiError {
             "Driver {} does not support {operation} (disabled or not implemented).",
             node.driver
         )),
-        e @ (DriverError::BadDriverInfo { .. } | DriverError::BadStepArgs { .. }) => {
+        e @ (DriverError::BadDriverInfo { .. }
+        | DriverError::BadStepArgs { .. }
+        | DriverError::NodeSettings(_)) => {
             ApiError::bad_request(format!("node {}: {e}", node.ident()))
         }
         e @ DriverError::Bmc(_) => ApiError::new(
