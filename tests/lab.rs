@@ -503,7 +503,7 @@ fn instance_firmware(g: &Guest, since: u64, want: &str) -> Result<()> {
             l.find(marker)
                 .map(|i| l[i + marker.len()..].trim().to_string())
         })
-        .last();
+        .next_back();
     ensure!(
         seen.as_deref() == Some(want),
         "{}: the instance reports firmware {seen:?}, expected {want:?}",
