@@ -332,7 +332,10 @@ fn deploy(lab: &ImageLab, name: &str, disk: &TestDisk, vars: &Vars) -> Result<Ue
         .with_context(|| format!("{name}: no uefi_boot_entry in the result"))
 }
 
-fn shim_csv_files() -> Vec<(&'static str, Vec<u8>)> {
+/// Files of an ESP: path below its root, content.
+type EspFiles = Vec<(&'static str, Vec<u8>)>;
+
+fn shim_csv_files() -> EspFiles {
     vec![
         // A vendor without a CSV sorts first: the CSV still wins (it is authoritative).
         ("EFI/centos/grubx64.efi", b"centos grub".to_vec()),
@@ -352,7 +355,7 @@ fn loaders_are_chosen_as_ipa_does_and_the_entry_is_first() -> Result<()> {
         return Ok(());
     }
     let lab = ImageLab::new()?;
-    let cases: Vec<(&str, Vec<(&str, Vec<u8>)>, &str, &str)> = vec![
+    let cases: Vec<(&str, EspFiles, &str, &str)> = vec![
         (
             "csv.raw",
             shim_csv_files(),

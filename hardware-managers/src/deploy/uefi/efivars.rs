@@ -44,6 +44,8 @@ impl Efivars {
             op: "listing",
             source,
         })?;
+        // f_type is i64 here but 32-bit on other targets: hence the cast.
+        #[allow(clippy::unnecessary_cast)]
         let efivarfs = nix::sys::statfs::statfs(root)
             .map(|s| s.filesystem_type().0 as i64 == EFIVARFS_MAGIC)
             .unwrap_or(false);
