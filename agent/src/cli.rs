@@ -174,6 +174,11 @@ fn manager_config(settings: &Settings, local: &LocalArgs) -> ManagerConfig {
     if let Some(dir) = &local.plugin_dir {
         cfg.plugin_dir = dir.clone();
     }
+    // Where UEFI boot entries are written: efivarfs, unless a test or a stand-in ramdisk
+    // points the agent at a directory of its own.
+    if let Some(dir) = env_var("RIVET_EFIVARS").filter(|d| !d.is_empty()) {
+        cfg.efivars = dir.into();
+    }
     cfg
 }
 
@@ -183,6 +188,7 @@ fn manager_config(settings: &Settings, local: &LocalArgs) -> ManagerConfig {
 fn with_deploy(
     mut managers: Vec<Arc<dyn HardwareManager>>,
     settings: &Settings,
+    mcfg: &ManagerConfig,
 ) -> Vec<Arc<dyn HardwareManager>> {
     let devices = settings.devices.clone();
     let lister: DiskLister = Arc::new(move || match &devices {
@@ -190,7 +196,9 @@ fn with_deploy(
         None => inventory::collect_disks(&Root::default()),
     });
     let fetcher = Arc::new(HttpFetcher::new(settings.ca.clone()));
-    managers.push(Arc::new(DeployManager::new(fetcher, lister)));
+    managers.push(Arc::new(
+        DeployManager::new(fetcher, lister).with_efivars(mcfg.efivars.clone()),
+    ));
     managers
 }
 
@@ -217,10 +225,8 @@ where
         &LogRing::new(RING_LINES, true),
         settings.log_json,
     );
-    let dispatcher = Dispatcher::new(with_deploy(
-        managers(&manager_config(&settings, args)),
-        &settings,
-    ));
+    let mcfg = manager_config(&settings, args);
+    let dispatcher = Dispatcher::new(with_deploy(managers(&mcfg), &settings, &mcfg));
     body(&settings, &dispatcher)
 }
 
@@ -314,9 +320,11 @@ where
     let ring = LogRing::new(RING_LINES, true);
     logring::init(&settings.log, &ring, settings.log_json);
 
+    let mcfg = manager_config(&settings, &args.local);
     let dispatcher = Arc::new(Dispatcher::new(with_deploy(
-        managers(&manager_config(&settings, &args.local)),
+        managers(&mcfg),
         &settings,
+        &mcfg,
     )));
     for (name, level) in dispatcher.managers() {
         tracing::info!(manager = name, ?level, "hardware manager loaded");

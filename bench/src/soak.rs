@@ -587,6 +587,7 @@ impl Agent {
                     hash_value: SOAK_IMAGE_SHA256.into(),
                     configdrive_partition: None,
                     seconds: r.started.elapsed().as_secs_f64(),
+                    uefi_boot_entry: None,
                 })
                 .unwrap_or(Value::Null)
             }

@@ -197,6 +197,10 @@ pub struct ManagerConfig {
     pub plugin_execute_timeout: Duration,
     /// Time between SIGTERM and SIGKILL when a plugin is aborted or times out.
     pub plugin_kill_grace: Duration,
+    /// Where efivarfs is mounted: `write_image` on a `uefi` node writes the firmware's boot
+    /// entry there. Its parent missing (`/sys/firmware/efi`) means the ramdisk booted BIOS.
+    /// Tests point it at a directory of their own.
+    pub efivars: PathBuf,
 }
 
 impl Default for ManagerConfig {
@@ -213,6 +217,7 @@ impl Default for ManagerConfig {
             plugin_describe_timeout: Duration::from_secs(10),
             plugin_execute_timeout: Duration::from_secs(3600),
             plugin_kill_grace: Duration::from_secs(5),
+            efivars: PathBuf::from(deploy::uefi::DEFAULT_EFIVARS),
         }
     }
 }

@@ -7,6 +7,12 @@
 /// Path of the module load list inside the ramdisk, below `/lib/modules/VERSION/`.
 pub const LOAD_LIST: &str = "rivet.load";
 
+/// Modules loaded only on a UEFI boot (efivarfs), below `/lib/modules/VERSION/`.
+pub const UEFI_LOAD_LIST: &str = "rivet.uefi.load";
+
+/// Where `/init` mounts efivarfs on a UEFI boot (the agent's default efivars root).
+pub const EFIVARS: &str = "/sys/firmware/efi/efivars";
+
 /// Path of udhcpc's event script inside the ramdisk.
 pub const DHCP_SCRIPT: &str = "/etc/udhcpc/default.script";
 
@@ -56,6 +62,23 @@ while read -r ko; do
 done < "$MODDIR/{load_list}"
 say "loaded $loaded modules${{failed:+; not loaded:$failed}}"
 
+# UEFI firmware: mount efivarfs, through which the agent writes the instance's boot entry
+# (write_image on a uefi node). A BIOS boot has no /sys/firmware/efi and skips all of this.
+if [ -d /sys/firmware/efi ]; then
+    if [ -f "$MODDIR/{uefi_load_list}" ]; then
+        while read -r ko; do
+            [ -n "$ko" ] || continue
+            insmod "$MODDIR/$ko" 2>/dev/null || true
+        done < "$MODDIR/{uefi_load_list}"
+    fi
+    if grep -q " {efivars} efivarfs " /proc/mounts \
+        || mount -t efivarfs -o nosuid,noexec,nodev efivarfs {efivars}; then
+        say "UEFI boot: efivarfs at {efivars}"
+    else
+        say "WARNING: UEFI boot but efivarfs could not be mounted at {efivars}: UEFI boot entries cannot be written"
+    fi
+fi
+
 cmdline=" $(cat /proc/cmdline) "
 case "$cmdline" in
     *" rivet.shell=1 "*) say "rivet.shell=1: starting a shell"; exec sh ;;
@@ -98,6 +121,8 @@ exec {agent} run
 "#,
         version = version,
         load_list = LOAD_LIST,
+        uefi_load_list = UEFI_LOAD_LIST,
+        efivars = EFIVARS,
         dhcp_script = DHCP_SCRIPT,
         agent = AGENT_PATH,
     )
@@ -161,5 +186,15 @@ mod tests {
         assert!(init.starts_with("#!/bin/sh\n"));
         assert!(init.contains("MODDIR=/lib/modules/6.1.0-x"));
         assert!(init.contains("exec /usr/bin/rivet-agent run\n"));
+        // efivarfs only on a UEFI boot, after the drivers, before the agent.
+        let uefi = init
+            .find("if [ -d /sys/firmware/efi ]; then")
+            .expect("uefi block");
+        let mount = init
+            .find("mount -t efivarfs -o nosuid,noexec,nodev efivarfs /sys/firmware/efi/efivars")
+            .expect("efivarfs mount");
+        assert!(init.find("rivet.load").expect("load list") < uefi);
+        assert!(uefi < mount && mount < init.find("exec /usr/bin/rivet-agent").expect("exec"));
+        assert!(init.contains("$MODDIR/rivet.uefi.load"));
     }
 }

@@ -424,6 +424,22 @@ pub fn ramdisk(
         load.push('\n');
     }
     a.bytes(&format!("{moddir}/{}", init::LOAD_LIST), 0o644, load)?;
+    // UEFI-only modules (efivarfs): shipped, but loaded by /init only on a UEFI boot. Built
+    // into the kernel, or missing, the list is just shorter.
+    let uefi = kernel.modules.resolve(modules::UEFI_MODULES)?;
+    let mut uefi_load = String::new();
+    for m in &uefi.order {
+        if !selection.order.iter().any(|s| s.rel == m.rel) {
+            a.file(&format!("{moddir}/{}", m.rel), 0o644, &m.path)?;
+        }
+        uefi_load.push_str(&m.rel);
+        uefi_load.push('\n');
+    }
+    a.bytes(
+        &format!("{moddir}/{}", init::UEFI_LOAD_LIST),
+        0o644,
+        uefi_load,
+    )?;
 
     a.dir(init::PLUGIN_DIR, 0o755)?;
     if let Some(dir) = &opts.plugins {
@@ -700,6 +716,7 @@ mod tests {
             ("virtio_ring", ""),
             ("virtio", "virtio_ring"),
             ("virtio_blk", "virtio,virtio_ring"),
+            ("efivarfs", ""),
         ] {
             std::fs::write(
                 kdir.join(format!("{m}.ko")),
@@ -767,6 +784,12 @@ mod tests {
             String::from_utf8_lossy(&get("lib/modules/6.1.0-t-amd64/rivet.load").2),
             "kernel/drivers/virtio_ring.ko\nkernel/drivers/virtio.ko\nkernel/drivers/virtio_blk.ko\n"
         );
+        // efivarfs is shipped for a UEFI boot, outside the list every boot loads.
+        assert_eq!(
+            String::from_utf8_lossy(&get("lib/modules/6.1.0-t-amd64/rivet.uefi.load").2),
+            "kernel/drivers/efivarfs.ko\n"
+        );
+        get("lib/modules/6.1.0-t-amd64/kernel/drivers/efivarfs.ko");
         let names: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
         let mut sorted = names.clone();
         sorted.sort();

@@ -43,6 +43,11 @@ pub const DEFAULT_MODULES: &[&str] = &[
     "bnxt_en",
 ];
 
+/// Modules shipped for a UEFI boot only, and loaded by `/init` only when the firmware is
+/// UEFI (`/sys/firmware/efi` exists): `efivarfs`, through which the agent writes the
+/// instance's boot entry (Debian builds it as a module; on a BIOS boot it refuses to load).
+pub const UEFI_MODULES: &[&str] = &["efivarfs"];
+
 /// Errors reading the module tree.
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {

@@ -160,6 +160,32 @@ pub struct WriteImageResult {
     pub configdrive_partition: Option<String>,
     /// Seconds from the first byte requested to the disk flushed.
     pub seconds: f64,
+    /// The firmware boot entry written for a `uefi` node (none for `bios`). The controller
+    /// records it in `driver_internal_info.deployed_image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uefi_boot_entry: Option<UefiBootEntry>,
+}
+
+/// The UEFI boot entry `write_image` made (IPA's `manage_uefi`): which loader of the image's
+/// EFI System Partition the firmware now boots first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UefiBootEntry {
+    /// The variable written, `Boot0003`; it is first in `BootOrder`.
+    pub number: String,
+    /// The entry's description (the label of the vendor's `BOOTX64.CSV`, else `ironic1`,
+    /// IPA's label).
+    pub label: String,
+    /// The loader on the ESP, as the firmware spells it: `\EFI\debian\shimx64.efi`.
+    pub loader: String,
+    /// Number of the EFI System Partition on the disk (1-based).
+    pub partition: u32,
+    /// The ESP's GPT unique partition GUID (lower-case), or the MBR disk signature as
+    /// `mbr:xxxxxxxx`.
+    pub partition_id: String,
+    /// Entries removed: ones Rivet made before, or ones for the same loader on the same
+    /// partition (`Boot0001`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
 }
 
 #[cfg(test)]

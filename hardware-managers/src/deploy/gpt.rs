@@ -493,6 +493,96 @@ fn fill_random(b: &mut [u8]) {
     }
 }
 
+/// What identifies a partition to the firmware (the UEFI hard-drive device path's signature).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionId {
+    /// A GPT entry: its type and unique GUIDs, in their on-disk (mixed-endian) byte order.
+    Gpt {
+        /// Partition type GUID.
+        type_guid: [u8; 16],
+        /// Unique partition GUID.
+        unique_guid: [u8; 16],
+    },
+    /// A primary MBR partition: its type byte and the disk's 32-bit signature (offset 440).
+    Mbr {
+        /// Partition type (`0xEF` for an ESP).
+        type_byte: u8,
+        /// The disk signature.
+        disk_signature: u32,
+    },
+}
+
+/// One partition of the disk's table, in logical sectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    /// Partition number (1-based), as the kernel and the firmware count them.
+    pub number: u32,
+    /// First sector.
+    pub first_lba: u64,
+    /// Length in sectors.
+    pub sectors: u64,
+    /// Type and identity.
+    pub id: PartitionId,
+}
+
+/// The partitions of the disk's table: every used GPT entry (a damaged GPT is an error), or
+/// the four primary MBR slots that are in use (logical partitions are not listed: no
+/// firmware boots from one). No table: none.
+pub fn partitions(dev: &Device<'_>) -> Result<Vec<Partition>, TableError> {
+    match table_kind(dev)? {
+        TableKind::None => Ok(Vec::new()),
+        TableKind::Gpt => {
+            let gpt = Gpt::read(dev)?;
+            let mut out = Vec::new();
+            for (i, e) in gpt.used() {
+                let first = u64_at(e, 32);
+                let last = u64_at(e, 40);
+                if last < first {
+                    return Err(dev.refused(format!(
+                        "GPT partition {} ends (sector {last}) before it starts (sector {first}); the image is damaged",
+                        i + 1
+                    )));
+                }
+                let mut type_guid = [0u8; 16];
+                type_guid.copy_from_slice(&e[..16]);
+                let mut unique_guid = [0u8; 16];
+                unique_guid.copy_from_slice(&e[16..32]);
+                out.push(Partition {
+                    number: i as u32 + 1,
+                    first_lba: first,
+                    sectors: last - first + 1,
+                    id: PartitionId::Gpt {
+                        type_guid,
+                        unique_guid,
+                    },
+                });
+            }
+            Ok(out)
+        }
+        TableKind::Mbr => {
+            let mbr = dev.read(0, 512)?;
+            let disk_signature = u32_at(&mbr, 440);
+            Ok((0..4)
+                .filter_map(|i| {
+                    let o = 446 + i * 16;
+                    let type_byte = mbr[o + 4];
+                    let first = u64::from(u32_at(&mbr, o + 8));
+                    let sectors = u64::from(u32_at(&mbr, o + 12));
+                    (type_byte != 0 && sectors > 0).then_some(Partition {
+                        number: i as u32 + 1,
+                        first_lba: first,
+                        sectors,
+                        id: PartitionId::Mbr {
+                            type_byte,
+                            disk_signature,
+                        },
+                    })
+                })
+                .collect())
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -18,7 +18,11 @@
 //!    matched and the rest is flushed does the head reach the disk. Any failure after the
 //!    disk was opened wipes both of its ends, so nothing bootable is left;
 //! 5. the GPT's backup header moves to the end of the disk and the configdrive goes into a
-//!    `config-2` partition at its end ([`gpt`]); everything is flushed before success.
+//!    `config-2` partition at its end ([`gpt`]); everything is flushed before success;
+//! 6. on a `uefi` node, the image's EFI System Partition and loader become the firmware's
+//!    first boot entry ([`uefi`]); a ramdisk that booted BIOS is refused before the disk is
+//!    touched, an image without an ESP or loader fails like any other late failure (both
+//!    disk ends wiped).
 //!
 //! The ramdisk never holds the image in memory: at most a few MiB of it are in flight.
 //! Networking belongs to the agent crate; this module sees only the [`ImageFetcher`] trait.
@@ -27,13 +31,15 @@ pub mod configdrive;
 pub mod format;
 pub mod gpt;
 pub mod qcow2;
+pub mod uefi;
 pub mod writer;
 pub mod zstd_frames;
 
 use crate::erase::device::{self, Target};
 use crate::{HardwareManager, StepContext, StepError, SupportLevel};
 use rivet_protocol::deploy::{
-    configdrive_is_url, WriteImageArgs, WriteImageResult, WRITE_IMAGE, WRITE_IMAGE_PRIORITY,
+    configdrive_is_url, BootMode, WriteImageArgs, WriteImageResult, WRITE_IMAGE,
+    WRITE_IMAGE_PRIORITY,
 };
 use rivet_protocol::inventory::Disk;
 use rivet_protocol::steps::{ArgInfo, StepDescriptor};
@@ -71,6 +77,7 @@ pub type DiskLister = Arc<dyn Fn() -> Vec<Disk> + Send + Sync>;
 pub struct DeployManager {
     fetcher: Arc<dyn ImageFetcher>,
     disks: DiskLister,
+    efivars: PathBuf,
 }
 
 /// Name under which the deploy manager registers.
@@ -79,7 +86,18 @@ pub const NAME: &str = "deploy_hardware_manager";
 impl DeployManager {
     /// A deploy manager downloading through `fetcher` onto one of `disks`.
     pub fn new(fetcher: Arc<dyn ImageFetcher>, disks: DiskLister) -> DeployManager {
-        DeployManager { fetcher, disks }
+        DeployManager {
+            fetcher,
+            disks,
+            efivars: PathBuf::from(uefi::DEFAULT_EFIVARS),
+        }
+    }
+
+    /// Write UEFI boot entries through efivarfs at `efivars` (default
+    /// [`uefi::DEFAULT_EFIVARS`]; [`crate::ManagerConfig::efivars`]).
+    pub fn with_efivars(mut self, efivars: PathBuf) -> DeployManager {
+        self.efivars = efivars;
+        self
     }
 }
 
@@ -477,6 +495,12 @@ impl DeployManager {
             )));
         }
         let expected = self.expected(a)?;
+        let uefi = a.boot_mode == Some(BootMode::Uefi);
+        // Knowable now: a BIOS-booted ramdisk cannot write a UEFI entry, so it fails before
+        // the image is downloaded, with the node's old disk untouched.
+        if uefi {
+            uefi::preflight(&self.efivars).map_err(|e| failed(e.to_string()))?;
+        }
         let (target, chosen_by) = self.choose_target(a)?;
         let device = target.display();
         tracing::info!(device = %device, chosen_by = %chosen_by, image = %a.image_source, "write_image: target chosen");
@@ -575,6 +599,22 @@ impl DeployManager {
             }
             // Durable before success is reported: the GPT fix-up and the configdrive too.
             disk.flush().map_err(failed)?;
+            // Last: the entry points at a disk that is complete. On failure the caller wipes
+            // the disk's ends (install leaves no entry behind).
+            let uefi_boot_entry = if uefi {
+                Some(
+                    uefi::install(
+                        disk.file(),
+                        &device,
+                        target.sector,
+                        target.size,
+                        &self.efivars,
+                    )
+                    .map_err(|e| failed(e.to_string()))?,
+                )
+            } else {
+                None
+            };
             if let Err(e) = disk.reread() {
                 tracing::warn!(error = %e, "the kernel did not re-read the partition table; the table on the disk is right");
             }
@@ -589,6 +629,7 @@ impl DeployManager {
                 hash_value: actual,
                 configdrive_partition,
                 seconds: started.elapsed().as_secs_f64(),
+                uefi_boot_entry,
             })
         })();
         finish.inspect_err(|e| wipe_after_failure(&written.disk, e))

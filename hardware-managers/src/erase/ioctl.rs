@@ -25,6 +25,9 @@ mod raw {
     nix::ioctl_none!(nvme_ioctl_id, b'N', 0x40);
     nix::ioctl_readwrite!(nvme_ioctl_admin_cmd, b'N', 0x41, NvmeAdminCmd);
     nix::ioctl_readwrite_bad!(sg_io_raw, 0x2285, SgIoHdr);
+    // `_IOR('f', 1, long)` in the headers, but the kernel reads and writes an int.
+    nix::ioctl_read_bad!(fs_get_flags, libc::FS_IOC_GETFLAGS, libc::c_int);
+    nix::ioctl_write_ptr_bad!(fs_set_flags, libc::FS_IOC_SETFLAGS, libc::c_int);
 }
 use raw::*;
 
@@ -50,6 +53,21 @@ pub fn logical_sector_size(f: &File) -> nix::Result<u64> {
 pub fn reread_partitions(f: &File) -> nix::Result<()> {
     // SAFETY: valid fd, no argument.
     unsafe { blk_rrpart(f.as_raw_fd()) }.map(drop)
+}
+
+/// An inode's flags (FS_IOC_GETFLAGS: `FS_IMMUTABLE_FL`, …); used by the UEFI variable
+/// writer (efivarfs makes variables immutable).
+pub fn inode_flags(f: &File) -> nix::Result<libc::c_int> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: valid fd; the kernel writes one int through a pointer to a live local.
+    unsafe { fs_get_flags(f.as_raw_fd(), &mut flags) }?;
+    Ok(flags)
+}
+
+/// Set an inode's flags (FS_IOC_SETFLAGS).
+pub fn set_inode_flags(f: &File, flags: libc::c_int) -> nix::Result<()> {
+    // SAFETY: valid fd; the kernel reads one int through a pointer to a live local.
+    unsafe { fs_set_flags(f.as_raw_fd(), &flags) }.map(drop)
 }
 
 /// Write back and drop the device's page cache (BLKFLSBUF), so later buffered reads see what
