@@ -437,7 +437,7 @@ fn lifecycle(
 
     set_image(d, &uuid, image)?;
     let since = g.serial_len();
-    clock.phase(name, "deploy → active", || {
+    let active = clock.phase(name, "deploy → active", || {
         verb(
             d,
             &uuid,
@@ -445,6 +445,16 @@ fn lifecycle(
         )?;
         wait_state(d, g, &uuid, "active", 900, since)
     })?;
+    // On UEFI the agent wrote the firmware's boot entry for the image's only loader.
+    let entry = &active["driver_internal_info"]["deployed_image"]["uefi_boot_entry"];
+    if g.firmware == "bios" {
+        ensure!(entry.is_null(), "{name}: a boot entry on a BIOS node: {entry}");
+    } else {
+        ensure!(
+            entry["loader"] == "\\EFI\\rivet\\grubx64.efi",
+            "{name}: the agent's boot entry: {entry}"
+        );
+    }
     if start == Start::Inspect {
         // Virtual media: the CD went before the instance booted.
         ensure!(
