@@ -454,9 +454,13 @@ impl Conductor {
         let name = step.step.step.as_str();
         let outcome = match name {
             "deploy" => {
-                // Boot the ramdisk; the step is done once the agent calls back (the next
-                // decision gathers its steps).
-                let booted = self.boot_ramdisk(&mut node, bmc).await;
+                // Boot the ramdisk (unless fast track finds one running); the step is done
+                // once the agent calls back (the next decision gathers its steps).
+                let booted = if self.fast_track_start(&node, "deploy").await {
+                    Ok(())
+                } else {
+                    self.boot_ramdisk(&mut node, bmc).await
+                };
                 if booted.is_ok() {
                     tracing::info!(node = %uuid, "deploy ramdisk booting; waiting for the agent");
                     run.index += 1;
