@@ -462,7 +462,7 @@ impl Conductor {
                     self.boot_ramdisk(&mut node, bmc).await
                 };
                 if booted.is_ok() {
-                    tracing::info!(node = %uuid, "deploy ramdisk booting; waiting for the agent");
+                    tracing::info!(node = %uuid, "deploy ramdisk booting (or running, with fast track); waiting for the agent");
                     run.index += 1;
                     Self::put_run(&mut node, &run);
                     node.deploy_step = None;

@@ -1290,5 +1290,9 @@ async fn fast_track_lookup_with_config_on(db: TestDb) {
     app.provision("n1", "active").await;
     app.wait_state("n1", "active").await;
     let (s, v) = app.lookup(&uuid).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "active never expects a ramdisk: {v}");
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "active never expects a ramdisk: {v}"
+    );
 }
