@@ -26,7 +26,8 @@ pub(super) const ANSWERING_AT_ONCE: usize = 256;
 /// How often an agent's liveness is written when nothing else changed.
 const LIVENESS_WRITE_EVERY: chrono::Duration = chrono::Duration::seconds(2);
 
-/// States in which a ramdisk is expected and may look up.
+/// States in which a ramdisk is expected and may look up (with fast track, also
+/// [`crate::fast_track::FAST_TRACK_STATES`]).
 pub const LOOKUP_ALLOWED: &[ProvisionState] = &[
     ProvisionState::Cleaning,
     ProvisionState::CleanWait,
@@ -276,7 +277,7 @@ impl Conductor {
             let Some(mut node) = self.find_for_lookup(req).await? else {
                 return Err(AgentError::NotFound);
             };
-            if !LOOKUP_ALLOWED.contains(&node.provision_state) {
+            if !crate::fast_track::lookup_allowed(&node, &self.config.deploy) {
                 tracing::info!(node = %node.uuid, state = %node.provision_state, "lookup refused: node expects no ramdisk");
                 return Err(AgentError::NotFound);
             }

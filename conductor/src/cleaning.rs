@@ -160,6 +160,12 @@ impl Conductor {
                     return Ok(Some(self.store.update_node(&node).await?));
                 }
             }
+            if self.fast_track_start(&node, "cleaning").await {
+                // The running ramdisk is this run's: gather its steps at once (its token
+                // and long poll carry on, so the next decision's command reaches it now).
+                run_mut(&mut node).ramdisk = Some(RamdiskUse::Booted);
+                return Ok(Some(self.store.update_node(&node).await?));
+            }
             if let Err(e) = self.boot_ramdisk(&mut node, bmc).await {
                 let msg = format!(
                     "failed to boot the cleaning ramdisk on node {}: {e}",
@@ -550,8 +556,8 @@ impl Conductor {
         }
     }
 
-    /// Every step done: power off, forget the run, and rest in available (automated) or
-    /// manageable (manual).
+    /// Every step done: power off (unless fast track leaves the ramdisk running), forget the
+    /// run, and rest in available (automated) or manageable (manual).
     async fn finish_cleaning(
         &self,
         node: Node,
@@ -559,22 +565,31 @@ impl Conductor {
         manual: bool,
     ) -> Result<Node, ConductorError> {
         let mut node = self.ensure_state(node, ProvisionState::Cleaning).await?;
-        // disable_power_off (1.95): power_policy skips the power off and reboots instead.
-        if let Err(e) = self.power_off_unless_kept_on(&node, bmc).await {
-            let msg = format!(
-                "failed to power off node {} after cleaning: {e}",
-                node.ident()
-            );
-            return self.fail(node, &msg).await;
-        }
-        node.power_state = Some(super::power_policy::state_after_off(&node));
-        self.clean_up_ramdisk_logged(&node, bmc).await;
-        if let Err(e) = self.reboot_if_kept_on(&node, bmc).await {
-            let msg = format!(
-                "failed to reboot node {} after cleaning (it has disable_power_off): {e}",
-                node.ident()
-            );
-            return self.fail(node, &msg).await;
+        if self.fast_track_keep_running(&node, "cleaning").await {
+            // Fast track: no power action (Ironic's tear_down_inband_cleaning); the boot
+            // medium is still put away, the ramdisk runs from memory.
+            self.clean_up_ramdisk_logged(&node, bmc).await;
+        } else {
+            // disable_power_off (1.95): power_policy skips the power off and reboots instead.
+            if let Err(e) = self.power_off_unless_kept_on(&node, bmc).await {
+                let msg = format!(
+                    "failed to power off node {} after cleaning: {e}",
+                    node.ident()
+                );
+                return self.fail(node, &msg).await;
+            }
+            node.power_state = Some(super::power_policy::state_after_off(&node));
+            self.clean_up_ramdisk_logged(&node, bmc).await;
+            if let Err(e) = self.reboot_if_kept_on(&node, bmc).await {
+                let msg = format!(
+                    "failed to reboot node {} after cleaning (it has disable_power_off): {e}",
+                    node.ident()
+                );
+                return self.fail(node, &msg).await;
+            }
+            // The boot the token belonged to is over (even when disable_power_off leaves the
+            // node on: it rebooted).
+            super::agent::forget_agent_token(&mut node);
         }
         clear_run(&mut node);
         let _ = self.store.cancel_pending(&node.uuid).await;

@@ -465,12 +465,17 @@ impl Conductor {
         let name = step.step.step.as_str();
         let outcome = match name {
             "deploy" => {
-                // Boot the ramdisk; the step is done once the agent calls back (the next
-                // decision gathers its steps).
-                let booted = self.boot_ramdisk(&mut node, bmc).await;
+                // Boot the ramdisk (unless fast track finds one running: then only the boot
+                // mode is put right, as a boot would); the step is done once the agent calls
+                // back (the next decision gathers its steps).
+                let booted = if self.fast_track_start(&node, "deploy").await {
+                    self.apply_boot_mode(&node, bmc).await.map(|e| e.mode)
+                } else {
+                    self.boot_ramdisk(&mut node, bmc).await
+                };
                 if let Ok(mode) = booted {
                     run.boot_mode = Some(mode);
-                    tracing::info!(node = %uuid, "deploy ramdisk booting; waiting for the agent");
+                    tracing::info!(node = %uuid, "deploy ramdisk booting (or running, with fast track); waiting for the agent");
                     run.index += 1;
                     Self::put_run(&mut node, &run);
                     node.deploy_step = None;

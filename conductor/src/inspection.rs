@@ -55,6 +55,15 @@ impl Conductor {
         }
 
         if !node.runs.inspect.as_ref().is_some_and(|r| r.booted) {
+            if self.fast_track_start(&node, "inspection").await {
+                // The running ramdisk is this run's: ask it for the inventory at once.
+                node.inspection_started_at = Some(Utc::now());
+                node.runs.inspect = Some(rivet_model::runs::InspectRun {
+                    booted: true,
+                    command: None,
+                });
+                return Ok(Some(self.store.update_node(&node).await?));
+            }
             if let Err(e) = self.boot_ramdisk(&mut node, bmc).await {
                 let msg = format!(
                     "failed to boot the inspection ramdisk on node {}: {e}",
@@ -153,7 +162,8 @@ impl Conductor {
             .map(Some)
     }
 
-    /// Derive properties and ports, apply the rules, power off, and rest in manageable.
+    /// Derive properties and ports, apply the rules, power off (unless fast track leaves the
+    /// ramdisk running), and rest in manageable.
     async fn finish_inspection(
         &self,
         mut node: Node,
@@ -201,7 +211,11 @@ impl Conductor {
         if let Err(msg) = self.apply_inspection_rules(&mut node, &inv_doc).await? {
             return self.fail(node, &msg).await;
         }
-        if in_band {
+        if in_band && self.fast_track_keep_running(&node, "inspection").await {
+            // Fast track: no power action (Ironic's inspection tear-down skips it); the boot
+            // medium is still put away, the ramdisk runs from memory.
+            self.clean_up_ramdisk_logged(&node, bmc).await;
+        } else if in_band {
             // disable_power_off (1.95): power_policy keeps the node on (rebooted below).
             if let Err(e) = self.power_off_unless_kept_on(&node, bmc).await {
                 let msg = format!(
@@ -219,6 +233,8 @@ impl Conductor {
                 );
                 return self.fail(node, &msg).await;
             }
+            // The boot the token belonged to is over.
+            super::agent::forget_agent_token(&mut node);
         }
         node.inspection_finished_at = Some(Utc::now());
         clear_run(&mut node);

@@ -21,6 +21,7 @@ mod cleaning;
 mod deploying;
 pub mod discovery;
 mod errors;
+pub mod fast_track;
 pub mod health;
 mod identity;
 mod inspection;
@@ -43,6 +44,7 @@ mod verbs;
 
 pub use deploying::{FAILURE_POWER_ACTION, FAILURE_POWER_ERROR_ACTION};
 pub use errors::ConductorError;
+pub use fast_track::FAST_TRACK_ACTION;
 pub use verbs::check_image_info;
 pub use verbs::AbortRefusal;
 
@@ -516,8 +518,13 @@ impl Conductor {
         }
         if to.is_stable() {
             // The ramdisk's token belongs to one boot and one operation. A failed node keeps
-            // it so the agent can still collect an abort for the step it may be running.
-            agent::forget_agent_token(&mut node);
+            // it so the agent can still collect an abort for the step it may be running, and
+            // a fast-track ramdisk left running keeps it for the next operation.
+            if fast_track::keeps_agent(&node, to, &self.config.deploy) {
+                tracing::info!(node = %node.uuid, state = %to, "fast track: the agent keeps its token and goes on heartbeating");
+            } else {
+                agent::forget_agent_token(&mut node);
+            }
         }
         // The power after a deploy failure is decided in the background; recorded here, in
         // the transition's own write, so a restart in between still does it (recover()).

@@ -465,7 +465,11 @@ impl Conductor {
             super::inspection::clear_run(&mut node);
             node.inspection_started_at = None;
             node.inspection_finished_at = None;
-            super::agent::forget_agent_token(&mut node);
+            // A fast-track ramdisk may take the inspection (the conductor decides, and
+            // forgets the token itself when it boots the ramdisk instead).
+            if !super::fast_track::able(&node, &self.config.deploy) {
+                super::agent::forget_agent_token(&mut node);
+            }
         }
         if deploys {
             // A fresh run: the conductor plans it from the default steps and these.
@@ -478,7 +482,7 @@ impl Conductor {
         if to.is_stable() || to.is_failed() {
             node.target_provision_state = None;
         }
-        if to.is_stable() {
+        if to.is_stable() && !super::fast_track::keeps_agent(&node, to, &self.config.deploy) {
             super::agent::forget_agent_token(&mut node);
         }
         let node = self.store.update_node(&node).await?;

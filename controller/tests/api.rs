@@ -97,6 +97,8 @@ on_every_backend!(
     auth_required_unless_no_auth,
     ironic_node_fields_and_lifecycle_flags,
     chassis_crud_and_nodes,
+    fast_track_lookup_per_node_override,
+    fast_track_lookup_with_config_on,
 );
 
 async fn version_documents_and_negotiation(db: TestDb) {
@@ -1196,4 +1198,101 @@ async fn chassis_crud_and_nodes(db: TestDb) {
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (_, v) = app.get("/v1/chassis").await;
     assert_eq!(v["chassis"], json!([]));
+}
+
+impl App {
+    /// `POST /agent/v1/lookup` for node `uuid`, as a ramdisk would.
+    async fn lookup(&self, uuid: &str) -> (StatusCode, Value) {
+        self.send(
+            reqwest::Method::POST,
+            "/agent/v1/lookup",
+            json!({"node_uuid": uuid, "agent_version": "test"}),
+        )
+        .await
+    }
+
+    async fn set_fast_track(&self, node: &str, value: Value) {
+        let (s, v) = self
+            .send(
+                reqwest::Method::PATCH,
+                &format!("/v1/nodes/{node}"),
+                json!([{"op": "add", "path": "/driver_info/fast_track", "value": value}]),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+}
+
+/// Without fast track a ramdisk's lookup in enroll, manageable and available is refused with
+/// Ironic's 404 (the same answer as for unknown hardware); a node's `driver_info.fast_track`
+/// turns it on for that node alone, in Ironic's spellings, and off again.
+async fn fast_track_lookup_per_node_override(db: TestDb) {
+    let app = start(db, |_| {}).await;
+    let n = app.create("n1").await;
+    let uuid = n["uuid"].as_str().expect("uuid").to_string();
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "enroll: {v}");
+    app.provision("n1", "manage").await;
+    app.wait_state("n1", "manageable").await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "manageable: {v}");
+    app.provision("n1", "provide").await;
+    app.wait_state("n1", "available").await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "available: {v}");
+    assert!(
+        message(&v).contains("no node is waiting for a ramdisk"),
+        "the refusal does not tell a wrong state from unknown hardware: {v}"
+    );
+
+    app.set_fast_track("n1", json!("True")).await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::OK, "available with fast track: {v}");
+    assert_eq!(v["node_uuid"], uuid.as_str(), "{v}");
+    assert!(
+        v["agent_token"].as_str().is_some_and(|t| t.len() >= 32),
+        "the first lookup of a boot gets the token: {v}"
+    );
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["agent_token"].is_null(), "a token once per boot: {v}");
+
+    app.set_fast_track("n1", json!(false)).await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "override off again: {v}");
+    // A value that is not a boolean is no reason to accept a ramdisk.
+    app.set_fast_track("n1", json!("sometimes")).await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "unreadable override: {v}");
+}
+
+/// `[deploy] fast_track = true`: lookup is accepted in enroll, manageable and available
+/// (Ironic's fast-track lookup states), never in active; `driver_info.fast_track = false`
+/// turns it off for one node.
+async fn fast_track_lookup_with_config_on(db: TestDb) {
+    let app = start(db, |c| c.deploy.fast_track = true).await;
+    let n = app.create("n1").await;
+    let uuid = n["uuid"].as_str().expect("uuid").to_string();
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::OK, "enroll: {v}");
+    app.provision("n1", "manage").await;
+    app.wait_state("n1", "manageable").await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::OK, "manageable: {v}");
+    app.provision("n1", "provide").await;
+    app.wait_state("n1", "available").await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::OK, "available: {v}");
+    app.set_fast_track("n1", json!("off")).await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "per-node off: {v}");
+    app.set_fast_track("n1", json!(true)).await;
+    app.provision("n1", "active").await;
+    app.wait_state("n1", "active").await;
+    let (s, v) = app.lookup(&uuid).await;
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "active never expects a ramdisk: {v}"
+    );
 }

@@ -113,7 +113,8 @@ impl Default for CleaningConfig {
     }
 }
 
-/// `[deploy]`: what the agent may write.
+/// `[deploy]`: what the agent may write, what a failed deploy does with the power, and fast
+/// track.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeployConfig {
@@ -134,11 +135,31 @@ pub struct DeployConfig {
     /// (Ironic's `[deploy] default_boot_mode`, `uefi` as in Ironic); typed, so a value other
     /// than `uefi` or `bios` is refused when the file is read. See [`crate::boot_mode`].
     pub default_boot_mode: rivet_protocol::deploy::BootMode,
+    /// Ironic's fast track: a ramdisk that finished cleaning or inspection is left running
+    /// (node powered on, agent keeping its token and heartbeating in `available`,
+    /// `manageable` or `enroll`, where its lookup is then accepted too), and the next
+    /// deploy, cleaning or inspection starts its first in-band step on it at once instead
+    /// of powering off and booting the ramdisk again. Off by default, as in Ironic: a
+    /// node left powered on with a ramdisk draws power and keeps its disks reachable from
+    /// the provisioning network. A node's `driver_info.fast_track` (a boolean, or Ironic's
+    /// strings "true"/"false"/"yes"/"no"/"on"/"off"/"1"/"0"…) overrides it.
+    pub fast_track: bool,
+    /// How recent the agent's last heartbeat must be for fast track to use it (Ironic's
+    /// `fast_track_timeout`), 0 to [`MAX_FAST_TRACK_TIMEOUT_S`]. Older, the agent is taken
+    /// for gone and the ramdisk is booted as usual. Keep it above `[agent] long_poll_s`:
+    /// an idle agent heartbeats once per long poll, so a smaller value makes a live agent
+    /// look gone (which only costs the reboot fast track would have saved).
+    #[serde(alias = "fast_track_timeout")]
+    pub fast_track_timeout_s: u64,
 }
 
 /// Most `[deploy] image_download_retries` accepted: beyond it a broken image server only
 /// makes a deploy take longer to fail.
 pub const MAX_DOWNLOAD_RETRIES: u32 = 20;
+
+/// Longest `[deploy] fast_track_timeout_s`, Ironic's bound: beyond a few minutes the agent
+/// the heartbeat came from may well have been powered off and booted into something else.
+pub const MAX_FAST_TRACK_TIMEOUT_S: u64 = 300;
 
 impl Default for DeployConfig {
     fn default() -> Self {
@@ -151,6 +172,8 @@ impl Default for DeployConfig {
             power_off_after_deploy_failure: true,
             image_download_retries: rivet_protocol::deploy::DEFAULT_DOWNLOAD_RETRIES,
             default_boot_mode: rivet_protocol::deploy::BootMode::Uefi,
+            fast_track: false,
+            fast_track_timeout_s: MAX_FAST_TRACK_TIMEOUT_S,
         }
     }
 }
@@ -164,6 +187,13 @@ impl DeployConfig {
                  (retries of a cut image download; default {})",
                 self.image_download_retries,
                 rivet_protocol::deploy::DEFAULT_DOWNLOAD_RETRIES
+            ));
+        }
+        if self.fast_track_timeout_s > MAX_FAST_TRACK_TIMEOUT_S {
+            return Err(format!(
+                "[deploy] fast_track_timeout_s = {} is out of range: use 0 to {MAX_FAST_TRACK_TIMEOUT_S} \
+                 (how recent an agent's last heartbeat must be for fast track; default {MAX_FAST_TRACK_TIMEOUT_S})",
+                self.fast_track_timeout_s
             ));
         }
         Ok(())
@@ -587,6 +617,36 @@ mod tests {
         assert_eq!(back.listen, c.listen);
         let err = Config::from_toml("listne = \"x\"").expect_err("typo");
         assert!(err.contains("listne"), "{err}");
+    }
+
+    #[test]
+    fn fast_track_defaults_spelling_and_range() {
+        let d = Config::default().deploy;
+        assert!(!d.fast_track, "off by default, as in Ironic");
+        assert_eq!(d.fast_track_timeout_s, 300, "Ironic's default");
+        // Ironic's spelling is accepted too, so an operator's ironic.conf values carry over.
+        for text in [
+            "[deploy]\nfast_track = true\nfast_track_timeout_s = 60\n",
+            "[deploy]\nfast_track = true\nfast_track_timeout = 60\n",
+        ] {
+            let c = Config::from_toml(text).expect(text);
+            assert!(c.deploy.fast_track, "{text}");
+            assert_eq!(c.deploy.fast_track_timeout_s, 60, "{text}");
+            assert_eq!(c.deploy.check(), Ok(()));
+        }
+        let shown = Config::default().to_toml();
+        assert!(
+            shown.contains("fast_track = false") && shown.contains("fast_track_timeout_s = 300"),
+            "{shown}"
+        );
+        let c = Config::from_toml("[deploy]\nfast_track_timeout_s = 301\n").expect("parse");
+        let err = c.deploy.check().expect_err("over Ironic's bound");
+        assert!(
+            err.contains("[deploy] fast_track_timeout_s = 301") && err.contains("0 to 300"),
+            "{err}"
+        );
+        let err = Config::from_toml("[deploy]\nfast_track = \"yes\"\n").expect_err("not a bool");
+        assert!(err.contains("fast_track"), "{err}");
     }
 
     #[test]

@@ -99,6 +99,7 @@ fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Op
     if row.action == crate::conductor::step_record::CLEAN_STEP_ACTION
         || row.action == crate::conductor::step_report::STEP_REPORT_ACTION
         || row.action == crate::conductor::FAILURE_POWER_ACTION
+        || row.action == crate::conductor::FAST_TRACK_ACTION
     {
         return step_entry_of(node, row, previous, "INFO");
     }
