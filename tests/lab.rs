@@ -17,7 +17,9 @@
 //!   image: Rivet turns Secure Boot on through Redfish, the instance reports
 //!   `secure_boot=1`, undeploy turns it off; and with `boot_mode:bios`: Rivet switches the
 //!   BMC to Legacy, the instance reports `firmware=bios`. Then a deploy aborted while the
-//!   ramdisk boots ends in `deploy failed` with the guest off.
+//!   ramdisk boots ends in `deploy failed` with the guest off. Before that, fast track
+//!   (`driver_info.fast_track`): cleaning leaves the ramdisk up, and a deploy right after
+//!   starts `write_image` within a second of the request without a reboot (console checked).
 //! - `rivet-lab-1`, ipmi + `ipxe`: the same from manage to active and back, at the same time,
 //!   and while active: rescue with a password → the ramdisk offers a login on its serial
 //!   console; the test types into the serial port's socket (lab.json `console_socket`): a
@@ -448,7 +450,10 @@ fn lifecycle(
     // On UEFI the agent wrote the firmware's boot entry for the image's only loader.
     let entry = &active["driver_internal_info"]["deployed_image"]["uefi_boot_entry"];
     if g.firmware == "bios" {
-        ensure!(entry.is_null(), "{name}: a boot entry on a BIOS node: {entry}");
+        ensure!(
+            entry.is_null(),
+            "{name}: a boot entry on a BIOS node: {entry}"
+        );
     } else {
         ensure!(
             entry["loader"] == "\\EFI\\rivet\\grubx64.efi",
@@ -608,6 +613,91 @@ fn firmware_variants(
     )?;
     ensure!(s == 200, "capabilities: {s} {v}");
     Ok(())
+}
+
+/// Fast track (`driver_info.fast_track`), Ironic's: cleaning leaves the ramdisk running
+/// on the powered-on, available node; a deploy right after starts `write_image` on it within
+/// a second of the request, with no reboot (the serial console shows neither firmware nor
+/// kernel start between the end of cleaning and the image written). Fast track is then
+/// turned off again, and the undeploy takes the usual path.
+fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -> Result<()> {
+    let name = g.name.as_str();
+    let set_fast_track = |on: bool| -> Result<()> {
+        let (s, v) = d.call(
+            "PATCH",
+            &format!("/v1/nodes/{uuid}"),
+            Some(json!([{"op": "add", "path": "/driver_info/fast_track", "value": on}])),
+        )?;
+        ensure!(s == 200, "driver_info.fast_track: {s} {v}");
+        Ok(())
+    };
+    set_fast_track(true)?;
+    let cleaned = clock.phase(
+        name,
+        "fast track: manage → provide (ramdisk kept)",
+        || {
+            let since = g.serial_len();
+            verb(d, uuid, json!({"target": "manage"}))?;
+            wait_state(d, g, uuid, "manageable", 60, since)?;
+            verb(d, uuid, json!({"target": "provide"}))?;
+            let n = wait_state(d, g, uuid, "available", 600, since)?;
+            ensure!(
+                n["power_state"] == "power on",
+                "{name}: with fast track the node stays on after cleaning: {n}"
+            );
+            Ok(g.serial_len())
+        },
+    )?;
+    set_image(d, uuid, image)?;
+    let waited = clock.phase(name, "fast track: deploy request → write_image", || {
+        let t = Instant::now();
+        verb(
+            d,
+            uuid,
+            json!({"target": "active", "configdrive": {"meta_data": {"hostname": name}}}),
+        )?;
+        loop {
+            let n = d.node(uuid)?;
+            if n["deploy_step"]["step"] == "write_image" {
+                return Ok(t.elapsed());
+            }
+            ensure!(
+                t.elapsed() < Duration::from_secs(30),
+                "{name}: write_image did not start within 30 s of the deploy: {n}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })?;
+    eprintln!("lab: fast track: deploy request → write_image {waited:.2?}");
+    ensure!(
+        waited < Duration::from_millis(1500),
+        "{name}: with fast track write_image started {waited:?} after the request"
+    );
+    clock.phase(name, "fast track: active, no reboot before it", || {
+        let n = d.wait_node(uuid, Duration::from_secs(600), |n| {
+            n["deploy_step"]["step"] != "write_image"
+        })?;
+        ensure!(n["provision_state"] != "deploy failed", "{n}");
+        let between = g.serial_since(cleaned);
+        for boot in ["BdsDxe", "Linux version"] {
+            ensure!(
+                !between.contains(boot),
+                "{name}: the guest booted ({boot:?}) between cleaning and write_image:\n{}",
+                g.serial_tail(cleaned, 30)
+            );
+        }
+        wait_state(d, g, uuid, "active", 900, cleaned)?;
+        let line = wait_console(g, rivet_image_build::testimage::MARKER, cleaned, 300)?;
+        ensure!(line.ends_with(&format!("uuid={uuid}")), "{name}: {line:?}");
+        Ok(())
+    })?;
+    set_fast_track(false)?;
+    clock.phase(name, "undeploy → available", || {
+        let since = g.serial_len();
+        verb(d, uuid, json!({"target": "deleted"}))?;
+        wait_state(d, g, uuid, "available", 900, since)?;
+        Ok(())
+    })
 }
 
 /// A connection to a guest's serial port: what is written reaches the guest's ttyS0; what
@@ -1037,6 +1127,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
             .to_string(),
     };
     firmware_variants(&d, &clock, &vmedia, &image, &signed, &vmedia_uuid)?;
+    fast_track(&d, &clock, &vmedia, &image, &vmedia_uuid)?;
 
     // Abort while the ramdisk boots: deploy failed, the guest off.
     clock.phase(
