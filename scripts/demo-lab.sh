@@ -66,16 +66,14 @@ if [ "$mode" = vmedia ]; then
         --driver-info "redfish_address=$(field 'd["nodes"][0]["redfish"]["address"]')" \
         --driver-info "redfish_system_id=$(field 'd["nodes"][0]["redfish"]["system_id"]')" \
         --driver-info "redfish_username=$(field 'd["nodes"][0]["redfish"]["username"]')" \
-        --driver-info "redfish_password=$(field 'd["nodes"][0]["redfish"]["password"]')" \
-        --property 'root_device={"name": "/dev/vda"}' >/dev/null
+        --driver-info "redfish_password=$(field 'd["nodes"][0]["redfish"]["password"]')" >/dev/null
 else
     echo "== enroll $name: IPMI BMC (VirtualBMC), boot interface ipxe, port $mac"
     rivet node create --driver ipmi --name "$name" --boot-interface ipxe \
         --driver-info "ipmi_address=$(field 'd["nodes"][0]["ipmi"]["address"]')" \
         --driver-info "ipmi_port=$(field 'd["nodes"][0]["ipmi"]["port"]')" \
         --driver-info "ipmi_username=$(field 'd["nodes"][0]["ipmi"]["username"]')" \
-        --driver-info "ipmi_password=$(field 'd["nodes"][0]["ipmi"]["password"]')" \
-        --property 'root_device={"name": "/dev/vda"}' >/dev/null
+        --driver-info "ipmi_password=$(field 'd["nodes"][0]["ipmi"]["password"]')" >/dev/null
     rivet port create --node "$name" --address "$mac" >/dev/null
 fi
 phase "enroll"

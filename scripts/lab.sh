@@ -218,12 +218,15 @@ cmd_image() {
         log "ramdisk up to date in $rd"
     fi
     # testimage.raw: UEFI loader only at \EFI\rivet\ (it boots on a UEFI guest only through
-    # the boot entry the agent writes); testimage-signed.raw: Debian's signed shim + GRUB +
-    # kernel, for Secure Boot guests. Both boot BIOS guests through syslinux.
+    # the boot entry the agent writes); testimage-removable.raw: also \EFI\BOOT\BOOTX64.EFI,
+    # as cloud images have (OVMF drops boot entries QEMU's boot order does not name, e.g.
+    # after a network boot into a rescue ramdisk: then only the removable path boots);
+    # testimage-signed.raw: Debian's signed shim + GRUB + kernel, for Secure Boot guests. All
+    # boot BIOS guests through syslinux.
     local img layout
-    for layout in vendor signed; do
+    for layout in vendor removable signed; do
         img="$LAB/www/testimage.raw"
-        [ "$layout" = signed ] && img="$LAB/www/testimage-signed.raw"
+        [ "$layout" = vendor ] || img="$LAB/www/testimage-$layout.raw"
         if [ "$force" = 1 ] || stale "$img" "$img.sha256" -- "$deb" image-build; then
             log "building the test image $img ($layout UEFI loader)"
             cargo run -q -p rivet-image-build -- --test-image "$img" --test-image-efi "$layout" \
@@ -758,6 +761,11 @@ interval_s = 10
 [cleaning]
 priority_overrides = { "deploy.erase_devices" = 0 }
 
+# Fast track, as Metal3 runs it: cleaning and inspection leave the ramdisk up, and the next
+# deploy, cleaning or inspection starts on it without a reboot (minutes of POST on servers).
+[deploy]
+fast_track = true
+
 [boot]
 artefact_dir = "$LAB/ramdisk"
 public_url = "$PUBLIC_URL"
@@ -837,6 +845,11 @@ lab = {
         "url": "$IMAGE_URL",
         "sha256": open("$LAB/www/testimage.raw.sha256").read().strip(),
         "path": "$LAB/www/testimage.raw",
+    },
+    "removable_image": {
+        "url": "$IMAGE_URL".replace("testimage.raw", "testimage-removable.raw"),
+        "sha256": open("$LAB/www/testimage-removable.raw.sha256").read().strip(),
+        "path": "$LAB/www/testimage-removable.raw",
     },
     "signed_image": {
         "url": "$IMAGE_URL".replace("testimage.raw", "testimage-signed.raw"),

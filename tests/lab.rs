@@ -4,9 +4,11 @@
 //! rivetd on the host that the guests reach through the lab's forwarder.
 //!
 //! Both guests boot UEFI (OVMF; lab.json `firmware`), with 8 GiB disks and no root device
-//! hint. The deployed image has its UEFI loader only at `\EFI\rivet\grubx64.efi`: the
-//! firmware boots it only through the boot entry the agent writes, and the instance prints
-//! the firmware it booted (`firmware=uefi secure_boot=0`) before its marker.
+//! hint. The redfish node's image has its UEFI loader only at `\EFI\rivet\grubx64.efi`: the
+//! firmware boots it only through the boot entry the agent writes. (The ipxe node's image
+//! also has the removable path: its rescue is a network boot, after which OVMF drops the
+//! entries QEMU's boot order does not name — a QEMU trait, not a server's.) The instance
+//! prints the firmware it booted (`firmware=uefi secure_boot=0`) before its marker.
 //!
 //! - `rivet-lab-0`, redfish + `redfish-virtual-media`: enroll → manage (the BMC is verified)
 //!   → inspect in the ramdisk (its MACs and disk size are the domain's) → provide (automated
@@ -440,11 +442,23 @@ fn lifecycle(
     set_image(d, &uuid, image)?;
     let since = g.serial_len();
     let active = clock.phase(name, "deploy → active", || {
+        let t = Instant::now();
         verb(
             d,
             &uuid,
             json!({"target": "active", "configdrive": {"meta_data": {"hostname": name}}}),
         )?;
+        // What fast track saves: without it, the ramdisk boots before write_image starts.
+        let n = d.wait_node(&uuid, Duration::from_secs(600), |n| {
+            n["deploy_step"]["step"] == "write_image"
+                || n["provision_state"] != "deploying" && n["provision_state"] != "wait call-back"
+        })?;
+        if n["deploy_step"]["step"] == "write_image" {
+            eprintln!(
+                "lab: {name}: deploy request → write_image {:.1?} (ramdisk booted)",
+                t.elapsed()
+            );
+        }
         wait_state(d, g, &uuid, "active", 900, since)
     })?;
     // On UEFI the agent wrote the firmware's boot entry for the image's only loader.
@@ -1060,6 +1074,19 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
             .context("image sha256")?
             .to_string(),
     };
+    // The ipxe node's instance goes through a rescue (a network boot): OVMF then drops the
+    // boot entries QEMU's boot order does not name, so its image carries the removable path
+    // too, as cloud images do.
+    let removable = Image {
+        url: lab["removable_image"]["url"]
+            .as_str()
+            .context("removable image url")?
+            .to_string(),
+        sha256: lab["removable_image"]["sha256"]
+            .as_str()
+            .context("removable image sha256")?
+            .to_string(),
+    };
     let artefacts = lab["rivetd"]["artefact_dir"]
         .as_str()
         .context("artefact_dir")?;
@@ -1105,7 +1132,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
 
     let (vmedia_uuid, ipxe_result) = std::thread::scope(|s| {
         // Side by side: each guest keeps one of the two cores busy while it boots.
-        let other = s.spawn(|| lifecycle(&d, &clock, &ipxe, &image, Start::WithPort, true));
+        let other = s.spawn(|| lifecycle(&d, &clock, &ipxe, &removable, Start::WithPort, true));
         let first = lifecycle(&d, &clock, &vmedia, &image, Start::Inspect, false);
         (first, other.join())
     });
