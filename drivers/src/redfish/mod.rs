@@ -303,7 +303,11 @@ fn redfish_mode(mode: super::BootMode) -> &'static str {
 }
 
 /// The boot override PATCH. It names the mode (the one passed in, else the older
-/// `driver_info.boot_mode`): a BMC given a target alone may fall back to its default mode.
+/// `driver_info.boot_mode`) when the BMC reports another one or none: a BMC given a target
+/// alone may fall back to its default mode. A mode the BMC already has is left out, as
+/// Ironic's minimal override does: some BMCs treat any `BootSourceOverrideMode` as a mode
+/// change and rebuild the firmware settings (sushy-tools' libvirt driver turns Secure Boot
+/// off with it).
 async fn set_boot(
     ctx: &Ctx,
     device: BootDevice,
@@ -322,7 +326,15 @@ async fn set_boot(
         .map(redfish_mode)
         .or(ctx.info.boot_mode.map(|m| m.redfish()));
     if let Some(mode) = mode {
-        boot["BootSourceOverrideMode"] = mode.into();
+        let current = match ctx.client.get(&ctx.system).await {
+            Ok(sys) => sys["Boot"]["BootSourceOverrideMode"]
+                .as_str()
+                .map(str::to_string),
+            Err(_) => None,
+        };
+        if current.as_deref() != Some(mode) {
+            boot["BootSourceOverrideMode"] = mode.into();
+        }
     }
     ctx.client
         .patch(&ctx.system, &json!({ "Boot": boot }))
