@@ -56,6 +56,8 @@ DISK_BYTES=$((8 * 1024 * 1024 * 1024))   # sparse; IPA's root-disk floor is 4 Gi
 OVMF_CODE=/usr/share/OVMF/OVMF_CODE_4M.secboot.fd
 OVMF_VARS=/usr/share/OVMF/OVMF_VARS_4M.fd
 OVMF_VARS_SB=/usr/share/OVMF/OVMF_VARS_4M.ms.fd
+# SeaBIOS for Legacy: libvirt wants a loader path once sushy-tools makes the loader a ROM.
+SEABIOS=/usr/share/seabios/bios-256k.bin
 FIRMWARE=""                 # --firmware; empty = what each guest had, else uefi
 DOMAIN_PREFIX=rivet-lab-
 DOMAIN_TAG="rivet-lab: defined by scripts/lab.sh"   # libvirt <description>: marks our guests
@@ -663,7 +665,7 @@ SUSHY_EMULATOR_AUTH_FILE = '$LAB/htpasswd'
 SUSHY_EMULATOR_ALLOWED_INSTANCES = [$allowed]
 # Debian's OVMF, not sushy-tools' defaults (another distribution's names): boot mode and
 # Secure Boot PATCHes rewrite a guest's loader and NVRAM template with these.
-SUSHY_EMULATOR_BOOT_LOADER_MAP = {'UEFI': {'x86_64': '$OVMF_CODE'}, 'Legacy': {'x86_64': None}}
+SUSHY_EMULATOR_BOOT_LOADER_MAP = {'UEFI': {'x86_64': '$OVMF_CODE'}, 'Legacy': {'x86_64': '$SEABIOS'}}
 SUSHY_EMULATOR_SECURE_BOOT_ENABLED_NVRAM = '$OVMF_VARS_SB'
 SUSHY_EMULATOR_SECURE_BOOT_DISABLED_NVRAM = '$OVMF_VARS'
 EOF

@@ -123,7 +123,9 @@ impl Scene {
             "/v1/nodes",
             Some(
                 json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "n1",
-                        "properties": {"root_device": {"name": disk.path.display().to_string()}}}),
+                        // The agent stands in for a ramdisk on this BIOS host: no UEFI.
+                        "properties": {"root_device": {"name": disk.path.display().to_string()},
+                                       "capabilities": "boot_mode:bios"}}),
             ),
         )?;
         ensure!(s == 201, "{v}");

@@ -376,6 +376,8 @@ fn deploy_node(d: &Rivetd, name: &str) -> Result<String> {
         "/v1/nodes",
         Some(json!({
             "name": name, "driver": "fake-hardware", "deploy_interface": "direct",
+            // The agent stands in for a ramdisk on this BIOS host: no UEFI.
+            "properties": {"capabilities": "boot_mode:bios"},
             "instance_info": {
                 "image_source": "http://127.0.0.1:9/faults.img",
                 "image_os_hash_algo": "sha256",

@@ -159,6 +159,9 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
             "dep",
             "--deploy-interface",
             "direct",
+            // The agent stands in for a ramdisk on this BIOS host: no UEFI.
+            "--property",
+            "capabilities=boot_mode:bios",
             "-f",
             "json",
         ],

@@ -520,6 +520,7 @@ fn hold_and_unhold_in_manual_cleaning_and_abort_from_hold() -> Result<()> {
         "POST",
         "/v1/nodes",
         Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "c2",
+                    "properties": {"capabilities": "boot_mode:bios"},
                     "driver_info": {"fake_steps": [
                         {"interface": "bios", "step": "apply_configuration", "priority": 0, "sleep_ms": 1500}]}})),
     )?;
@@ -727,7 +728,9 @@ fn hold_in_deploy_then_abort_or_unhold() -> Result<()> {
         "/v1/nodes",
         Some(
             json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "d1",
-                    "properties": {"root_device": {"name": disk.path.display().to_string()}},
+                    // The agent stands in for a ramdisk on this BIOS host: no UEFI.
+                    "properties": {"root_device": {"name": disk.path.display().to_string()},
+                                   "capabilities": "boot_mode:bios"},
                     "instance_info": {"image_source": images.url_of("img.raw"),
                                       "image_os_hash_algo": "sha256",
                                       "image_os_hash_value": digest}}),

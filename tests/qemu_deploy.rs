@@ -121,7 +121,9 @@ fn deploy_boot_from_disk_undeploy() -> Result<()> {
     let uuid = d.create_node_with_port(
         json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "vm-deploy",
                         "automated_clean": false,
-                        "properties": {"root_device": {"name": "vda"}},
+                        // SeaBIOS guest.
+                        "properties": {"root_device": {"name": "vda"},
+                                       "capabilities": "boot_mode:bios"},
                         "instance_info": {"image_source": qemu::guest_image_url("instance.raw"),
                                           "image_os_hash_algo": "sha256", "image_os_hash_value": digest}}),
         mac,

@@ -407,7 +407,10 @@ fn clean_scene(dir: &Path) -> Result<(Rivetd, String)> {
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "n1"})),
+        Some(
+            json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "n1",
+                    "properties": {"capabilities": "boot_mode:bios"}}),
+        ),
     )?;
     ensure!(s == 201, "{v}");
     let uuid = v["uuid"].as_str().unwrap_or_default().to_string();
@@ -577,7 +580,9 @@ fn deploy_uses_the_steps_of_the_requested_template() -> Result<()> {
         "/v1/nodes",
         Some(
             json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "n1",
-                    "properties": {"root_device": {"name": disk.path.display().to_string()}}}),
+                    // The agent stands in for a ramdisk on this BIOS host: no UEFI.
+                    "properties": {"root_device": {"name": disk.path.display().to_string()},
+                                   "capabilities": "boot_mode:bios"}}),
         ),
     )?;
     ensure!(s == 201, "{v}");

@@ -182,6 +182,24 @@ fn manager_config(settings: &Settings, local: &LocalArgs) -> ManagerConfig {
     cfg
 }
 
+/// The deploy manager and the firmware it writes boot entries to: the test's or stand-in's
+/// `RIVET_EFIVARS`; none for an agent on disks named to it (`--devices`: a stand-in on this
+/// host, whose firmware is never the node's); else efivarfs, as in the ramdisk.
+fn deploy_manager(
+    fetcher: Arc<HttpFetcher>,
+    lister: DiskLister,
+    settings: &Settings,
+    mcfg: &ManagerConfig,
+) -> DeployManager {
+    let m = DeployManager::new(fetcher, lister);
+    let explicit = env_var("RIVET_EFIVARS").is_some_and(|d| !d.is_empty());
+    if settings.devices.is_some() && !explicit {
+        m.without_firmware()
+    } else {
+        m.with_efivars(mcfg.efivars.clone())
+    }
+}
+
 /// The stock managers plus the deploy manager (`write_image`), which needs the agent's
 /// network (its [`HttpFetcher`]) and its view of the disks (the `--devices` list, or the
 /// inventory's disks).
@@ -196,9 +214,7 @@ fn with_deploy(
         None => inventory::collect_disks(&Root::default()),
     });
     let fetcher = Arc::new(HttpFetcher::new(settings.ca.clone()));
-    managers.push(Arc::new(
-        DeployManager::new(fetcher, lister).with_efivars(mcfg.efivars.clone()),
-    ));
+    managers.push(Arc::new(deploy_manager(fetcher, lister, settings, mcfg)));
     managers
 }
 

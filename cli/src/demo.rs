@@ -567,6 +567,13 @@ impl Demo {
             driver: "fake-hardware".into(),
             // The local agent does the in-band work: the agent's deploy interface.
             deploy_interface: Some("direct".into()),
+            // The "machine" is a local process on disk files: it has no firmware of its own
+            // to hold a UEFI boot entry (the agent never touches this host's), so it boots
+            // its instance the BIOS way.
+            properties: serde_json::json!({"capabilities": "boot_mode:bios"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
             ..Default::default()
         };
         let node = self.client.post("/v1/nodes", &body).await?;

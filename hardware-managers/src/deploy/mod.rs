@@ -77,7 +77,9 @@ pub type DiskLister = Arc<dyn Fn() -> Vec<Disk> + Send + Sync>;
 pub struct DeployManager {
     fetcher: Arc<dyn ImageFetcher>,
     disks: DiskLister,
-    efivars: PathBuf,
+    /// Where UEFI boot entries go; `None`: this agent stands in for a ramdisk on disks named
+    /// to it, and the only firmware it could reach is its host's, which it never touches.
+    efivars: Option<PathBuf>,
 }
 
 /// Name under which the deploy manager registers.
@@ -89,14 +91,22 @@ impl DeployManager {
         DeployManager {
             fetcher,
             disks,
-            efivars: PathBuf::from(uefi::DEFAULT_EFIVARS),
+            efivars: Some(PathBuf::from(uefi::DEFAULT_EFIVARS)),
         }
     }
 
     /// Write UEFI boot entries through efivarfs at `efivars` (default
     /// [`uefi::DEFAULT_EFIVARS`]; [`crate::ManagerConfig::efivars`]).
     pub fn with_efivars(mut self, efivars: PathBuf) -> DeployManager {
-        self.efivars = efivars;
+        self.efivars = Some(efivars);
+        self
+    }
+
+    /// No firmware to write to: the agent runs outside a ramdisk, on disks named to it
+    /// (`--devices`), so the efivarfs it could see is its host's. A UEFI deploy then fails
+    /// before anything is written, saying so.
+    pub fn without_firmware(mut self) -> DeployManager {
+        self.efivars = None;
         self
     }
 }
@@ -499,7 +509,18 @@ impl DeployManager {
         // Knowable now: a BIOS-booted ramdisk cannot write a UEFI entry, so it fails before
         // the image is downloaded, with the node's old disk untouched.
         if uefi {
-            uefi::preflight(&self.efivars).map_err(|e| failed(e.to_string()))?;
+            let Some(efivars) = &self.efivars else {
+                return Err(failed(
+                    "the node's boot_mode is uefi, but this agent stands in for a ramdisk on \
+                     the disks named by --devices (or RIVET_DEVICES): the only firmware it \
+                     could change is this host's, which it never touches, so it cannot write \
+                     the UEFI boot entry; give the node boot_mode bios \
+                     (properties.capabilities boot_mode:bios), or set RIVET_EFIVARS to a \
+                     directory that stands in for the node's NVRAM"
+                        .to_string(),
+                ));
+            };
+            uefi::preflight(efivars).map_err(|e| failed(e.to_string()))?;
         }
         let (target, chosen_by) = self.choose_target(a)?;
         let device = target.display();
@@ -601,19 +622,13 @@ impl DeployManager {
             disk.flush().map_err(failed)?;
             // Last: the entry points at a disk that is complete. On failure the caller wipes
             // the disk's ends (install leaves no entry behind).
-            let uefi_boot_entry = if uefi {
-                Some(
-                    uefi::install(
-                        disk.file(),
-                        &device,
-                        target.sector,
-                        target.size,
-                        &self.efivars,
-                    )
-                    .map_err(|e| failed(e.to_string()))?,
-                )
-            } else {
-                None
+            let uefi_boot_entry = match (&self.efivars, uefi) {
+                (Some(efivars), true) => Some(
+                    uefi::install(disk.file(), &device, target.sector, target.size, efivars)
+                        .map_err(|e| failed(e.to_string()))?,
+                ),
+                // Refused before the download when there is no firmware to write to.
+                _ => None,
             };
             if let Err(e) = disk.reread() {
                 tracing::warn!(error = %e, "the kernel did not re-read the partition table; the table on the disk is right");
