@@ -316,3 +316,61 @@ fn no_state_without_work_through_ipmi_sim() -> anyhow::Result<()> {
     assert!(sim.calls().contains("set boot pxe"), "{}", sim.calls());
     Ok(())
 }
+
+/// A node as Metal3's tooling enrols it (`driver: ipmi`, `boot_interface: ipxe`,
+/// `raid_interface: agent`) is accepted, keeps a validated target RAID configuration, and
+/// goes through manage and provide as any ipmi node; a manual cleaning asking for the agent's
+/// RAID step is refused up front (this ramdisk offers none) and changes nothing.
+#[test]
+fn metal3_style_agent_raid_node_manages_and_provides() -> anyhow::Result<()> {
+    if !ipmi_ok() {
+        return Ok(());
+    }
+    let sim = IpmiSim::start(USER, PASSWORD)?;
+    let dir = tempfile::tempdir()?;
+    let d = rivetd(dir.path(), "ipmitool")?;
+    let (s, v) = d.call(
+        "POST",
+        "/v1/nodes",
+        Some(
+            json!({"driver": "ipmi", "name": "m3", "boot_interface": "ipxe",
+                    "raid_interface": "agent", "automated_clean": false,
+                    "driver_info": sim.driver_info(PASSWORD)}),
+        ),
+    )?;
+    anyhow::ensure!(s == 201, "{v}");
+    assert_eq!(v["raid_interface"], "agent");
+    let cfg =
+        json!({"logical_disks": [{"raid_level": "1", "size_gb": "MAX", "is_root_volume": true}]});
+    let (s, v) = d.call("PUT", "/v1/nodes/m3/states/raid", Some(cfg.clone()))?;
+    anyhow::ensure!(s == 204, "{v}");
+    let (n, _) = manage(&d, "m3")?;
+    assert_eq!(n["provision_state"], "manageable", "{n}");
+    assert_eq!(n["target_raid_config"], cfg, "{n}");
+    let (s, v) = d.call(
+        "PUT",
+        "/v1/nodes/m3/states/provision",
+        Some(json!({"target": "clean",
+                    "clean_steps": [{"interface": "raid", "step": "create_configuration"}]})),
+    )?;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v.to_string()
+            .contains("the agent of this ramdisk offers no RAID steps"),
+        "{v}"
+    );
+    assert_eq!(d.node("m3")?["provision_state"], "manageable");
+    let (s, v) = d.call(
+        "PUT",
+        "/v1/nodes/m3/states/provision",
+        Some(json!({"target": "provide"})),
+    )?;
+    anyhow::ensure!(s == 202, "{v}");
+    let n = d.wait_node("m3", Duration::from_secs(60), |v| {
+        v["target_provision_state"].is_null() && v["provision_state"] != "cleaning"
+    })?;
+    assert_eq!(n["provision_state"], "available", "{n}");
+    assert!(n["last_error"].is_null(), "{n}");
+    assert_eq!(n["raid_config"], json!({}), "no array was pretended: {n}");
+    Ok(())
+}

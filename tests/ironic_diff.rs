@@ -540,6 +540,37 @@ fn rule(description: &str) -> Value {
     json!({"description": description, "conditions": [], "actions": rule_actions()})
 }
 
+/// Target RAID configurations both servers must judge alike: the good one last (stored).
+fn raid_configs() -> Vec<Value> {
+    let disk = |extra: Value| {
+        let mut d = json!({"raid_level": "1", "size_gb": 10});
+        if let (Some(d), Some(e)) = (d.as_object_mut(), extra.as_object()) {
+            d.extend(e.clone());
+        }
+        json!({"logical_disks": [d]})
+    };
+    vec![
+        json!({"logical_disks": []}),
+        json!({"volumes": []}),
+        disk(json!({"raid_level": "7"})),
+        disk(json!({"size_gb": -1})),
+        disk(json!({"size_gb": "max"})),
+        disk(json!({"colour": "blue"})),
+        disk(json!({"disk_type": "nvme"})),
+        disk(json!({"number_of_physical_disks": 0})),
+        disk(json!({"physical_disks": ["sda", "sdb"]})),
+        json!({"logical_disks": [
+            {"raid_level": "1", "size_gb": 10, "is_root_volume": true},
+            {"raid_level": "0", "size_gb": "MAX", "is_root_volume": true}
+        ]}),
+        json!({"logical_disks": [
+            {"raid_level": "1", "size_gb": 10, "is_root_volume": true, "controller": "software",
+             "physical_disks": [{"size": ">= 10"}, {"size": ">= 10"}]},
+            {"raid_level": "0", "size_gb": "MAX"}
+        ]}),
+    ]
+}
+
 /// The objects every route works on, created the same way on both servers.
 fn setup() -> Vec<Step> {
     let mut s = vec![Step::Create(
@@ -567,6 +598,9 @@ fn setup() -> Vec<Step> {
                "description": "the main node"}),
     ));
     s.push(node("nact", json!({})));
+    // RAID: the agent RAID interface (Metal3 creates nodes with it) and no RAID at all.
+    s.push(node("nraid", json!({"raid_interface": "agent"})));
+    s.push(node("nnoraid", json!({"raid_interface": "no-raid"})));
     s.push(node("nprov", json!({"inspect_interface": "fake"})));
     s.push(node("nhist", json!({})));
     s.push(node("nalloc", json!({"resource_class": "rc-a"})));
@@ -1422,6 +1456,35 @@ fn routes() -> Vec<Step> {
     ));
     // Deleting an available node.
     t.push(fixed("DELETE", "/v1/nodes/{node:navail}", None));
+
+    // RAID: Ironic's schema and root-volume rule through the agent RAID interface, `{}` on
+    // no-raid (not validated, so stored), a configuration on no-raid (404), and the
+    // interface chosen by PATCH.
+    for cfg in raid_configs() {
+        t.push(fixed(
+            "PUT",
+            "/v1/nodes/{node:nraid}/states/raid",
+            Some(cfg),
+        ));
+    }
+    t.push(fixed("GET", "/v1/nodes/{node:nraid}/states", None));
+    t.push(fixed(
+        "PUT",
+        "/v1/nodes/{node:nnoraid}/states/raid",
+        Some(json!({})),
+    ));
+    t.push(fixed(
+        "PUT",
+        "/v1/nodes/{node:nnoraid}/states/raid",
+        Some(json!({"logical_disks": [{"raid_level": "1", "size_gb": 10}]})),
+    ));
+    for iface in ["agent", "no-raid", "no-such-raid"] {
+        t.push(fixed(
+            "PATCH",
+            "/v1/nodes/{node:nnoraid}",
+            Some(json!([{"op": "replace", "path": "/raid_interface", "value": iface}])),
+        ));
+    }
 
     // Node allocation delete last: it frees nalloc.
     t.push(r("DELETE", "/v1/nodes/{node:nalloc}/allocation", 52).into());

@@ -49,7 +49,7 @@ pub fn config(dir: &Path, port: u16, host: &str, extra: &str) -> String {
          enabled_management_interfaces = fake\n\
          enabled_network_interfaces = noop\n\
          enabled_power_interfaces = fake\n\
-         enabled_raid_interfaces = fake,no-raid\n\
+         enabled_raid_interfaces = fake,no-raid,agent\n\
          enabled_rescue_interfaces = fake,no-rescue\n\
          enabled_storage_interfaces = noop\n\
          enabled_vendor_interfaces = fake,no-vendor\n\

@@ -1394,12 +1394,12 @@ fn rivet_cli_node_resources() -> Result<()> {
         &[
             "node",
             "raid",
+            "set",
             "c",
-            "--target",
             r#"{"logical_disks": [{"raid_level": "0", "size_gb": "MAX"}]}"#,
         ],
     )?;
-    let r = rivet(&d, &["--json", "node", "raid", "c"])?;
+    let r = rivet(&d, &["--json", "node", "raid", "show", "c"])?;
     ensure!(r.contains("MAX"), "{r}");
     rivet(&d, &["node", "inject-nmi", "c"])?;
     rivet(&d, &["node", "boot-mode", "c", "bios"])?;

@@ -58,14 +58,9 @@ pub enum NodeResourceCmd {
         #[arg(value_parser = ["on", "off"])]
         state: String,
     },
-    /// Show the RAID configurations, or set the target one (a JSON object, `{}` clears).
-    Raid {
-        /// Node UUID or name.
-        node: String,
-        /// Target RAID configuration, e.g. '{"logical_disks": [{"raid_level": "1", "size_gb": 100}]}'.
-        #[arg(long)]
-        target: Option<String>,
-    },
+    /// RAID configurations: `show` the target and current ones, `set` the target one.
+    #[command(subcommand)]
+    Raid(RaidCmd),
     /// The console state (Rivet serves no console: it is never enabled).
     Console {
         /// Node UUID or name.
@@ -205,31 +200,28 @@ pub async fn run(cmd: NodeResourceCmd, client: &Client, out: Output) -> Result<(
                 .await?;
             out.note(&format!("Secure boot of node {node} turned {state}"));
         }
-        NodeResourceCmd::Raid { node, target } => match target {
-            Some(t) => {
-                let cfg: Value =
-                    serde_json::from_str(&t).map_err(|e| anyhow!("--target is not JSON: {e}"))?;
-                client
-                    .put(&format!("{}/states/raid", node_path(&node)), Some(&cfg))
-                    .await?;
-                out.note(&format!("Target RAID configuration of node {node} set"));
-            }
-            None => {
-                let doc = client
-                    .get(&format!("{}/states", node_path(&node)), &[])
-                    .await?;
-                let keep: Map<String, Value> = ["target_raid_config", "raid_config"]
-                    .iter()
-                    .map(|k| {
-                        (
-                            (*k).to_string(),
-                            doc.get(*k).cloned().unwrap_or(Value::Null),
-                        )
-                    })
-                    .collect();
-                out.document(&Value::Object(keep));
-            }
-        },
+        NodeResourceCmd::Raid(RaidCmd::Set { node, config, file }) => {
+            let cfg = raid_config(config, file)?;
+            client
+                .put(&format!("{}/states/raid", node_path(&node)), Some(&cfg))
+                .await?;
+            out.note(&format!("Target RAID configuration of node {node} set"));
+        }
+        NodeResourceCmd::Raid(RaidCmd::Show { node }) => {
+            let doc = client
+                .get(&format!("{}/states", node_path(&node)), &[])
+                .await?;
+            let keep: Map<String, Value> = ["target_raid_config", "raid_config"]
+                .iter()
+                .map(|k| {
+                    (
+                        (*k).to_string(),
+                        doc.get(*k).cloned().unwrap_or(Value::Null),
+                    )
+                })
+                .collect();
+            out.document(&Value::Object(keep));
+        }
         NodeResourceCmd::Console { node } => {
             let doc = client
                 .get(&format!("{}/states/console", node_path(&node)), &[])
@@ -238,6 +230,48 @@ pub async fn run(cmd: NodeResourceCmd, client: &Client, out: Output) -> Result<(
         }
     }
     Ok(())
+}
+
+/// `rivet node raid` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum RaidCmd {
+    /// Show the node's `target_raid_config` and `raid_config`.
+    Show {
+        /// Node UUID or name.
+        node: String,
+    },
+    /// Set the target RAID configuration (checked by rivetd against Ironic's RAID schema;
+    /// `{}` clears it).
+    Set {
+        /// Node UUID or name.
+        node: String,
+        /// The configuration as JSON, e.g. '{"logical_disks": [{"raid_level": "1", "size_gb": 100}]}'.
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        config: Option<String>,
+        /// Read the configuration from this JSON file instead.
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+    },
+}
+
+/// The target RAID configuration of `rivet node raid set`, from its argument or its file.
+fn raid_config(config: Option<String>, file: Option<std::path::PathBuf>) -> Result<Value> {
+    let (text, from) = match (config, file) {
+        (Some(c), _) => (c, "the configuration argument".to_string()),
+        (None, Some(f)) => (
+            std::fs::read_to_string(&f)
+                .map_err(|e| anyhow!("cannot read --file {}: {e}", f.display()))?,
+            format!("--file {}", f.display()),
+        ),
+        (None, None) => return Err(anyhow!("give the configuration as JSON or with --file")),
+    };
+    let cfg: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{from} is not JSON: {e}"))?;
+    if !cfg.is_object() {
+        return Err(anyhow!(
+            "{from} must be a JSON object such as {{\"logical_disks\": [...]}}, not {cfg}"
+        ));
+    }
+    Ok(cfg)
 }
 
 /// `rivet volume` subcommands.

@@ -143,6 +143,14 @@ pub fn automated_plan(
     plan
 }
 
+/// Why a `raid` step is missing. The agent RAID interface's steps
+/// (`create_configuration`, `delete_configuration`) run in the ramdisk, and Rivet's ramdisk
+/// builds no arrays yet: nothing advertises them rather than a step that reports a success
+/// it did not achieve.
+pub const NO_RAID_STEPS: &str = ": the agent of this ramdisk offers no RAID steps \
+(raid.create_configuration and raid.delete_configuration need in-band software RAID, which \
+it does not build yet)";
+
 /// The manual cleaning plan: the operator's order, each step checked.
 pub fn manual_plan(
     requested: &[RequestedStep],
@@ -160,9 +168,10 @@ pub fn manual_plan(
                         .map(|p| format!("{}.{}", p.step.interface, p.step.step))
                         .collect();
                     format!(
-                        "clean step {}.{} is not offered for this node (offered: {})",
+                        "node does not support this clean step: clean step {}.{} is not offered for this node{} (offered: {})",
                         r.interface,
                         r.step,
+                        if r.interface == "raid" { NO_RAID_STEPS } else { "" },
                         offered.join(", ")
                     )
                 })?;
@@ -324,6 +333,23 @@ mod tests {
             .expect_err("unknown");
         assert!(
             e.contains("paint_it_blue") && e.contains("deploy.erase_devices"),
+            "{e}"
+        );
+        assert!(
+            e.starts_with("node does not support this clean step"),
+            "{e}"
+        );
+        assert!(!e.contains("RAID"), "{e}");
+        let raid = RequestedStep {
+            interface: "raid".into(),
+            step: "create_configuration".into(),
+            args: Map::new(),
+            order: None,
+        };
+        let e = manual_plan(&[raid], &avail).expect_err("no RAID step");
+        assert!(
+            e.contains("raid.create_configuration")
+                && e.contains("the agent of this ramdisk offers no RAID steps"),
             "{e}"
         );
         let hold = manual_plan(&[req("hold", serde_json::json!({}))], &avail).expect("reserved");

@@ -12,8 +12,8 @@
 //! Microversions as in Ironic: `properties` links from 1.14; `type`, the `type` and `detail`
 //! parameters (406 before) and the interface fields from 1.30 (storage 1.33, rescue 1.38,
 //! bios 1.40, firmware 1.86); `fields` from 1.77 (406 before). RAID logical disk properties
-//! and driver vendor passthru are not served (Rivet takes no RAID configuration and has no
-//! driver-level vendor methods).
+//! live with the node's RAID routes (`node_actions::raid`); driver vendor passthru has no
+//! methods (Rivet's drivers offer none).
 
 use super::render::base_url;
 use super::{ApiError, ApiResult, ApiVersion, AppState};

@@ -1,10 +1,15 @@
 //! RAID configuration (API 1.12): `PUT /v1/nodes/{node}/states/raid` sets the node's
 //! `target_raid_config`, checked against Ironic's RAID schema
-//! (`ironic/drivers/raid_config_schema.json`); `GET /v1/drivers/{driver}/raid/logical_disk_properties`
-//! lists the properties a logical disk may have. Only the `fake` RAID interface (fake-hardware)
-//! accepts a configuration; `no-raid` answers 404, as Ironic does for a driver without RAID.
-//! Rivet stores the target; it does not build RAID volumes (no RAID clean steps yet), so
-//! `raid_config` stays `{}`.
+//! (`ironic/drivers/raid_config_schema.json`) and the extra rule of `ironic/common/raid.py`
+//! (at most one root volume); `GET /v1/drivers/{driver}/raid/logical_disk_properties`
+//! lists the properties a logical disk may have.
+//!
+//! The RAID interface decides, as in Ironic's conductor: `fake` (fake-hardware) and `agent`
+//! validate and store the target; `no-raid` answers 404 "does not support raid" to a
+//! configuration, but stores `{}` (Ironic validates only a non-empty target, so clearing it
+//! works on every node). Rivet does not build RAID volumes yet: the `agent` interface keeps
+//! the target for the in-band step a later ramdisk will offer, no step is advertised meanwhile
+//! (see `rivet_model::steps::manual_plan`), and `raid_config` stays `{}`.
 
 use super::{json_body, ver};
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
@@ -176,9 +181,10 @@ pub(crate) fn check_raid_config(cfg: &Map<String, Value>) -> Result<(), ApiError
         }
     }
     if roots > 1 {
-        return Err(ApiError::bad_request(
-            "Raid config cannot have more than one root volume",
-        ));
+        return Err(ApiError::bad_request(format!(
+            "Raid config cannot have more than one root volume. {roots} root volumes were \
+             specified (is_root_volume is true on more than one of logical_disks)"
+        )));
     }
     Ok(())
 }
@@ -212,7 +218,9 @@ pub(super) async fn raid_set(
             ))
         }
     };
-    if node.interfaces.get(&node.driver, Iface::Raid) == "no-raid" {
+    // Ironic's conductor asks the RAID interface to validate only a non-empty target, so
+    // `{}` clears the target even through `no-raid`.
+    if !cfg.is_empty() && node.interfaces.get(&node.driver, Iface::Raid) == "no-raid" {
         return Err(no_raid(&node.driver));
     }
     super::refuse_locked(&node, false)?;
@@ -260,24 +268,103 @@ mod tests {
     fn raid_schema() {
         assert!(check_raid_config(&Map::new()).is_ok());
         assert!(check_raid_config(&obj(json!({"logical_disks": [
-            {"raid_level": "1", "size_gb": 100, "is_root_volume": true},
-            {"raid_level": "5", "size_gb": "MAX", "disk_type": "ssd"}
+            {"raid_level": "1", "size_gb": 100, "is_root_volume": true, "volume_name": "root",
+             "share_physical_disks": false, "interface_type": "sas", "number_of_physical_disks": 2},
+            {"raid_level": "5", "size_gb": "MAX", "disk_type": "ssd", "controller": "c0",
+             "physical_disks": ["d1", "d2", "d3"]},
+            {"raid_level": "1+0", "size_gb": 0, "controller": "software",
+             "physical_disks": [{"size": ">= 100"}, {"name": "/dev/sdb"}]}
         ]})))
         .is_ok());
-        for bad in [
-            json!({"logical_disks": []}),
-            json!({"logical_disks": [{"raid_level": "7", "size_gb": 1}]}),
-            json!({"logical_disks": [{"raid_level": "1"}]}),
-            json!({"logical_disks": [{"raid_level": "1", "size_gb": -1}]}),
-            json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "foo": 1}]}),
-            json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "physical_disks": ["a"]}]}),
-            json!({"logical_disks": [
-                {"raid_level": "1", "size_gb": 1, "is_root_volume": true},
-                {"raid_level": "1", "size_gb": 1, "is_root_volume": true}
-            ]}),
-            json!({"other": 1}),
+        // Each bad case, and a word its message must carry (the field it is about).
+        for (bad, field) in [
+            (json!({"logical_disks": []}), "logical_disks"),
+            (json!({"logical_disks": {}}), "logical_disks"),
+            (json!({"other": 1}), "other"),
+            (json!({"logical_disks": [7]}), "logical_disks[0]"),
+            (
+                json!({"logical_disks": [{"raid_level": "7", "size_gb": 1}]}),
+                "raid_level",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": 1, "size_gb": 1}]}),
+                "raid_level",
+            ),
+            (json!({"logical_disks": [{"raid_level": "1"}]}), "size_gb"),
+            (json!({"logical_disks": [{"size_gb": 1}]}), "raid_level"),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": -1}]}),
+                "size_gb",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": "max"}]}),
+                "size_gb",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1.5}]}),
+                "size_gb",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "foo": 1}]}),
+                "foo",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "volume_name": 3}]}),
+                "volume_name",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "is_root_volume": "yes"}]}),
+                "is_root_volume",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "share_physical_disks": 1}]}),
+                "share_physical_disks",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "disk_type": "nvme"}]}),
+                "disk_type",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "interface_type": "nvme"}]}),
+                "interface_type",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "number_of_physical_disks": 0}]}),
+                "number_of_physical_disks",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "controller": 0}]}),
+                "controller",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "physical_disks": ["a"]}]}),
+                "controller",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "controller": "c",
+                                       "physical_disks": [{"name": "a"}]}]}),
+                "physical_disks",
+            ),
+            (
+                json!({"logical_disks": [{"raid_level": "1", "size_gb": 1, "controller": "c",
+                                       "physical_disks": "a"}]}),
+                "physical_disks",
+            ),
+            (
+                json!({"logical_disks": [
+                    {"raid_level": "1", "size_gb": 1, "is_root_volume": true},
+                    {"raid_level": "1", "size_gb": 1, "is_root_volume": true}
+                ]}),
+                "is_root_volume",
+            ),
         ] {
-            assert!(check_raid_config(&obj(bad.clone())).is_err(), "{bad}");
+            match check_raid_config(&obj(bad.clone())) {
+                Ok(()) => panic!("accepted {bad}"),
+                Err(e) => {
+                    assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+                    assert!(e.message.contains(field), "{bad}: {}", e.message);
+                }
+            }
         }
     }
 }
