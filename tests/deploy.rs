@@ -497,6 +497,42 @@ fn a_download_cut_twice_still_ends_active() -> Result<()> {
 /// A digest mismatch fails the deploy with both digests, powers the node off through its
 /// power interface (history says so) and leaves nothing bootable on a disk that held an old
 /// GPT; fixed, `rebuild` deploys.
+/// A UEFI node whose agent stands in for a ramdisk (`--devices`, on this host): the agent
+/// never writes its host's firmware, so the deploy fails before the download, saying why,
+/// with the disk untouched.
+#[test]
+fn a_stand_in_agent_refuses_a_uefi_deploy_before_writing() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut sc = Scene::new()?;
+    let (s, v) = sc.rivetd.call(
+        "PATCH",
+        "/v1/nodes/n1",
+        Some(json!([{"op": "replace", "path": "/properties/capabilities", "value": "boot_mode:uefi"}])),
+    )?;
+    ensure!(s == 200, "{v}");
+    let image = sc.path("uefi.raw");
+    make_image(&image, 5)?;
+    sc.set_image(&image, &sha256_file(&image)?)?;
+    sc.seed_old_gpt()?;
+    let before = read_at(&sc.disk.path, 0, MIB as usize)?;
+    sc.boot()?;
+    sc.verb(json!({"target": "active"}))?;
+    let failed = sc.state("deploy failed", 120)?;
+    let err = failed["last_error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("stands in for a ramdisk") && err.contains("boot_mode"),
+        "{err}"
+    );
+    assert_eq!(
+        read_at(&sc.disk.path, 0, MIB as usize)?,
+        before,
+        "the disk was written"
+    );
+    Ok(())
+}
+
 #[test]
 fn checksum_mismatch_fails_with_both_digests() -> Result<()> {
     if !ready() {

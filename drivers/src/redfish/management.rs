@@ -244,9 +244,12 @@ pub(crate) async fn boot_mode(ctx: &Ctx) -> Result<(Option<String>, Option<bool>
         Some("Legacy") => Some("bios".to_string()),
         _ => None,
     };
-    let secure = match sys["SecureBoot"]["@odata.id"].as_str() {
-        Some(p) => ctx.client.get(p).await?["SecureBootEnable"].as_bool(),
-        None => None,
+    let secure = match (mode.as_deref(), sys["SecureBoot"]["@odata.id"].as_str()) {
+        // Secure Boot is a UEFI feature: in Legacy mode it is off, and BMCs may refuse to
+        // show the resource at all (sushy-tools answers 501).
+        (Some("bios"), _) => Some(false),
+        (_, Some(p)) => ctx.client.get(p).await?["SecureBootEnable"].as_bool(),
+        (_, None) => None,
     };
     Ok((mode, secure))
 }
