@@ -508,6 +508,18 @@ EOF
     esac
 }
 
+# The firmware a defined guest has now, from its libvirt definition: pflash is OVMF (secure
+# loader: Secure Boot), anything else SeaBIOS.
+domain_firmware() {
+    local xml
+    xml="$(virsh_q dumpxml --inactive "$1" 2>/dev/null || true)"
+    if [[ "$xml" == *"type='pflash'"* ]]; then
+        if [[ "$xml" == *"secure='yes'"* ]]; then echo secure-boot; else echo uefi; fi
+    else
+        echo bios
+    fi
+}
+
 domain_xml() {
     local i="$1" name disk fw cdrom
     name="$(domain_name "$i")"
@@ -581,9 +593,10 @@ guests_up() {
             if [ "$(stat -c %s "$LAB/disks/$name.raw")" -lt "$DISK_BYTES" ]; then
                 truncate -s "$DISK_BYTES" "$LAB/disks/$name.raw"
             fi
-            # Redefine, disk kept: a guest from an older lab.sh (serial port only a file, or
-            # no firmware record: SeaBIOS), or one whose firmware changed.
-            had="$(cat "$RUN/$name.firmware" 2>/dev/null || echo bios)"
+            # Redefine, disk kept: a guest from an older lab.sh (serial port only a file), one
+            # whose firmware was asked to change, or one whose firmware drifted (a test switched
+            # it through its BMC and stopped before switching back).
+            had="$(domain_firmware "$name")"
             if [[ "$(virsh_q dumpxml --inactive "$name")" != *"$(console_socket "$i")"* ]] || [ "$had" != "$fw" ]; then
                 log "redefining $name ($had → $fw firmware)"
                 virsh_q destroy "$name" >/dev/null 2>&1 || true

@@ -107,4 +107,32 @@ impl Conductor {
             tracing::warn!(node = %node.uuid, error = %e, "could not eject the ramdisk's virtual media; the next boot of this node may start the ramdisk again until it is ejected");
         }
     }
+
+    /// The end of a ramdisk `operation` (`cleaning`, `inspection`) that fast track does not
+    /// keep running: power off (disable_power_off: a reboot instead, see power_policy), the
+    /// boot medium put away, and the agent's token forgotten, its boot being over. `Err`:
+    /// the message to fail the node with.
+    pub(crate) async fn end_ramdisk(
+        &self,
+        node: &mut Node,
+        bmc: &dyn Bmc,
+        operation: &str,
+    ) -> Result<(), String> {
+        if let Err(e) = self.power_off_unless_kept_on(node, bmc).await {
+            return Err(format!(
+                "failed to power off node {} after {operation}: {e}",
+                node.ident()
+            ));
+        }
+        node.power_state = Some(super::power_policy::state_after_off(node));
+        self.clean_up_ramdisk_logged(node, bmc).await;
+        if let Err(e) = self.reboot_if_kept_on(node, bmc).await {
+            return Err(format!(
+                "failed to reboot node {} after {operation} (it has disable_power_off): {e}",
+                node.ident()
+            ));
+        }
+        super::agent::forget_agent_token(node);
+        Ok(())
+    }
 }

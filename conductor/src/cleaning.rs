@@ -570,26 +570,11 @@ impl Conductor {
             // medium is still put away, the ramdisk runs from memory.
             self.clean_up_ramdisk_logged(&node, bmc).await;
         } else {
-            // disable_power_off (1.95): power_policy skips the power off and reboots instead.
-            if let Err(e) = self.power_off_unless_kept_on(&node, bmc).await {
-                let msg = format!(
-                    "failed to power off node {} after cleaning: {e}",
-                    node.ident()
-                );
-                return self.fail(node, &msg).await;
-            }
-            node.power_state = Some(super::power_policy::state_after_off(&node));
-            self.clean_up_ramdisk_logged(&node, bmc).await;
-            if let Err(e) = self.reboot_if_kept_on(&node, bmc).await {
-                let msg = format!(
-                    "failed to reboot node {} after cleaning (it has disable_power_off): {e}",
-                    node.ident()
-                );
-                return self.fail(node, &msg).await;
-            }
             // The boot the token belonged to is over (even when disable_power_off leaves the
             // node on: it rebooted).
-            super::agent::forget_agent_token(&mut node);
+            if let Err(msg) = self.end_ramdisk(&mut node, bmc, "cleaning").await {
+                return self.fail(node, &msg).await;
+            }
         }
         clear_run(&mut node);
         let _ = self.store.cancel_pending(&node.uuid).await;

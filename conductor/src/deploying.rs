@@ -778,25 +778,8 @@ impl Conductor {
                 format!("node could not be powered off after the deploy failure: {e}"),
             ),
         };
-        let entry = rivet_store::AuditEntry {
-            seq: 0,
-            created_at: Utc::now(),
-            actor: format!("conductor:{}", self.id()),
-            source: None,
-            method: None,
-            path: None,
-            node_uuid: Some(node.uuid.clone()),
-            action: action.into(),
-            status: None,
-            // `EVENT; state: STATE`, like step rows: the history reads the state after it.
-            detail: Some(super::verbs::truncate_chars(
-                &format!("{event}; state: {}", node.provision_state),
-                1000,
-            )),
-        };
-        if let Err(e) = self.store.append_audit(&entry).await {
-            tracing::warn!(node = %node.uuid, error = %e, "could not record the power off after a deploy failure in the node history");
-        }
+        self.record_history(node, action, &event, "the power off after a deploy failure")
+            .await;
     }
 
     /// The step a deploy is running now and whether it may be interrupted.

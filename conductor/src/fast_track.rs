@@ -256,25 +256,8 @@ impl Conductor {
 
     /// A node-history row about fast track.
     async fn record_fast_track(&self, node: &Node, event: &str) {
-        let entry = rivet_store::AuditEntry {
-            seq: 0,
-            created_at: Utc::now(),
-            actor: format!("conductor:{}", self.id()),
-            source: None,
-            method: None,
-            path: None,
-            node_uuid: Some(node.uuid.clone()),
-            action: FAST_TRACK_ACTION.into(),
-            status: None,
-            // `EVENT; state: STATE`, like step rows: the history reads the state after it.
-            detail: Some(super::verbs::truncate_chars(
-                &format!("{event}; state: {}", node.provision_state),
-                1000,
-            )),
-        };
-        if let Err(e) = self.store.append_audit(&entry).await {
-            tracing::warn!(node = %node.uuid, error = %e, "could not record the fast-track decision in the node history");
-        }
+        self.record_history(node, FAST_TRACK_ACTION, event, "the fast-track decision")
+            .await;
     }
 }
 

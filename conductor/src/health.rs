@@ -5,9 +5,7 @@
 //! nothing.
 
 use super::Conductor;
-use chrono::Utc;
 use rivet_drivers::Health;
-use rivet_store::AuditEntry;
 
 /// The audit action of a health change; `api::history` shows these rows as entries.
 pub const HEALTH_ACTION: &str = "health";
@@ -54,25 +52,8 @@ impl Conductor {
         } else {
             tracing::info!(node = %uuid, health = new, previous = old.as_deref(), "node health status changed");
         }
-        let entry = AuditEntry {
-            seq: 0,
-            created_at: Utc::now(),
-            actor: format!("conductor:{}", self.id()),
-            source: None,
-            method: None,
-            path: None,
-            node_uuid: Some(node.uuid.clone()),
-            action: HEALTH_ACTION.into(),
-            status: None,
-            // The provision state goes along for the history's `state` (1.115).
-            detail: Some(format!(
-                "{}; state: {}",
-                health_event(new, old.as_deref()),
-                node.provision_state
-            )),
-        };
-        if let Err(e) = self.store.append_audit(&entry).await {
-            tracing::warn!(node = %uuid, error = %e, "could not record a health change in the audit log");
-        }
+        let event = health_event(new, old.as_deref());
+        self.record_history(&node, HEALTH_ACTION, &event, "a health change")
+            .await;
     }
 }

@@ -216,25 +216,9 @@ impl Conductor {
             // medium is still put away, the ramdisk runs from memory.
             self.clean_up_ramdisk_logged(&node, bmc).await;
         } else if in_band {
-            // disable_power_off (1.95): power_policy keeps the node on (rebooted below).
-            if let Err(e) = self.power_off_unless_kept_on(&node, bmc).await {
-                let msg = format!(
-                    "failed to power off node {} after inspection: {e}",
-                    node.ident()
-                );
+            if let Err(msg) = self.end_ramdisk(&mut node, bmc, "inspection").await {
                 return self.fail(node, &msg).await;
             }
-            node.power_state = Some(super::power_policy::state_after_off(&node));
-            self.clean_up_ramdisk_logged(&node, bmc).await;
-            if let Err(e) = self.reboot_if_kept_on(&node, bmc).await {
-                let msg = format!(
-                    "failed to reboot node {} after inspection (it has disable_power_off): {e}",
-                    node.ident()
-                );
-                return self.fail(node, &msg).await;
-            }
-            // The boot the token belonged to is over.
-            super::agent::forget_agent_token(&mut node);
         }
         node.inspection_finished_at = Some(Utc::now());
         clear_run(&mut node);

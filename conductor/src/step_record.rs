@@ -1,4 +1,6 @@
-//! What a merged cleaning run leaves behind for operators: one node-history entry per clean
+//! Node-history rows the conductor writes ([`Conductor::record_history`]: fast track,
+//! health changes, erase reports, deploy-failure power), and what a merged cleaning run
+//! leaves behind for operators: one node-history entry per clean
 //! step that finished (so `GET /v1/nodes/{node}/history` shows the order the in-band and
 //! out-of-band steps really ran in), and the refusal of an `abort` while a step that must not
 //! be interrupted (a firmware flash) runs in the conductor.
@@ -34,9 +36,10 @@ pub fn parse_detail(detail: &str) -> Option<(&str, &str)> {
 }
 
 impl Conductor {
-    /// Record that `step` of `node`'s cleaning finished. Best effort: a failed write is
-    /// logged, never fails the cleaning.
-    pub(super) async fn record_clean_step(&self, node: &Node, step: &PlannedStep) {
+    /// One conductor row in `node`'s history: `action`, and `EVENT; state: STATE` as its
+    /// detail (the history reads the state after `; state: `). Best effort: a failed write
+    /// is logged as `what`, and never fails the operation it records.
+    pub(super) async fn record_history(&self, node: &Node, action: &str, event: &str, what: &str) {
         let entry = AuditEntry {
             seq: 0,
             created_at: Utc::now(),
@@ -45,17 +48,27 @@ impl Conductor {
             method: None,
             path: None,
             node_uuid: Some(node.uuid.clone()),
-            action: CLEAN_STEP_ACTION.into(),
+            action: action.into(),
             status: None,
-            detail: Some(format!(
-                "{}; state: {}",
-                event_text(step),
-                node.provision_state
+            detail: Some(super::verbs::truncate_chars(
+                &format!("{event}; state: {}", node.provision_state),
+                1000,
             )),
         };
         if let Err(e) = self.store.append_audit(&entry).await {
-            tracing::warn!(node = %node.uuid, step = %step.step.step, error = %e, "could not record a finished clean step in the node history");
+            tracing::warn!(node = %node.uuid, error = %e, "could not record {what} in the node history");
         }
+    }
+
+    /// Record that `step` of `node`'s cleaning finished.
+    pub(super) async fn record_clean_step(&self, node: &Node, step: &PlannedStep) {
+        self.record_history(
+            node,
+            CLEAN_STEP_ACTION,
+            &event_text(step),
+            "a finished clean step",
+        )
+        .await;
     }
 }
 

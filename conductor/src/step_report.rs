@@ -7,8 +7,7 @@
 //! are kept, never the raw result.
 
 use super::Conductor;
-use chrono::Utc;
-use rivet_store::{AuditEntry, Node};
+use rivet_store::Node;
 use serde_json::Value;
 
 /// The audit action of a step report; `api::history` shows these rows as entries.
@@ -72,26 +71,9 @@ impl Conductor {
             return;
         };
         tracing::info!(node = %node.uuid, step, %summary, "erase step result");
-        let entry = AuditEntry {
-            seq: 0,
-            created_at: Utc::now(),
-            actor: format!("conductor:{}", self.id()),
-            source: None,
-            method: None,
-            path: None,
-            node_uuid: Some(node.uuid.clone()),
-            action: STEP_REPORT_ACTION.into(),
-            status: None,
-            // Same shape as a health row: the history reads the state after `; state: `.
-            detail: Some(format!(
-                "{}; state: {}",
-                report_event(operation, step, &summary),
-                node.provision_state
-            )),
-        };
-        if let Err(e) = self.store.append_audit(&entry).await {
-            tracing::warn!(node = %node.uuid, error = %e, "could not record an erase report in the audit log");
-        }
+        let event = report_event(operation, step, &summary);
+        self.record_history(node, STEP_REPORT_ACTION, &event, "an erase report")
+            .await;
     }
 }
 
