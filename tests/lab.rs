@@ -232,9 +232,10 @@ impl Redfish {
             .as_str()
             .unwrap_or_default()
             .to_string();
+        // In Legacy mode sushy-tools refuses the SecureBoot resource (501): off.
         let secure = match sys["SecureBoot"]["@odata.id"].as_str() {
-            Some(p) => self.get(p)?["SecureBootEnable"].as_bool() == Some(true),
-            None => false,
+            Some(p) if mode != "Legacy" => self.get(p)?["SecureBootEnable"].as_bool() == Some(true),
+            _ => false,
         };
         Ok((mode, secure))
     }

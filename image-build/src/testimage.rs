@@ -89,7 +89,11 @@ fn init_script(version: &str) -> String {
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t sysfs sysfs /sys
 /bin/busybox mount -t devtmpfs devtmpfs /dev
-for m in $(cat /lib/modules/{version}/load.list); do insmod /lib/modules/{version}/$m; done
+for m in $(cat /lib/modules/{version}/load.list); do
+  # efivarfs only where there is UEFI firmware to show.
+  case $m in *efivarfs*) [ -d /sys/firmware/efi ] || continue ;; esac
+  insmod /lib/modules/{version}/$m
+done
 uuid=none
 why="no partition labelled config-2"
 i=0
