@@ -478,9 +478,13 @@ firmware_of() {
 os_xml() {
     local fw="$1" name="$2"
     case "$fw" in
+        # The SeaBIOS loader named, as sushy-tools writes it for Legacy: without a loader
+        # element sushy-tools reports no boot mode at all, and rivetd would take its
+        # default (uefi) for the machine's.
         bios) cat <<EOF
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
+    <loader readonly='yes' type='rom'>$SEABIOS</loader>
     <boot dev='hd'/>
     <boot dev='network'/>
     <bios useserial='yes' rebootTimeout='10000'/>
