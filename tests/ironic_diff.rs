@@ -481,6 +481,10 @@ enum Step {
     Settle(&'static str),
     /// Wait until the node's power state is this on both servers.
     WaitPower(&'static str, &'static str),
+    /// Wait (at most 30 s) until `GET path` shows `field` = `want` on both servers: work a
+    /// server finishes after its answer (Ironic's conductor matches an allocation to a node
+    /// in a worker).
+    WaitFor(String, &'static str, &'static str),
     /// Remember the `uuid` of the last element of list `list` of `GET path` as `key`.
     Capture(String, String, &'static str),
 }
@@ -728,6 +732,11 @@ fn setup() -> Vec<Step> {
         "alloc:a1".into(),
         "/v1/allocations",
         json!({"name": "a1", "resource_class": "rc-a"}),
+    ));
+    s.push(Step::WaitFor(
+        "/v1/allocations/{alloc:a1}".into(),
+        "state",
+        "active",
     ));
     for n in victim_names("adel", false) {
         s.push(Step::Create(
@@ -2112,6 +2121,27 @@ fn rivet_answers_as_ironic_does() -> Result<()> {
             Step::WaitPower(node, want) => {
                 for p in &peers {
                     p.wait_power(node, want)?;
+                }
+            }
+            Step::WaitFor(path, field, want) => {
+                for p in &peers {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    loop {
+                        let a = p.send("GET", path, Some("latest"), None)?;
+                        let seen = a.body.as_ref().map(|b| b[*field].clone());
+                        if seen.as_ref().and_then(Value::as_str) == Some(*want) {
+                            break;
+                        }
+                        if Instant::now() > deadline {
+                            // The comparison that follows shows the difference.
+                            eprintln!(
+                                "{}: {path} {field} is {seen:?} after 30 s, not {want:?}",
+                                p.name
+                            );
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                 }
             }
             Step::Capture(key, path, list) => {
