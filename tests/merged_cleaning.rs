@@ -264,7 +264,9 @@ impl Domain {
         let xml = format!(
             "<domain type='qemu'>\n  <name>{name}</name>\n  <uuid>{uuid}</uuid>\n\
              <memory unit='MiB'>32</memory>\n  <vcpu>1</vcpu>\n\
-             <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>\n\
+             <os><type arch='x86_64' machine='pc'>hvm</type>\
+             <loader readonly='yes' type='rom'>/usr/share/seabios/bios-256k.bin</loader>\
+             <boot dev='hd'/></os>\n\
              <on_poweroff>destroy</on_poweroff><on_reboot>restart</on_reboot>\n\
              <devices><emulator>{qemu}</emulator><memballoon model='none'/></devices>\n\
              </domain>\n"
@@ -499,6 +501,10 @@ fn manual_and_automated_cleaning_merge_in_band_and_redfish_steps() -> Result<()>
         Some(json!({
             "driver": "redfish", "name": "merge", "deploy_interface": "direct",
             "automated_clean": true,
+            // The test's domain is a SeaBIOS machine without ACPI (its loader named, so
+            // sushy-tools reports Legacy): said here too, or a BMC that reported nothing
+            // would be switched to rivetd's default, UEFI, which libvirt refuses without ACPI.
+            "properties": {"capabilities": "boot_mode:bios"},
             "driver_info": {
                 "redfish_address": sushy.url,
                 "redfish_system_id": format!("/redfish/v1/Systems/{uuid}"),
