@@ -43,11 +43,7 @@ pub const FAST_TRACK_STATES: &[ProvisionState] = &[
 fn parse_bool(v: &Value) -> Option<bool> {
     match v {
         Value::Bool(b) => Some(*b),
-        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
-            "1" | "t" | "true" | "on" | "y" | "yes" => Some(true),
-            "0" | "f" | "false" | "off" | "n" | "no" => Some(false),
-            _ => None,
-        },
+        Value::String(s) => rivet_protocol::api::parse_bool_str(s),
         Value::Number(n) => match n.as_u64() {
             Some(1) => Some(true),
             Some(0) => Some(false),
