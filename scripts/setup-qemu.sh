@@ -2,8 +2,10 @@
 # Installs what image-build and the QEMU end-to-end tests need, idempotently (Debian 12, root):
 # QEMU (TCG is enough) and OVMF (UEFI firmware for the ISO test), busybox-static for the
 # ramdisk's /init, socat for the guestfwd relay, xorriso + GRUB (BIOS and UEFI) + mtools for
-# the ISO, cpio for inspection, and a Debian kernel package (not installed: downloaded with
-# `apt-get download` into the kernel cache, where image-build and the tests find it).
+# the ISO, cpio for inspection, mdadm for the ramdisk's software RAID (the binary only, unpacked
+# from Debian's package to /usr/local/lib/rivet/mdadm/mdadm, not installed), and a Debian
+# kernel package (not installed: downloaded with `apt-get download` into the kernel cache,
+# where image-build and the tests find it).
 #
 #   scripts/setup-qemu.sh            # prints the cached kernel package's path last
 #
@@ -15,7 +17,8 @@ cd "$root"
 log() { echo "setup-qemu: $*" >&2; }
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils zstd syslinux syslinux-common dosfstools ovmf busybox-static socat xorriso grub-pc-bin grub-efi-amd64-bin mtools cpio gdisk e2fsprogs util-linux
-              shim-signed grub-efi-amd64-signed)
+              shim-signed grub-efi-amd64-signed
+              libudev1)   # mdadm's one library besides glibc: image-build copies it into the ramdisk
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -38,6 +41,33 @@ if ! qemu-img --version >/dev/null 2>&1; then
     apt-get install -y -qq --no-install-recommends qemu-utils >/dev/null
 fi
 qemu-img --version >/dev/null 2>&1 || { log "FAIL: qemu-img missing after installing qemu-utils"; exit 1; }
+
+# mdadm for the ramdisk (image-build ships it at /usr/sbin/mdadm with its loader and
+# libraries, and looks here first). Debian's package is not installed: its postinst would
+# start a monitor daemon and scan the host's disks. Only its binary is unpacked.
+MDADM=/usr/local/lib/rivet/mdadm/mdadm
+if ! "$MDADM" --version >/dev/null 2>&1; then
+    log "unpacking mdadm from Debian's package into ${MDADM%/*} (not installed)"
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    fetch_mdadm() { (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root mdadm >&2); }
+    if ! fetch_mdadm; then
+        [ "$updated" = 0 ] || { log "FAIL: apt-get download mdadm"; exit 1; }
+        apt-get update -qq
+        updated=1
+        fetch_mdadm
+    fi
+    dpkg-deb -x "$tmp"/mdadm_*.deb "$tmp/root"
+    src="$tmp/root/sbin/mdadm"
+    [ -f "$src" ] || src="$tmp/root/usr/sbin/mdadm"
+    [ -f "$src" ] || { log "FAIL: no sbin/mdadm in $(ls "$tmp"/mdadm_*.deb)"; exit 1; }
+    install -D -m 0755 "$src" "$MDADM.new"
+    mv -f "$MDADM.new" "$MDADM"
+    rm -rf "$tmp"
+    trap - EXIT
+    "$MDADM" --version >/dev/null 2>&1 || { log "FAIL: $MDADM --version does not run"; exit 1; }
+fi
+log "mdadm: $MDADM ($("$MDADM" --version 2>&1 | head -n 1))"
 
 cache="${RIVET_KERNEL_CACHE:-$root/target/kernel-cache}"
 mkdir -p "$cache"

@@ -319,8 +319,8 @@ fn no_state_without_work_through_ipmi_sim() -> anyhow::Result<()> {
 
 /// A node as Metal3's tooling enrols it (`driver: ipmi`, `boot_interface: ipxe`,
 /// `raid_interface: agent`) is accepted, keeps a validated target RAID configuration, and
-/// goes through manage and provide as any ipmi node; a manual cleaning asking for the agent's
-/// RAID step is refused up front (this ramdisk offers none) and changes nothing.
+/// goes through manage and provide as any ipmi node; provide builds no array by itself.
+/// (The agent RAID steps themselves: tests/raid_api.rs.)
 #[test]
 fn metal3_style_agent_raid_node_manages_and_provides() -> anyhow::Result<()> {
     if !ipmi_ok() {
@@ -347,19 +347,6 @@ fn metal3_style_agent_raid_node_manages_and_provides() -> anyhow::Result<()> {
     let (n, _) = manage(&d, "m3")?;
     assert_eq!(n["provision_state"], "manageable", "{n}");
     assert_eq!(n["target_raid_config"], cfg, "{n}");
-    let (s, v) = d.call(
-        "PUT",
-        "/v1/nodes/m3/states/provision",
-        Some(json!({"target": "clean",
-                    "clean_steps": [{"interface": "raid", "step": "create_configuration"}]})),
-    )?;
-    assert_eq!(s, 400, "{v}");
-    assert!(
-        v.to_string()
-            .contains("the agent of this ramdisk offers no RAID steps"),
-        "{v}"
-    );
-    assert_eq!(d.node("m3")?["provision_state"], "manageable");
     let (s, v) = d.call(
         "PUT",
         "/v1/nodes/m3/states/provision",

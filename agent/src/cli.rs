@@ -12,6 +12,7 @@ use crate::logring::{self, LogRing};
 use crate::{pid1, HttpTransport};
 use clap::{Args, Parser, Subcommand};
 use rivet_hardware_managers::deploy::{DeployManager, DiskLister};
+use rivet_hardware_managers::raid::SoftwareRaidManager;
 use rivet_hardware_managers::{
     default_managers, Dispatcher, HardwareManager, ManagerConfig, StepContext,
 };
@@ -71,6 +72,22 @@ struct RunArgs {
     /// Time limit of the other commands, in seconds.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     command_timeout: u64,
+    /// IPA mode: a stock Ironic's API URL (else `ipa-api-url=` on the kernel command line).
+    /// The agent then looks up, heartbeats and serves IPA's REST API as ironic-python-agent.
+    #[arg(long, value_name = "URL")]
+    ironic: Option<String>,
+    /// IPA mode: where IPA's API listens (else port `ipa-listen-port=`, default 9999, on all
+    /// addresses).
+    #[arg(long, value_name = "ADDR:PORT")]
+    ipa_listen: Option<std::net::SocketAddr>,
+    /// IPA mode: the callback URL sent to Ironic (else `ipa-advertise-host=`/`-port=`, else
+    /// the address that routes to Ironic).
+    #[arg(long, value_name = "URL")]
+    ipa_advertise: Option<String>,
+    /// IPA mode: post the inventory here first, for in-band inspection (else
+    /// `ipa-inspection-callback-url=`).
+    #[arg(long, value_name = "URL")]
+    inspection_callback: Option<String>,
     /// Directory whose etc/passwd and etc/shadow get the rescue login (finalize_rescue).
     /// The ramdisk's init uses `/`; a local agent without this refuses to rescue, so it
     /// never changes the host's own accounts.
@@ -214,7 +231,14 @@ fn with_deploy(
         None => inventory::collect_disks(&Root::default()),
     });
     let fetcher = Arc::new(HttpFetcher::new(settings.ca.clone()));
-    managers.push(Arc::new(deploy_manager(fetcher, lister, settings, mcfg)));
+    managers.push(Arc::new(deploy_manager(
+        fetcher,
+        lister.clone(),
+        settings,
+        mcfg,
+    )));
+    // Software RAID steps, offered only where mdadm and md exist (the ramdisk).
+    managers.push(Arc::new(SoftwareRaidManager::new(lister)));
     managers
 }
 
@@ -329,12 +353,16 @@ where
         ca: args.ca.clone(),
         ..overrides(&args.local)
     };
-    let settings = match config::resolve(&config::read_cmdline(), &env_var, &flags, true) {
+    let cmdline = config::read_cmdline();
+    let boot = config::parse_cmdline(&cmdline);
+    let ironic = args.ironic.clone().or(boot.ipa_api_url.clone());
+    let settings = match config::resolve(&cmdline, &env_var, &flags, ironic.is_none()) {
         Ok(s) => s,
         Err(e) => return fatal(&e.to_string()),
     };
     let ring = LogRing::new(RING_LINES, true);
     logring::init(&settings.log, &ring, settings.log_json);
+    let ring_for_ipa = ring.clone();
 
     let mcfg = manager_config(&settings, &args.local);
     let dispatcher = Arc::new(Dispatcher::new(with_deploy(
@@ -374,6 +402,63 @@ where
         },
         ring,
     );
+    if let Some(api_url) = ironic {
+        let port = boot.ipa_listen_port.unwrap_or(9999);
+        let listen = args
+            .ipa_listen
+            .unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], port)));
+        let advertise = args.ipa_advertise.clone().or_else(|| {
+            boot.ipa_advertise_host.as_ref().map(|h| {
+                format!(
+                    "http://{h}:{}",
+                    boot.ipa_advertise_port.unwrap_or(listen.port())
+                )
+            })
+        });
+        let ca_pem = match &settings.ca {
+            Some(p) => match std::fs::read(p) {
+                Ok(b) => Some(b),
+                Err(e) => return fatal(&format!("cannot read CA {}: {e}", p.display())),
+            },
+            None => None,
+        };
+        let opts = crate::ipa::IpaOptions {
+            api_url,
+            listen,
+            advertise,
+            node: settings.node.clone(),
+            inspection_callback: args
+                .inspection_callback
+                .clone()
+                .or(boot.ipa_inspection_callback.clone()),
+            ca_pem,
+            inventory,
+        };
+        tracing::info!(version = rivet_protocol::VERSION, ironic = %opts.api_url,
+                       listen = %opts.listen, devices = ?settings.devices,
+                       "rivet-agent starting in IPA mode");
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => return fatal(&format!("cannot start the async runtime: {e}")),
+        };
+        let log = ring_for_ipa.clone();
+        return match runtime.block_on(crate::ipa::run(
+            opts,
+            executor,
+            dispatcher,
+            log,
+            shutdown_signal(),
+        )) {
+            Ok(()) => {
+                tracing::info!("rivet-agent stopped");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fatal(&e),
+        };
+    }
     let agent = Agent::new(
         AgentOptions {
             controllers: settings.controllers.clone(),

@@ -230,16 +230,21 @@ impl Conductor {
                 }
             };
             let driver_steps = bmc.steps(&uuid, &node.driver_info).await;
-            let available = steps::available(&agent_steps, &driver_steps);
-            // Shown by GET …/clean_steps; kept after the run (not run state).
+            // The cache keeps everything the agent offered (Ironic's agent_cached_clean_steps);
+            // readers take the steps the node's interfaces take (steps::planned_for).
             rivet_model::internal_info::set_cached_clean_steps(
                 &mut node.driver_internal_info,
-                &available,
+                &steps::available(&agent_steps, &driver_steps),
                 Utc::now(),
             );
+            // The agent's RAID steps only through the agent RAID interface.
+            let raid_iface = super::raid_steps::raid_interface(&node);
+            let agent_steps = steps::agent_steps_for(&agent_steps, &raid_iface);
             let planned = if manual {
                 let requested = requested(&node).unwrap_or_default();
-                match steps::manual_plan(&requested, &available) {
+                let available = steps::available(&agent_steps, &driver_steps);
+                let no_raid = steps::NoRaidSteps::of(&raid_iface, "direct", Some(true));
+                match steps::manual_plan(&requested, &available, no_raid) {
                     Ok(p) => p,
                     Err(e) => {
                         let msg = format!("manual cleaning of node {} refused: {e}", node.ident());
@@ -345,7 +350,12 @@ impl Conductor {
             ));
         }
         let requested = requested(node).unwrap_or_default();
-        steps::manual_plan(&requested, &steps::available(&[], &driver_steps))
+        let raid_iface = super::raid_steps::raid_interface(node);
+        let deploy_iface = node
+            .interfaces
+            .get(&node.driver, rivet_model::interfaces::Iface::Deploy);
+        let no_raid = steps::NoRaidSteps::of(&raid_iface, &deploy_iface, None);
+        steps::manual_plan(&requested, &steps::available(&[], &driver_steps), no_raid)
             .map_err(|e| e.to_string())
     }
 
@@ -358,7 +368,7 @@ impl Conductor {
         }
         let driver_steps = bmc.steps(&node.uuid, &node.driver_info).await;
         let available = steps::available(&[], &driver_steps);
-        steps::manual_plan(&requested, &available).ok()
+        steps::manual_plan(&requested, &available, steps::NoRaidSteps::Unknown).ok()
     }
 
     async fn advance_agent_step(
@@ -368,16 +378,33 @@ impl Conductor {
         index: usize,
     ) -> Result<Option<Node>, ConductorError> {
         let uuid = node.uuid.clone();
-        let kind = CommandKind::ExecuteStep {
+        let kind = |args| CommandKind::ExecuteStep {
             interface: step.step.interface.clone(),
             step: step.step.step.clone(),
-            args: step.args.clone(),
+            args,
         };
         let Some(id) = node.runs.clean.as_ref().and_then(|r| r.command.clone()) else {
             if !has_agent(&node) {
                 // After a requested reboot: wait for the agent to look up again.
                 return self.wait_in(node, ProvisionState::CleanWait).await;
             }
+            // The RAID steps carry the configuration to build; a node without one fails
+            // here, before the agent is asked (Ironic's AgentRAID.create_configuration).
+            let args = match self.raid_step_args(&node, step, true).await? {
+                Ok(a) => a,
+                Err(e) => {
+                    crate::metrics::step_failed("clean", step, None);
+                    let msg = format!(
+                        "clean step {} failed on node {}: {e}",
+                        step.step.step,
+                        node.ident()
+                    );
+                    node.clean_step = Some(step_doc(step));
+                    let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+                    return self.fail(node, &msg).await.map(Some);
+                }
+            };
+            let kind = kind(args);
             let id = uuid::Uuid::new_v4().to_string();
             let run = run_mut(&mut node);
             run.command = Some(id.clone());
@@ -389,7 +416,13 @@ impl Conductor {
             tracing::info!(node = %uuid, step = %step.step.step, index, "clean step sent to the agent");
             return Ok(Some(node));
         };
-        let Some(result) = self.ensure_queued(&uuid, &id, kind).await? else {
+        // Only used if the command must be queued again (a crash between writing its id and
+        // queueing it): the same arguments, rebuilt.
+        let args = self
+            .raid_step_args(&node, step, false)
+            .await?
+            .unwrap_or_else(|_| step.args.clone());
+        let Some(result) = self.ensure_queued(&uuid, &id, kind(args)).await? else {
             if node.provision_state != ProvisionState::CleanWait {
                 return self
                     .ensure_state(node, ProvisionState::CleanWait)
@@ -402,6 +435,20 @@ impl Conductor {
             CommandStatus::Succeeded => {
                 self.record_step_report(&node, "clean", &step.step.step, &result.result)
                     .await;
+                if let Err(e) = self
+                    .record_raid_result(&mut node, step, "clean", &result.result)
+                    .await?
+                {
+                    let started = node.runs.clean.as_ref().and_then(|r| r.step_started_at);
+                    crate::metrics::step_failed("clean", step, started);
+                    let msg = format!(
+                        "clean step {} failed on node {}: {e}",
+                        step.step.step,
+                        node.ident()
+                    );
+                    let node = self.ensure_state(node, ProvisionState::Cleaning).await?;
+                    return self.fail(node, &msg).await.map(Some);
+                }
                 self.step_done(node, step, index).await.map(Some)
             }
             CommandStatus::Failed | CommandStatus::Aborted => {

@@ -259,6 +259,10 @@ impl Conductor {
             let node = self.ensure_state(node, ProvisionState::Deploying).await?;
             return self.fail(node, &msg).await.map(Some);
         }
+        // The agent's RAID steps only through the agent RAID interface (Ironic's
+        // AgentRAID.get_deploy_steps).
+        let raid_iface = super::raid_steps::raid_interface(&node);
+        let agent = steps::agent_steps_for(&agent, &raid_iface);
         // Agent steps with priority 0 run only when requested with a priority.
         let mut extra: Vec<PlannedStep> = agent
             .into_iter()
@@ -283,19 +287,43 @@ impl Conductor {
         {
             extra.push(conductor_step("hold", 0));
         }
-        // Every requested step must exist somewhere.
-        for r in &run.requested {
-            let known = run
+        // Every requested step must exist somewhere, with the arguments it requires.
+        for r in run.requested.iter().filter(|r| r.priority > 0) {
+            let Some(known) = run
                 .plan
                 .iter()
                 .chain(extra.iter())
-                .any(|p| p.step.step == r.step && p.step.interface == r.interface);
-            if !known && r.priority > 0 {
+                .find(|p| p.step.step == r.step && p.step.interface == r.interface)
+            else {
+                let no_raid = if r.interface == "raid" {
+                    steps::NoRaidSteps::of(&raid_iface, "direct", Some(true)).reason()
+                } else {
+                    String::new()
+                };
                 let msg = format!(
-                    "deploy step {}.{} requested for node {} is offered neither by the conductor nor by its agent",
+                    "deploy step {}.{} requested for node {} is offered neither by the conductor nor by its agent{no_raid}",
                     r.interface,
                     r.step,
                     node.ident()
+                );
+                let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                return self.fail(node, &msg).await.map(Some);
+            };
+            // As Ironic's _validate_user_step: every required argument given.
+            let missing: Vec<String> = known
+                .step
+                .argsinfo
+                .iter()
+                .filter(|(name, info)| info.required && !r.args.contains_key(*name))
+                .map(|(name, info)| format!("{name} ({})", info.description))
+                .collect();
+            if !missing.is_empty() {
+                let msg = format!(
+                    "deploy step {}.{} requested for node {} is missing these required arguments: {}",
+                    r.interface,
+                    r.step,
+                    node.ident(),
+                    missing.join(", ")
                 );
                 let node = self.ensure_state(node, ProvisionState::Deploying).await?;
                 return self.fail(node, &msg).await.map(Some);
@@ -349,6 +377,7 @@ impl Conductor {
         step: &PlannedStep,
     ) -> Result<Option<Node>, ConductorError> {
         let uuid = node.uuid.clone();
+        let first = run.command.is_none();
         let args = if step.step.step == WRITE_IMAGE {
             // The mode the ramdisk booted in; a run that booted no ramdisk (fast track, a
             // run from an older rivetd) resolves it now.
@@ -357,8 +386,26 @@ impl Conductor {
                 None => self.override_mode(&node).await,
             };
             self.write_image_args(&node, mode).to_args()
-        } else {
+        } else if first && !super::cleaning::has_agent(&node) {
+            // Nothing is sent before the agent calls back (below).
             step.args.clone()
+        } else {
+            // The RAID steps carry the configuration to build (raid_steps); the decision
+            // that sends the step checks and stores it, later ones only rebuild the command.
+            match self.raid_step_args(&node, step, first).await? {
+                Ok(a) => a,
+                Err(_) if !first => step.args.clone(),
+                Err(e) => {
+                    crate::metrics::step_failed("deploy", step, None);
+                    let msg = format!(
+                        "deploy step {} failed on node {}: {e}",
+                        step.step.step,
+                        node.ident()
+                    );
+                    let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                    return self.fail(node, &msg).await.map(Some);
+                }
+            }
         };
         let kind = CommandKind::ExecuteStep {
             interface: step.step.interface.clone(),
@@ -402,6 +449,19 @@ impl Conductor {
             .unwrap_or(false);
         match result.status {
             CommandStatus::Succeeded => {
+                if let Err(e) = self
+                    .record_raid_result(&mut node, step, "deploy", &result.result)
+                    .await?
+                {
+                    crate::metrics::step_failed("deploy", step, run.step_started_at);
+                    let msg = format!(
+                        "deploy step {} failed on node {}: {e}",
+                        step.step.step,
+                        node.ident()
+                    );
+                    let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                    return self.fail(node, &msg).await.map(Some);
+                }
                 tracing::info!(node = %uuid, step = %step.step.step, "deploy step succeeded");
                 crate::metrics::step_finished("deploy", step, run.step_started_at);
                 if step.step.step == WRITE_IMAGE {

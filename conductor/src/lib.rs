@@ -33,6 +33,7 @@ mod oob_steps;
 mod periodic;
 mod power_policy;
 mod power_sync;
+mod raid_steps;
 mod rescue;
 pub mod servicing;
 pub mod step_record;

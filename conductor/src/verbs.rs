@@ -653,24 +653,39 @@ impl Conductor {
         } else {
             Some(Vec::new())
         };
+        // The agent's RAID steps count only through the agent RAID interface (the cache
+        // holds all the agent offered).
+        let raid_iface = super::raid_steps::raid_interface(node);
         let agent: Vec<_> = cached
             .as_deref()
             .unwrap_or_default()
             .iter()
-            .filter(|p| p.source == Source::Agent)
+            .filter(|p| {
+                p.source == Source::Agent && steps::takes_agent_step(&p.step.interface, &raid_iface)
+            })
             .map(|p| p.step.clone())
             .collect();
         let available = steps::available(&agent, &driver);
+        // Without a cache, the agent's steps are checked when it lists them: those of the
+        // deploy interface, and the RAID ones when the agent RAID interface takes them.
+        let agent_may_offer = |r: &RequestedStep| {
+            r.interface == "deploy" || (r.interface == "raid" && raid_iface == "agent")
+        };
         let checkable: Vec<RequestedStep> = requested
             .iter()
             .filter(|r| {
                 cached.is_some()
-                    || r.interface != "deploy"
+                    || !agent_may_offer(r)
                     || steps::conductor_steps().iter().any(|c| c.step == r.step)
             })
             .cloned()
             .collect();
-        steps::manual_plan(&checkable, &available)
+        let deploy_iface = node
+            .interfaces
+            .get(&node.driver, rivet_model::interfaces::Iface::Deploy);
+        let gathered = node.interfaces.uses_agent(&node.driver).then_some(false);
+        let no_raid = steps::NoRaidSteps::of(&raid_iface, &deploy_iface, gathered);
+        steps::manual_plan(&checkable, &available, no_raid)
             .map(|_| ())
             .map_err(|e| ConductorError::BadRequest(format!("node {}: {e}", node.ident())))
     }

@@ -342,6 +342,26 @@ async fn caches_raid_and_children(db: TestDb) {
         Some("uefi"),
         "kept by a RAID change"
     );
+    // What the RAID steps built, apart from the target; `{}` after a delete.
+    let built = obj(json!({"logical_disks": [{"raid_level": "1", "size_gb": 9}],
+                           "last_updated": "2026-01-02 03:04:05"}));
+    s.set_raid_config("p", &built).await.expect("built");
+    s.set_raid_config("k", &built)
+        .await
+        .expect("built on another node");
+    let m = s.node_management("p").await.expect("management");
+    assert_eq!(m.raid_config, built);
+    assert!(m.target_raid_config.is_empty(), "target untouched");
+    assert_eq!(m.boot_mode.as_deref(), Some("uefi"));
+    let k = s.node_management("k").await.expect("k");
+    assert_eq!((k.raid_config, k.secure_boot), (built.clone(), Some(false)));
+    s.set_raid_config("p", &Map::new()).await.expect("deleted");
+    assert!(s
+        .node_management("p")
+        .await
+        .expect("m")
+        .raid_config
+        .is_empty());
 
     let p = s.get_node("p").await.expect("p");
     s.delete_node("p", p.version).await.expect("delete");

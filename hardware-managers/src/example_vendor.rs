@@ -5,16 +5,27 @@
 //! delegates to the generic implementation — a real vendor would first, say, clear a RAID
 //! controller's foreign configuration) and adds `example_vendor_step`. On other machines it
 //! reports [`SupportLevel::None`] and the dispatcher drops it.
+//!
+//! It also shows hardware RAID: it offers `raid.create_configuration` and
+//! `raid.delete_configuration` at `Vendor` level, so on its machines it runs them instead of
+//! the software RAID manager. It builds the logical disks whose `controller` is
+//! [`EXAMPLE_CONTROLLER`] (pretend: a real vendor calls its controller's tool here), hands
+//! `controller: software` ones to the [`SoftwareRaidManager`] it was given, and refuses any
+//! other controller by name.
 
 use crate::erase::Mode;
 use crate::generic::GenericManager;
+use crate::raid::SoftwareRaidManager;
 use crate::{HardwareManager, ManagerConfig, StepContext, StepError, SupportLevel};
 use rivet_protocol::steps::{ArgInfo, StepDescriptor};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// The (pretend) hardware RAID controller the example builds volumes on.
+pub const EXAMPLE_CONTROLLER: &str = "example-raid-0";
 
 /// Vendor string the example matches by default.
 pub const DEFAULT_VENDOR: &str = "Rivet Example Corp";
@@ -26,6 +37,9 @@ pub struct ExampleVendorManager {
     vendor: String,
     generic: GenericManager,
     metadata_runs: Arc<AtomicUsize>,
+    software: Option<Arc<SoftwareRaidManager>>,
+    /// Logical disks "on the controller".
+    volumes: Arc<Mutex<Vec<Value>>>,
 }
 
 impl ExampleVendorManager {
@@ -41,7 +55,78 @@ impl ExampleVendorManager {
             vendor: vendor.into(),
             generic: GenericManager::new(cfg),
             metadata_runs: Arc::new(AtomicUsize::new(0)),
+            software: None,
+            volumes: Arc::default(),
         }
+    }
+
+    /// Hand `controller: software` logical disks to `m`.
+    pub fn with_software_raid(mut self, m: Arc<SoftwareRaidManager>) -> Self {
+        self.software = Some(m);
+        self
+    }
+
+    /// `raid.create_configuration`: this controller's volumes here, software ones delegated.
+    fn create_raid(
+        &self,
+        args: &Map<String, Value>,
+        ctx: &StepContext,
+    ) -> Result<Value, StepError> {
+        let disks = args
+            .get("target_raid_config")
+            .and_then(|c| c.get("logical_disks"))
+            .and_then(Value::as_array)
+            .ok_or_else(|| StepError::BadArgument {
+                name: "target_raid_config".into(),
+                reason: "expected {\"logical_disks\": [...]}".into(),
+            })?;
+        let (mut mine, mut software) = (Vec::new(), Vec::new());
+        for (i, d) in disks.iter().enumerate() {
+            match d.get("controller").and_then(Value::as_str) {
+                Some(EXAMPLE_CONTROLLER) => mine.push(d.clone()),
+                Some("software") => software.push(d.clone()),
+                other => {
+                    return Err(StepError::Failed(format!(
+                        "logical disk {i}: controller {other:?} is neither {EXAMPLE_CONTROLLER:?} \
+                         nor \"software\""
+                    )))
+                }
+            }
+        }
+        let mut built = Vec::new();
+        if !software.is_empty() {
+            let m = self.software.as_ref().ok_or_else(|| {
+                StepError::Failed(
+                    "software RAID was asked for, but this build has no software RAID manager"
+                        .into(),
+                )
+            })?;
+            let r =
+                m.create_configuration(&json!({"logical_disks": software}), true, true, true, ctx)?;
+            if let Some(v) = r["raid_config"]["logical_disks"].as_array() {
+                built.extend(v.iter().cloned());
+            }
+        }
+        ctx.check()?;
+        let mut volumes = self.volumes.lock().unwrap_or_else(|p| p.into_inner());
+        volumes.clear();
+        for (i, mut d) in mine.into_iter().enumerate() {
+            d["volume_name"] = d
+                .get("volume_name")
+                .cloned()
+                .unwrap_or_else(|| json!(format!("example-{i}")));
+            volumes.push(d.clone());
+            built.push(d);
+        }
+        Ok(json!({"raid_config": {"logical_disks": built}, "manager": self.name()}))
+    }
+
+    /// The logical disks on the pretend controller.
+    pub fn raid_volumes(&self) -> Vec<Value> {
+        self.volumes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// How many times this manager's `erase_devices_metadata` ran.
@@ -82,6 +167,13 @@ impl HardwareManager for ExampleVendorManager {
             argsinfo: args,
             ..StepDescriptor::in_band("example_vendor_step", 0)
         });
+        for step in ["create_configuration", "delete_configuration"] {
+            meta.push(StepDescriptor {
+                interface: "raid".into(),
+                abortable: false,
+                ..StepDescriptor::in_band(step, 0)
+            });
+        }
         meta
     }
 
@@ -108,6 +200,19 @@ impl HardwareManager for ExampleVendorManager {
                 ctx.check()?;
                 ctx.set_progress(1, 1, format!("applied {setting}"));
                 Ok(json!({"applied": setting, "manager": self.name()}))
+            }
+            "create_configuration" => self.create_raid(args, ctx),
+            "delete_configuration" => {
+                self.volumes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
+                if let Some(m) = &self.software {
+                    if !m.steps().is_empty() {
+                        m.delete_configuration(ctx)?;
+                    }
+                }
+                Ok(json!({"raid_config": {}, "manager": self.name()}))
             }
             other => Err(StepError::UnknownStep(other.into())),
         }

@@ -7,7 +7,8 @@
 //!
 //! Modules: [`generic`] (IPA's erase steps), [`deploy`] (`write_image`: streaming an image
 //! and its configdrive to a disk; the network reaches it only through the agent's
-//! `ImageFetcher`), [`erase`] (the erase engine: device safety,
+//! `ImageFetcher`), [`raid`] (software RAID with md: `raid.create_configuration`,
+//! `raid.delete_configuration`, `raid.apply_configuration`), [`erase`] (the erase engine: device safety,
 //! metadata wipe, NVMe/ATA secure erase, zeroing, verification; ioctls in `erase::ioctl`),
 //! [`plugin`] (exec plugins, protocol in `PLUGINS.md`), [`example_vendor`] (a compiled-in
 //! vendor manager to copy). Everything here blocks: the agent calls it on a blocking thread.
@@ -156,6 +157,7 @@ pub mod erase;
 pub mod example_vendor;
 pub mod generic;
 pub mod plugin;
+pub mod raid;
 
 pub use example_vendor::ExampleVendorManager;
 

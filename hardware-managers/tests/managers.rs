@@ -358,3 +358,65 @@ fn abort_kills_an_abortable_plugin_but_not_a_firmware_flash() -> anyhow::Result<
     assert!(e.to_string().contains("timed out"), "{e}");
     Ok(())
 }
+
+/// Hardware RAID through a vendor manager: `raid.create_configuration` goes to the manager
+/// with the highest support level that offers it, which builds its own controller's
+/// volumes, hands `software` ones to the software RAID manager and refuses others by name.
+#[test]
+fn vendor_manager_takes_raid_steps_for_its_controller() -> anyhow::Result<()> {
+    use rivet_hardware_managers::example_vendor::EXAMPLE_CONTROLLER;
+    use rivet_hardware_managers::raid::SoftwareRaidManager;
+    let dir = tempfile::tempdir()?;
+    let disk = sparse(dir.path(), "disk.img", 4 << 20)?;
+    let cfg = ManagerConfig {
+        devices: Some(vec![disk]),
+        ..ManagerConfig::default()
+    };
+    let dmi = vendor_dmi(dir.path(), "Rivet Example Corp");
+    let software = Arc::new(SoftwareRaidManager::new(Arc::new(Vec::new)));
+    let vendor = Arc::new(
+        ExampleVendorManager::with_dmi(&cfg, &dmi, "Rivet Example Corp")
+            .with_software_raid(software.clone()),
+    );
+    let d = Dispatcher::new(vec![
+        Arc::new(GenericManager::new(&cfg)),
+        software.clone() as Arc<dyn HardwareManager>,
+        vendor.clone() as Arc<dyn HardwareManager>,
+    ]);
+    let s = d
+        .step("create_configuration")
+        .expect("the vendor offers it");
+    assert_eq!(s.interface, "raid");
+    let r = step(
+        &d,
+        "create_configuration",
+        json!({"target_raid_config": {"logical_disks": [
+            {"size_gb": 100, "raid_level": "5", "controller": EXAMPLE_CONTROLLER}]}}),
+    )?;
+    assert_eq!(r["manager"], json!("example_vendor_hardware_manager"));
+    assert_eq!(
+        r["raid_config"]["logical_disks"][0]["volume_name"],
+        json!("example-0")
+    );
+    assert_eq!(vendor.raid_volumes().len(), 1);
+    let e = step(
+        &d,
+        "create_configuration",
+        json!({"target_raid_config": {"logical_disks": [
+            {"size_gb": 100, "raid_level": "1", "controller": "RAID.Integrated.1-1"}]}}),
+    )
+    .expect_err("unknown controller");
+    assert!(e.to_string().contains("RAID.Integrated.1-1"), "{e}");
+    // A software volume is the software manager's; with no disks it says why it cannot build.
+    let e = step(
+        &d,
+        "create_configuration",
+        json!({"target_raid_config": {"logical_disks": [
+            {"size_gb": "MAX", "raid_level": "1", "controller": "software"}]}}),
+    )
+    .expect_err("no disks");
+    assert!(e.to_string().contains("at least 2 disks"), "{e}");
+    step(&d, "delete_configuration", json!({}))?;
+    assert!(vendor.raid_volumes().is_empty());
+    Ok(())
+}

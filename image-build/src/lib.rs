@@ -3,7 +3,8 @@
 //! reproducible gzip-compressed newc cpio), `rivet.iso` (virtual media) and `boot.ipxe`.
 //!
 //! What it owns: the ramdisk's layout and `/init`, choosing and ordering kernel modules from
-//! their `.modinfo`, the cpio writer, and driving `grub-mkrescue`. What it must not do: run
+//! their `.modinfo`, the cpio writer, and driving `grub-mkrescue`. Everything in the ramdisk
+//! is static except mdadm (software RAID), which comes with its loader and shared libraries. What it must not do: run
 //! anything as root, touch the host's `/lib/modules` or devices, or need network access; and
 //! it never embeds secrets (the agent token is handed out at lookup, not baked in).
 //!
@@ -44,6 +45,31 @@ pub const DEFAULT_CONTROLLER: &str = "http://rivet-controller:6385";
 /// Kernel arguments every boot path gets: console on screen and on the first serial port
 /// (the last `console=` is `/dev/console`, where `/init` and the agent log).
 pub const DEFAULT_CONSOLE: &str = "console=tty0 console=ttyS0,115200n8";
+
+/// Where [`default_mdadm`] looks for mdadm, first found wins: the binary scripts/setup-qemu.sh
+/// unpacks from Debian's package (not installed: its postinst would start a monitor daemon
+/// and scan the host's disks), then an installed one.
+pub const MDADM_CANDIDATES: &[&str] = &[
+    "/usr/local/lib/rivet/mdadm/mdadm",
+    "/sbin/mdadm",
+    "/usr/sbin/mdadm",
+];
+
+/// Where shared libraries are looked for, in order, on the build host; the ramdisk keeps
+/// them at the same paths (glibc's loader searches these without an `ld.so.cache`).
+pub const LIBRARY_DIRS: &[&str] = &[
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+];
+
+/// The first of [`MDADM_CANDIDATES`] that exists, if any.
+pub fn default_mdadm() -> Option<PathBuf> {
+    MDADM_CANDIDATES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
 
 /// Errors while building.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +164,9 @@ pub struct Options {
     pub iso: bool,
     /// gzip level 0–9.
     pub compression: u32,
+    /// mdadm, shipped at `/usr/sbin/mdadm` with its loader and shared libraries (software
+    /// RAID). `None`: the ramdisk has no mdadm and the agent offers no software RAID steps.
+    pub mdadm: Option<PathBuf>,
 }
 
 impl Options {
@@ -158,6 +187,7 @@ impl Options {
             cmdline: DEFAULT_CONSOLE.to_string(),
             iso: true,
             compression: 9,
+            mdadm: default_mdadm(),
         }
     }
 
@@ -211,6 +241,10 @@ pub struct Report {
     pub iso: Option<(PathBuf, iso::IsoBoot)>,
     /// The iPXE script.
     pub ipxe: PathBuf,
+    /// The mdadm shipped (host path), if any.
+    pub mdadm: Option<PathBuf>,
+    /// The loader and libraries shipped for it, as ramdisk paths.
+    pub mdadm_libraries: Vec<String>,
 }
 
 /// An extracted kernel package (a temp dir removed on drop, or the caller's directory).
@@ -286,7 +320,7 @@ pub fn check_static(path: &Path, what: &str) -> Result<(), BuildError> {
     match elf::needs_interpreter(&data) {
         Ok(false) => Ok(()),
         Ok(true) => Err(BuildError::Input(format!(
-            "{what} {} is dynamically linked; the ramdisk has no shared libraries{}",
+            "{what} {} is dynamically linked; the ramdisk has no shared libraries for it{}",
             path.display(),
             if what == "busybox" {
                 " (install busybox-static)"
@@ -296,6 +330,111 @@ pub fn check_static(path: &Path, what: &str) -> Result<(), BuildError> {
         ))),
         Err(e) => Err(BuildError::Input(format!("{what} {}: {e}", path.display()))),
     }
+}
+
+/// A shared object a dynamically linked program needs: where it goes in the ramdisk (the
+/// path the loader asks for) and what goes there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedObject {
+    /// Absolute path in the ramdisk, the same as on the host.
+    pub dest: String,
+    /// The real file's content ([`Content::File`], host symlinks followed), or a
+    /// [`Content::Symlink`] to another entry when two names lead to one host file (glibc's
+    /// libraries name the loader, `ld-linux-x86-64.so.2`, which `PT_INTERP` already ships).
+    pub content: Content,
+}
+
+/// The loader (`PT_INTERP`) and every shared library `exe` needs (`DT_NEEDED`, and theirs
+/// in turn), found in `dirs` in order, loader first, then breadth first. A static `exe`
+/// needs none. A library found nowhere is an error naming it and who needs it.
+pub fn shared_objects(exe: &Path, dirs: &[&str]) -> Result<Vec<SharedObject>, BuildError> {
+    let read = |path: &Path| -> Result<elf::Dynamic, BuildError> {
+        let data = std::fs::read(path).map_err(io("reading", path))?;
+        elf::dynamic(&data).map_err(|e| BuildError::Input(format!("{}: {e}", path.display())))
+    };
+    let top = read(exe)?;
+    let mut out: Vec<SharedObject> = Vec::new();
+    // Host file (canonical) → the ramdisk path it was shipped at first.
+    let mut shipped: std::collections::BTreeMap<PathBuf, String> = Default::default();
+    let mut queue: std::collections::VecDeque<(String, String)> = Default::default();
+    let mut seen: std::collections::BTreeSet<String> = Default::default();
+    // Ship `found` (a host path, also the ramdisk path) unless its file is there already.
+    let mut ship =
+        |found: &Path, out: &mut Vec<SharedObject>| -> Result<Option<PathBuf>, BuildError> {
+            let real = std::fs::canonicalize(found).map_err(io("resolving", found))?;
+            let dest = found.to_string_lossy().into_owned();
+            match shipped.get(&real) {
+                Some(first) if *first == dest => Ok(None),
+                Some(first) => {
+                    out.push(SharedObject {
+                        dest,
+                        content: Content::Symlink(first.clone()),
+                    });
+                    Ok(None)
+                }
+                None => {
+                    shipped.insert(real.clone(), dest.clone());
+                    out.push(SharedObject {
+                        dest,
+                        content: Content::File(real.clone()),
+                    });
+                    Ok(Some(real))
+                }
+            }
+        };
+    let who = exe.display().to_string();
+    if let Some(interp) = &top.interpreter {
+        let path = Path::new(interp);
+        if !path.is_absolute() || !path.is_file() {
+            return Err(BuildError::Input(format!(
+                "{who} needs the dynamic loader {interp}, which is not on this host"
+            )));
+        }
+        ship(path, &mut out)?;
+    }
+    queue.extend(top.needed.iter().map(|n| (n.clone(), who.clone())));
+    while let Some((name, by)) = queue.pop_front() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let found = if name.contains('/') {
+            Some(PathBuf::from(&name)).filter(|p| p.is_absolute() && p.is_file())
+        } else {
+            dirs.iter()
+                .map(|d| Path::new(d).join(&name))
+                .find(|p| p.is_file())
+        };
+        let Some(found) = found else {
+            return Err(BuildError::Input(format!(
+                "{by} needs the shared library {name}, which is in none of {}",
+                dirs.join(", ")
+            )));
+        };
+        if let Some(real) = ship(&found, &mut out)? {
+            let by = found.display().to_string();
+            queue.extend(read(&real)?.needed.into_iter().map(|n| (n, by.clone())));
+        }
+    }
+    Ok(out)
+}
+
+/// Add mdadm at [`init::MDADM_PATH`] with its loader, its libraries and
+/// [`init::MDADM_CONF`]; returns the loader's and libraries' ramdisk paths.
+pub fn add_mdadm(a: &mut Archive, mdadm: &Path) -> Result<Vec<String>, BuildError> {
+    if !mdadm.is_file() {
+        return Err(BuildError::Input(format!(
+            "--mdadm {}: no such file (scripts/setup-qemu.sh unpacks one to {})",
+            mdadm.display(),
+            MDADM_CANDIDATES[0]
+        )));
+    }
+    let libs = shared_objects(mdadm, LIBRARY_DIRS)?;
+    a.file(init::MDADM_PATH, 0o755, mdadm)?;
+    for so in &libs {
+        a.add(&so.dest, 0o755, so.content.clone())?;
+    }
+    a.bytes(init::MDADM_CONF, 0o644, init::mdadm_conf())?;
+    Ok(libs.into_iter().map(|so| so.dest).collect())
 }
 
 /// busybox's applets as paths (`bin/sh`, `sbin/ip`…), from `busybox --list-full`.
@@ -451,6 +590,9 @@ pub fn ramdisk(
         }
         add_host_path(&mut a, dir, init::PLUGIN_DIR)?;
     }
+    if let Some(mdadm) = &opts.mdadm {
+        add_mdadm(&mut a, mdadm)?;
+    }
     for e in &opts.extra {
         add_host_path(&mut a, &e.src, &e.dest)?;
     }
@@ -504,6 +646,13 @@ pub fn build(opts: &Options) -> Result<Report, BuildError> {
     let kernel = KernelPackage::open(&opts.kernel_package, scratch.path())?;
     let selection = kernel.modules.resolve(&opts.modules)?;
     let archive = ramdisk(opts, &kernel, &selection)?;
+    let mdadm_libraries = match &opts.mdadm {
+        Some(m) => shared_objects(m, LIBRARY_DIRS)?
+            .into_iter()
+            .map(|so| so.dest)
+            .collect(),
+        None => Vec::new(),
+    };
 
     let tmp_initrd = scratch.path().join(names::INITRAMFS);
     let (initramfs_bytes, initramfs_cpio_bytes) =
@@ -561,6 +710,8 @@ pub fn build(opts: &Options) -> Result<Report, BuildError> {
         initramfs_cpio_bytes,
         iso,
         ipxe: ipxe_path,
+        mdadm: opts.mdadm.clone(),
+        mdadm_libraries,
     })
 }
 
@@ -645,6 +796,21 @@ pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     ca.len().cmp(&cb.len())
 }
 
+/// Whether a test may run; prints why not. With `RIVET_REQUIRE_PEERS=1` (CI) a missing
+/// prerequisite is a failure, so CI can never go green by skipping (the workspace tests'
+/// `harness::prerequisite` convention).
+#[cfg(test)]
+pub(crate) fn prerequisite(ok: bool, what: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var("RIVET_REQUIRE_PEERS").as_deref() == Ok("1") {
+        panic!("missing prerequisite: {what} (RIVET_REQUIRE_PEERS=1; run scripts/setup.sh)");
+    }
+    eprintln!("skipping: {what} (run scripts/setup.sh to install it)");
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -696,18 +862,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn builds_a_reproducible_ramdisk_with_plugins_and_extras() {
-        use std::os::unix::fs::PermissionsExt;
+    /// A static busybox, when the host has one (Debian busybox-static).
+    fn static_busybox() -> Option<&'static Path> {
         let busybox = Path::new("/bin/busybox");
         let usable = std::fs::read(busybox).is_ok_and(|d| elf::needs_interpreter(&d) == Ok(false));
         if !usable {
             eprintln!("skipping: no static /bin/busybox (Debian busybox-static)");
-            return;
         }
-        let tmp = tempfile::tempdir().expect("tempdir");
-        // A fake kernel package: boot/vmlinuz-V and three modules.
-        let pkg = tmp.path().join("pkg");
+        usable.then_some(busybox)
+    }
+
+    /// A fake kernel package under `dir`: boot/vmlinuz-6.1.0-t-amd64, three virtio modules and
+    /// efivarfs.
+    fn fake_kernel(dir: &Path) -> PathBuf {
+        let pkg = dir.join("pkg");
         let kdir = pkg.join("lib/modules/6.1.0-t-amd64/kernel/drivers");
         std::fs::create_dir_all(&kdir).expect("mkdir");
         std::fs::create_dir_all(pkg.join("boot")).expect("mkdir");
@@ -724,6 +892,207 @@ mod tests {
             )
             .expect("write");
         }
+        pkg
+    }
+
+    /// Build a ramdisk from the fake kernel with `mdadm` and check that it holds mdadm, its
+    /// loader and every library at the host's paths with the real files' bytes, and the conf.
+    fn check_ramdisk_ships(mdadm: &Path) {
+        let Some(busybox) = static_busybox() else {
+            return;
+        };
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let pkg = fake_kernel(tmp.path());
+        // busybox stands in for the (static) agent.
+        let mut o = Options::new(tmp.path().join("out"), pkg, busybox.to_path_buf());
+        o.iso = false;
+        o.modules = vec!["virtio_blk".into()];
+        o.mdadm = Some(mdadm.to_path_buf());
+        let r = build(&o).expect("build");
+        assert_eq!(r.mdadm.as_deref(), Some(mdadm));
+        let entries = unpack(&r.initramfs);
+        let get = |p: &str| {
+            entries
+                .iter()
+                .find(|e| e.0 == p)
+                .unwrap_or_else(|| panic!("{p} missing"))
+        };
+        let bin = get("usr/sbin/mdadm");
+        assert_eq!(bin.1, 0o100755);
+        assert_eq!(bin.2, std::fs::read(mdadm).expect("read"));
+        let info = elf::dynamic(&bin.2).expect("elf");
+        let interp = info.interpreter.expect("dynamically linked");
+        assert_eq!(r.mdadm_libraries[0], interp, "the loader first");
+        let loader = get(interp.trim_start_matches('/'));
+        assert_eq!(loader.1, 0o100755, "{interp} is the real file, not a link");
+        assert_eq!(loader.2, std::fs::read(&interp).expect("read loader"));
+        // Every library anything shipped needs is there, found the way the loader looks.
+        let mut todo = info.needed.clone();
+        let mut done = std::collections::BTreeSet::new();
+        while let Some(name) = todo.pop() {
+            if !done.insert(name.clone()) {
+                continue;
+            }
+            let path = LIBRARY_DIRS
+                .iter()
+                .map(|d| format!("{d}/{name}"))
+                .find(|p| entries.iter().any(|e| e.0 == p.trim_start_matches('/')))
+                .unwrap_or_else(|| panic!("{name} is in none of {LIBRARY_DIRS:?} in the ramdisk"));
+            assert!(r.mdadm_libraries.contains(&path), "{path}");
+            let e = get(path.trim_start_matches('/'));
+            let bytes = if e.1 & 0o170000 == 0o120000 {
+                // Only a second name for a file shipped under another path.
+                let target = String::from_utf8_lossy(&e.2).into_owned();
+                get(target.trim_start_matches('/')).2.clone()
+            } else {
+                e.2.clone()
+            };
+            assert_eq!(bytes, std::fs::read(&path).expect("host file"), "{path}");
+            todo.extend(elf::dynamic(&bytes).expect("library").needed);
+        }
+        let conf = String::from_utf8_lossy(&get("etc/mdadm/mdadm.conf").2).into_owned();
+        assert!(conf.contains("\nHOMEHOST <ignore> any\n"), "{conf}");
+        let init = String::from_utf8_lossy(&get("init").2).into_owned();
+        assert!(init.contains("/usr/sbin/mdadm --assemble --scan --run"));
+    }
+
+    #[test]
+    fn ramdisk_ships_a_dynamic_program_with_its_libraries() {
+        // /bin/ls (dynamic, glibc) stands in for mdadm: the same machinery on any host.
+        if Path::new("/bin/ls").is_file() {
+            check_ramdisk_ships(Path::new("/bin/ls"));
+        }
+    }
+
+    #[test]
+    fn ramdisk_ships_mdadm_with_its_libraries() {
+        let found = default_mdadm();
+        if !prerequisite(
+            found.is_some(),
+            "mdadm (scripts/setup-qemu.sh unpacks Debian's to /usr/local/lib/rivet/mdadm/mdadm)",
+        ) {
+            return;
+        }
+        let mdadm = found.expect("checked");
+        let info = elf::dynamic(&std::fs::read(&mdadm).expect("read")).expect("elf");
+        // Debian 12's mdadm 4.2: libudev and glibc.
+        if info.interpreter.is_some() {
+            assert!(info.needed.iter().any(|n| n == "libc.so.6"), "{info:?}");
+            let libs = shared_objects(&mdadm, LIBRARY_DIRS).expect("libraries");
+            for want in ["libudev.so.1", "libc.so.6"] {
+                if info.needed.iter().any(|n| n == want) {
+                    assert!(
+                        libs.iter().any(|so| so.dest.ends_with(&format!("/{want}"))),
+                        "{want}: {libs:?}"
+                    );
+                }
+            }
+        }
+        check_ramdisk_ships(&mdadm);
+    }
+
+    #[test]
+    fn shared_objects_follows_needed_and_links_and_names_what_is_missing() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let d = |p: &str| tmp.path().join(p);
+        for dir in ["lib", "lib64", "usr"] {
+            std::fs::create_dir_all(d(dir)).expect("mkdir");
+        }
+        // The loader lives in lib/ and is reached through lib64/, like Debian's.
+        std::fs::write(
+            d("lib/ld.so.2"),
+            elf::tests::fake_dynamic(None, &[], Some("ld.so.2")),
+        )
+        .expect("write");
+        symlink(d("lib/ld.so.2"), d("lib64/ld.so.2")).expect("symlink");
+        let interp = d("lib64/ld.so.2").display().to_string();
+        // liba.so.1 -> liba.so.1.2.3 needs libb (found in the second directory) and the
+        // loader by its soname, as glibc's libraries do.
+        std::fs::write(
+            d("lib/liba.so.1.2.3"),
+            elf::tests::fake_dynamic(None, &["libb.so.2", "ld.so.2"], Some("liba.so.1")),
+        )
+        .expect("write");
+        symlink("liba.so.1.2.3", d("lib/liba.so.1")).expect("symlink");
+        std::fs::write(
+            d("usr/libb.so.2"),
+            elf::tests::fake_dynamic(None, &["liba.so.1"], None),
+        )
+        .expect("write");
+        std::fs::write(
+            d("exe"),
+            elf::tests::fake_dynamic(Some(&interp), &["liba.so.1", "libb.so.2"], None),
+        )
+        .expect("write");
+        let lib = d("lib").display().to_string();
+        let usr = d("usr").display().to_string();
+        let dirs = [lib.as_str(), usr.as_str()];
+        let got = shared_objects(&d("exe"), &dirs).expect("resolve");
+        let real = |p: &str| Content::File(std::fs::canonicalize(d(p)).expect("canonical"));
+        assert_eq!(
+            got,
+            vec![
+                SharedObject {
+                    dest: interp.clone(),
+                    content: real("lib/ld.so.2"),
+                },
+                SharedObject {
+                    dest: format!("{lib}/liba.so.1"),
+                    content: real("lib/liba.so.1.2.3"),
+                },
+                SharedObject {
+                    dest: format!("{usr}/libb.so.2"),
+                    content: real("usr/libb.so.2"),
+                },
+                SharedObject {
+                    dest: format!("{lib}/ld.so.2"),
+                    content: Content::Symlink(interp.clone()),
+                },
+            ]
+        );
+        // A static program needs nothing.
+        assert_eq!(
+            shared_objects(&d("lib/ld.so.2"), &dirs).expect("static"),
+            Vec::new()
+        );
+        // A library found nowhere is named, with who needs it.
+        std::fs::write(
+            d("exe2"),
+            elf::tests::fake_dynamic(Some(&interp), &["liba.so.1", "libgone.so.7"], None),
+        )
+        .expect("write");
+        let err = shared_objects(&d("exe2"), &dirs)
+            .expect_err("missing")
+            .to_string();
+        assert!(
+            err.contains("needs the shared library libgone.so.7"),
+            "{err}"
+        );
+        assert!(err.contains("exe2"), "{err}");
+        // So is a loader the host lacks.
+        std::fs::write(
+            d("exe3"),
+            elf::tests::fake_dynamic(Some("/nonexistent/ld.so"), &[], None),
+        )
+        .expect("write");
+        let err = shared_objects(&d("exe3"), &dirs)
+            .expect_err("no loader")
+            .to_string();
+        assert!(err.contains("/nonexistent/ld.so"), "{err}");
+        // And building with a --mdadm that is not there is an error, not a silent omission.
+        let err = add_mdadm(&mut Archive::new(), &d("nope")).expect_err("absent");
+        assert!(err.to_string().contains("--mdadm"), "{err}");
+    }
+
+    #[test]
+    fn builds_a_reproducible_ramdisk_with_plugins_and_extras() {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(busybox) = static_busybox() else {
+            return;
+        };
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let pkg = fake_kernel(tmp.path());
         let plugins = tmp.path().join("plugins");
         std::fs::create_dir_all(&plugins).expect("mkdir");
         std::fs::write(plugins.join("vendor-x"), b"#!/bin/sh\necho {}\n").expect("write");
@@ -745,6 +1114,7 @@ mod tests {
                 .expect("extra")];
             o.modules = vec!["virtio_blk".into(), "nvme".into()];
             o.controller = "http://c:6385".into();
+            o.mdadm = None;
             build(&o).expect("build")
         };
         let a = build_into("a");
@@ -790,6 +1160,11 @@ mod tests {
             "kernel/drivers/efivarfs.ko\n"
         );
         get("lib/modules/6.1.0-t-amd64/kernel/drivers/efivarfs.ko");
+        // Without mdadm: no mdadm, no libraries, no conf (/init skips the RAID block).
+        assert!(a.mdadm.is_none() && a.mdadm_libraries.is_empty());
+        assert!(!entries
+            .iter()
+            .any(|e| e.0.contains("mdadm") || e.0.starts_with("lib64")));
         let names: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
         let mut sorted = names.clone();
         sorted.sort();

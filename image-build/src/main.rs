@@ -53,6 +53,11 @@ struct Cli {
     /// gzip level of the initramfs (0–9).
     #[arg(long, default_value_t = 9)]
     compression: u32,
+    /// mdadm for software RAID, shipped at /usr/sbin/mdadm with its shared libraries.
+    /// Default: the first of /usr/local/lib/rivet/mdadm/mdadm (scripts/setup-qemu.sh),
+    /// /sbin/mdadm, /usr/sbin/mdadm; none: a ramdisk without software RAID.
+    #[arg(long, value_name = "PATH")]
+    mdadm: Option<PathBuf>,
 }
 
 fn workspace_root() -> PathBuf {
@@ -137,6 +142,16 @@ fn main() -> Result<()> {
     opts.cmdline = cli.cmdline;
     opts.iso = !cli.no_iso;
     opts.compression = cli.compression;
+    if cli.mdadm.is_some() {
+        opts.mdadm = cli.mdadm;
+    }
+    if opts.mdadm.is_none() {
+        eprintln!(
+            "image-build: no mdadm (none of {}; scripts/setup-qemu.sh unpacks one): the \
+             ramdisk has no software RAID, and software RAID steps will not be offered",
+            rivet_image_build::MDADM_CANDIDATES.join(", ")
+        );
+    }
     if opts.controller == rivet_image_build::DEFAULT_CONTROLLER {
         eprintln!(
             "image-build: no --controller: the ISO and boot.ipxe use {} (rivetd's \
@@ -160,6 +175,14 @@ fn main() -> Result<()> {
     }
     for (m, why) in &r.skipped_modules {
         println!("            skipped {m}: {why}");
+    }
+    if let Some(m) = &r.mdadm {
+        println!(
+            "mdadm       {} from {} (with {})",
+            rivet_image_build::init::MDADM_PATH,
+            m.display(),
+            r.mdadm_libraries.join(" ")
+        );
     }
     println!("vmlinuz     {}", r.vmlinuz.display());
     println!(
@@ -201,5 +224,9 @@ mod tests {
         assert!(c.out.is_none());
         let c = Cli::try_parse_from(["image-build", "--out", "d"]).expect("parse");
         assert_eq!(c.out, Some(PathBuf::from("d")));
+        assert_eq!(c.mdadm, None);
+        let c = Cli::try_parse_from(["image-build", "--out", "d", "--mdadm", "/opt/mdadm"])
+            .expect("parse");
+        assert_eq!(c.mdadm, Some(PathBuf::from("/opt/mdadm")));
     }
 }

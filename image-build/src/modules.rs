@@ -29,6 +29,11 @@ pub const DEFAULT_MODULES: &[&str] = &[
     "mpt3sas",
     "smartpqi",
     "hpsa",
+    // software RAID (mdadm): the md core and the levels the agent builds (RAID-0/1/10)
+    "md_mod",
+    "raid0",
+    "raid1",
+    "raid10",
     // NICs
     "failover",
     "net_failover",

@@ -10,6 +10,8 @@
 //! - [`inspection`]: what an inventory says about a node, and the operator's inspection rules.
 //! - [`internal_info`]: the `driver_internal_info` keys Rivet writes, one typed reader and writer each.
 //! - [`records`]: firmware readings and MAC addresses, shared by drivers and store.
+//! - [`raid`]: Ironic's RAID schema, the agent RAID steps' arguments, and what a built
+//!   configuration changes on the node.
 //! - [`boot_mode`]: a node's effective boot mode and whether Secure Boot is requested.
 //! - [`config`]: every section of rivetd's configuration file.
 #![warn(missing_docs)]
@@ -20,6 +22,7 @@ pub mod fsm;
 pub mod inspection;
 pub mod interfaces;
 pub mod internal_info;
+pub mod raid;
 pub mod records;
 pub mod runs;
 pub mod steps;

@@ -143,18 +143,106 @@ pub fn automated_plan(
     plan
 }
 
-/// Why a `raid` step is missing. The agent RAID interface's steps
-/// (`create_configuration`, `delete_configuration`) run in the ramdisk, and Rivet's ramdisk
-/// builds no arrays yet: nothing advertises them rather than a step that reports a success
-/// it did not achieve.
-pub const NO_RAID_STEPS: &str = ": the agent of this ramdisk offers no RAID steps \
-(raid.create_configuration and raid.delete_configuration need in-band software RAID, which \
-it does not build yet)";
+/// Why a `raid` step is missing, when nothing more precise can be said (see
+/// [`NoRaidSteps::reason`]). The agent RAID interface's steps (`raid.create_configuration`,
+/// `raid.delete_configuration`, `raid.apply_configuration`) run in the ramdisk, which
+/// advertises them only when it can build software RAID (mdadm and the kernel's md support),
+/// and Rivet takes them only through the `agent` RAID interface, as Ironic takes them only
+/// through `AgentRAID`.
+pub const NO_RAID_STEPS: &str = ": this node's agent offered no RAID steps: its ramdisk has no \
+mdadm / md support, or raid_interface is not agent";
+
+/// Why a node has no `raid` step of the agent's, as far as the caller can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRaidSteps<'a> {
+    /// Unknown (the general [`NO_RAID_STEPS`]).
+    Unknown,
+    /// The node's `raid_interface` is not `agent`: the agent's RAID steps are dropped.
+    Interface(&'a str),
+    /// The node's deploy interface boots no agent at all.
+    NoAgent(&'a str),
+    /// `raid_interface` is `agent` and the agent's list of steps has no RAID step.
+    AgentOffersNone,
+    /// As [`NoRaidSteps::AgentOffersNone`], as the node's last cleaning recorded it.
+    AgentOfferedNone,
+}
+
+impl NoRaidSteps<'_> {
+    /// The reason for `raid_interface` and whether an agent's steps are known: `None` when
+    /// no agent runs on the node, else whether the agent's list was just gathered.
+    pub fn of<'a>(
+        raid_interface: &'a str,
+        deploy_interface: &'a str,
+        gathered: Option<bool>,
+    ) -> NoRaidSteps<'a> {
+        if raid_interface != "agent" {
+            return NoRaidSteps::Interface(raid_interface);
+        }
+        match gathered {
+            None => NoRaidSteps::NoAgent(deploy_interface),
+            Some(true) => NoRaidSteps::AgentOffersNone,
+            Some(false) => NoRaidSteps::AgentOfferedNone,
+        }
+    }
+
+    /// The text appended to a refusal of a `raid` step (starts with ": ").
+    pub fn reason(&self) -> String {
+        match self {
+            NoRaidSteps::Unknown => NO_RAID_STEPS.to_string(),
+            NoRaidSteps::Interface(i) => format!(
+                ": this node's agent offered no RAID steps: raid_interface is {i}, not agent, \
+                 and only the agent RAID interface takes the agent's RAID steps (set \
+                 raid_interface to agent)"
+            ),
+            NoRaidSteps::NoAgent(d) => format!(
+                ": this node's agent offered no RAID steps: no agent runs on it (deploy_interface \
+                 is {d}; the agent RAID steps need deploy_interface direct)"
+            ),
+            NoRaidSteps::AgentOffersNone => ": this node's agent offered no RAID steps: its \
+                ramdisk has no mdadm / md support (raid_interface is agent)"
+                .to_string(),
+            NoRaidSteps::AgentOfferedNone => ": this node's agent offered no RAID steps at its \
+                last cleaning: its ramdisk has no mdadm / md support (raid_interface is agent; \
+                after booting a ramdisk that has, a manual clean with no steps gathers them \
+                again)"
+                .to_string(),
+        }
+    }
+}
+
+/// Whether a node takes an agent step of `interface`: the agent's `raid` steps only through
+/// the `agent` RAID interface (Ironic's `AgentRAID.get_clean_steps`/`get_deploy_steps` are
+/// the only way in for them); every other agent step as always.
+pub fn takes_agent_step(interface: &str, raid_interface: &str) -> bool {
+    interface != "raid" || raid_interface == "agent"
+}
+
+/// The agent's steps a node with `raid_interface` takes (see [`takes_agent_step`]).
+pub fn agent_steps_for(agent: &[StepDescriptor], raid_interface: &str) -> Vec<StepDescriptor> {
+    agent
+        .iter()
+        .filter(|s| takes_agent_step(&s.interface, raid_interface))
+        .cloned()
+        .collect()
+}
+
+/// Of `planned` (a clean-step cache, say), the steps a node with `raid_interface` takes:
+/// the agent's `raid` steps go unless it is `agent`.
+pub fn planned_for(planned: Vec<PlannedStep>, raid_interface: &str) -> Vec<PlannedStep> {
+    planned
+        .into_iter()
+        .filter(|p| {
+            p.source != Source::Agent || takes_agent_step(&p.step.interface, raid_interface)
+        })
+        .collect()
+}
 
 /// The manual cleaning plan: the operator's order, each step checked.
+/// `no_raid` says why a requested `raid` step is not among `available`.
 pub fn manual_plan(
     requested: &[RequestedStep],
     available: &[PlannedStep],
+    no_raid: NoRaidSteps,
 ) -> Result<Vec<PlannedStep>, String> {
     requested
         .iter()
@@ -171,7 +259,7 @@ pub fn manual_plan(
                         "node does not support this clean step: clean step {}.{} is not offered for this node{} (offered: {})",
                         r.interface,
                         r.step,
-                        if r.interface == "raid" { NO_RAID_STEPS } else { "" },
+                        if r.interface == "raid" { no_raid.reason() } else { String::new() },
                         offered.join(", ")
                     )
                 })?;
@@ -319,6 +407,7 @@ mod tests {
                 req("erase_devices", serde_json::json!({})),
             ],
             &avail,
+            NoRaidSteps::Unknown,
         )
         .expect("valid");
         assert_eq!(
@@ -326,11 +415,19 @@ mod tests {
             ["deploy.update_firmware", "deploy.erase_devices"]
         );
         assert_eq!(plan[0].args["version"], "2");
-        let e =
-            manual_plan(&[req("update_firmware", serde_json::json!({}))], &avail).expect_err("arg");
+        let e = manual_plan(
+            &[req("update_firmware", serde_json::json!({}))],
+            &avail,
+            NoRaidSteps::Unknown,
+        )
+        .expect_err("arg");
         assert!(e.contains("version"), "{e}");
-        let e = manual_plan(&[req("paint_it_blue", serde_json::json!({}))], &avail)
-            .expect_err("unknown");
+        let e = manual_plan(
+            &[req("paint_it_blue", serde_json::json!({}))],
+            &avail,
+            NoRaidSteps::Unknown,
+        )
+        .expect_err("unknown");
         assert!(
             e.contains("paint_it_blue") && e.contains("deploy.erase_devices"),
             "{e}"
@@ -346,13 +443,91 @@ mod tests {
             args: Map::new(),
             order: None,
         };
-        let e = manual_plan(&[raid], &avail).expect_err("no RAID step");
+        let e = manual_plan(
+            std::slice::from_ref(&raid),
+            &avail,
+            NoRaidSteps::of("agent", "direct", Some(true)),
+        )
+        .expect_err("no RAID step");
         assert!(
             e.contains("raid.create_configuration")
-                && e.contains("the agent of this ramdisk offers no RAID steps"),
+                && e.contains("this node's agent offered no RAID steps: its ramdisk has no mdadm"),
             "{e}"
         );
-        let hold = manual_plan(&[req("hold", serde_json::json!({}))], &avail).expect("reserved");
+        let e = manual_plan(
+            std::slice::from_ref(&raid),
+            &avail,
+            NoRaidSteps::of("no-raid", "direct", Some(true)),
+        )
+        .expect_err("no RAID step");
+        assert!(e.contains("raid_interface is no-raid, not agent"), "{e}");
+        let e = manual_plan(&[raid], &avail, NoRaidSteps::of("agent", "fake", None))
+            .expect_err("no agent");
+        assert!(e.contains("deploy_interface is fake"), "{e}");
+        let hold = manual_plan(
+            &[req("hold", serde_json::json!({}))],
+            &avail,
+            NoRaidSteps::Unknown,
+        )
+        .expect("reserved");
         assert_eq!(hold[0].source, Source::Conductor);
+    }
+
+    /// The agent's RAID steps reach a plan only through the agent RAID interface, as in
+    /// Ironic (AgentRAID.get_clean_steps): with any other raid_interface they are dropped
+    /// from automated plans (even with an override) and manual ones.
+    #[test]
+    fn agent_raid_steps_only_through_the_agent_raid_interface() {
+        let agent = vec![
+            step("deploy", "erase_devices_metadata", 99),
+            step("raid", "delete_configuration", 0),
+            step("raid", "create_configuration", 0),
+        ];
+        let overrides = BTreeMap::from([
+            ("raid.delete_configuration".to_string(), 20),
+            ("raid.create_configuration".to_string(), 10),
+        ]);
+        let with = agent_steps_for(&agent, "agent");
+        assert_eq!(
+            names(&automated_plan(&with, &[], &overrides)),
+            [
+                "deploy.erase_devices_metadata",
+                "raid.delete_configuration",
+                "raid.create_configuration"
+            ]
+        );
+        for iface in ["no-raid", "fake"] {
+            let without = agent_steps_for(&agent, iface);
+            assert_eq!(
+                names(&automated_plan(&without, &[], &overrides)),
+                ["deploy.erase_devices_metadata"],
+                "{iface}"
+            );
+            let req = RequestedStep {
+                interface: "raid".into(),
+                step: "create_configuration".into(),
+                args: Map::new(),
+                order: None,
+            };
+            let e = manual_plan(
+                &[req],
+                &available(&without, &[]),
+                NoRaidSteps::of(iface, "direct", Some(true)),
+            )
+            .expect_err("dropped");
+            assert!(e.contains(&format!("raid_interface is {iface}")), "{e}");
+        }
+        // A cache of everything offered, read for a node's raid_interface.
+        let cached = available(&agent, &[step("raid", "oob_raid", 0)]);
+        assert_eq!(planned_for(cached.clone(), "agent").len(), cached.len());
+        let kept = names(&planned_for(cached, "no-raid"));
+        assert!(
+            kept.contains(&"raid.oob_raid".to_string()),
+            "driver steps stay: {kept:?}"
+        );
+        assert!(
+            !kept.iter().any(|n| n.ends_with("_configuration")),
+            "{kept:?}"
+        );
     }
 }

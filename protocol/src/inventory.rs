@@ -96,6 +96,13 @@ pub struct Disk {
     /// Transport (sata, nvme, virtio…).
     #[serde(default)]
     pub tran: Option<String>,
+    /// For a software RAID device (`/dev/mdN`): its member devices, which IPA calls its
+    /// holder disks. Absent for other disks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<String>,
+    /// For a software RAID device: its md level (`raid1`, `raid0`, `raid10`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raid_level: Option<String>,
 }
 
 /// A network interface.

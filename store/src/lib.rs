@@ -816,6 +816,12 @@ pub trait Store: Send + Sync {
         node_uuid: &str,
         target: &Map<String, Value>,
     ) -> Result<(), StoreError>;
+    /// Set a node's `raid_config`: what its RAID steps built (`{}` after a delete).
+    async fn set_raid_config(
+        &self,
+        node_uuid: &str,
+        current: &Map<String, Value>,
+    ) -> Result<(), StoreError>;
     /// UUIDs of the child nodes of `parent` (their `parent_node`).
     async fn child_nodes(&self, parent: &str) -> Result<Vec<String>, StoreError>;
     /// Node UUID owning any of these MACs (lookup).

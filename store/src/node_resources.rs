@@ -93,7 +93,7 @@ pub struct VolumeQuery {
 pub struct NodeManagement {
     /// What the operator asked for (`PUT …/states/raid`).
     pub target_raid_config: Map<String, Value>,
-    /// What is built (Rivet builds none yet: `{}`).
+    /// What the agent RAID steps built, with `last_updated` (`{}`: nothing built, or deleted).
     pub raid_config: Map<String, Value>,
     /// `bios` or `uefi`, as the BMC last reported it.
     pub boot_mode: Option<String>,
@@ -695,6 +695,22 @@ impl<E: Engine> SqlStore<E> {
             "INSERT INTO node_management (node_uuid, target_raid_config) VALUES ($1, $2) \
              ON CONFLICT (node_uuid) DO UPDATE SET target_raid_config = excluded.target_raid_config",
             vec![node_uuid.into(), map_arg(target)],
+        )
+        .await
+        .map_err(plain)?;
+        Ok(())
+    }
+
+    /// Set a node's `raid_config` (`{}` clears it).
+    pub(super) async fn nr_set_raid_config(
+        &self,
+        node_uuid: &str,
+        current: &Map<String, Value>,
+    ) -> Result<(), StoreError> {
+        self.exec(
+            "INSERT INTO node_management (node_uuid, raid_config) VALUES ($1, $2) \
+             ON CONFLICT (node_uuid) DO UPDATE SET raid_config = excluded.raid_config",
+            vec![node_uuid.into(), map_arg(current)],
         )
         .await
         .map_err(plain)?;

@@ -1132,6 +1132,13 @@ impl<E: Engine> Store for SqlStore<E> {
     ) -> Result<(), StoreError> {
         self.nr_set_target_raid_config(node_uuid, target).await
     }
+    async fn set_raid_config(
+        &self,
+        node_uuid: &str,
+        current: &Map<String, Value>,
+    ) -> Result<(), StoreError> {
+        self.nr_set_raid_config(node_uuid, current).await
+    }
     async fn child_nodes(&self, parent: &str) -> Result<Vec<String>, StoreError> {
         self.nr_child_nodes(parent).await
     }

@@ -160,7 +160,25 @@ fn from_sysfs(
         logical_sectors: read_u64(&disk_dir.join("queue/logical_block_size")),
         physical_sectors: read_u64(&disk_dir.join("queue/physical_block_size")),
         tran: transport(kname, &real),
+        holders: md_members(dir),
+        raid_level: read_trimmed(&dir.join("md/level")).filter(|l| !l.is_empty()),
     }
+}
+
+/// A software RAID device's members (`slaves/`), as `/dev` paths in name order.
+fn md_members(dir: &Path) -> Vec<String> {
+    if !dir.join("md").is_dir() {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = std::fs::read_dir(dir.join("slaves"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| format!("/dev/{}", e.file_name().to_string_lossy()))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
 }
 
 /// The serial number in a SCSI Unit Serial Number VPD page (0x80): a 4-byte header whose

@@ -1132,17 +1132,27 @@ async fn inventory(
     })))
 }
 
-/// The node's cached steps: merged, with where each comes from, as of its last cleaning.
+/// The node's cached steps: merged, with where each comes from, as of its last cleaning;
+/// the agent's RAID steps only when its `raid_interface` takes them (the cache keeps all the
+/// agent offered).
 async fn clean_steps(
     State(state): State<AppState>,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let node = state.conductor.store.get_node(&ident).await?;
-    match rivet_model::internal_info::cached_clean_steps_doc(&node.driver_internal_info) {
-        Some((steps, updated_at)) => Ok(Json(json!({
+    let dii = &node.driver_internal_info;
+    match rivet_model::internal_info::cached_clean_steps_doc(dii) {
+        Some((mut steps, updated_at)) => {
+            if let Some(cached) = rivet_model::internal_info::cached_clean_steps(dii) {
+                let raid = node.interfaces.get(&node.driver, Iface::Raid);
+                let taken = rivet_model::steps::planned_for(cached, &raid);
+                steps = serde_json::to_value(taken).unwrap_or(steps);
+            }
+            Ok(Json(json!({
             "clean_steps": steps,
             "updated_at": updated_at,
-        }))),
+            })))
+        }
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!(

@@ -47,7 +47,7 @@ use serde_json::{Map, Value};
 use sha2::Digest;
 use std::collections::BTreeMap;
 use std::io::{Cursor, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -439,6 +439,21 @@ impl DeployManager {
         }
         let disks: Vec<Disk> = safe.iter().map(|(d, _)| d.clone()).collect();
         let hints = a.root_device.as_ref().filter(|h| !h.is_empty());
+        // Without hints, a software RAID root mirror is the deploy target whatever its size
+        // (its members are held by it, so they are not candidates): see crate::raid.
+        if hints.is_none() {
+            if let Some(mirror) = crate::raid::md::root_mirror(Path::new("/sys/block")) {
+                let path = mirror.path().display().to_string();
+                if let Some(i) = safe.iter().position(|(d, _)| d.name == path) {
+                    let (_, t) = safe.swap_remove(i);
+                    let why = format!(
+                        "the software RAID root mirror (RAID-1 over {})",
+                        mirror.members.join(", ")
+                    );
+                    return Ok((t, why));
+                }
+            }
+        }
         let chosen =
             rivet_protocol::hints::root_disk(&disks, hints).map_err(|e| failed(e.to_string()))?;
         let Some(chosen) = chosen else {

@@ -471,10 +471,11 @@ pub fn boot_media(mounts: &[Mount]) -> BTreeSet<DevNo> {
 }
 
 /// Whole disks to erase when no explicit list is given: every /sys/block entry except
-/// loop, ram, zram, optical (sr), md and device-mapper devices, and empty slots (size 0).
+/// loop, ram, zram, optical (sr) and device-mapper devices, inactive md arrays, and empty
+/// slots (size 0). Running md arrays are listed (and their members skipped by [`super::run`]).
 /// Loop devices are only ever erased when listed explicitly.
 pub fn discover_disks() -> Vec<PathBuf> {
-    const EXCLUDED: &[&str] = &["loop", "ram", "zram", "sr", "md", "dm-", "nbd", "fd"];
+    const EXCLUDED: &[&str] = &["loop", "ram", "zram", "sr", "dm-", "nbd", "fd"];
     let Ok(rd) = fs::read_dir("/sys/block") else {
         return Vec::new();
     };
@@ -484,6 +485,12 @@ pub fn discover_disks() -> Vec<PathBuf> {
             let name = e.file_name().to_string_lossy().into_owned();
             if EXCLUDED.iter().any(|p| name.starts_with(p)) {
                 return None;
+            }
+            if name.starts_with("md") {
+                let state = read_trim(e.path().join("md/array_state")).unwrap_or_default();
+                if matches!(state.as_str(), "" | "inactive" | "clear") {
+                    return None;
+                }
             }
             if read_u64(e.path().join("size")).unwrap_or(0) == 0 {
                 return None;
@@ -504,6 +511,8 @@ pub enum Skip {
     ReadOnly,
     /// Holds the media the ramdisk booted from.
     BootMedia,
+    /// A member of a running software RAID array that is erased itself.
+    RaidMember(String),
 }
 
 impl std::fmt::Display for Skip {
@@ -512,6 +521,11 @@ impl std::fmt::Display for Skip {
             Skip::Listed(e) => write!(f, "on the skip list ({e})"),
             Skip::ReadOnly => f.write_str("read-only device"),
             Skip::BootMedia => f.write_str("holds the boot media"),
+            Skip::RaidMember(md) => write!(
+                f,
+                "member of software RAID /dev/{md}, erased through the array (never a member \
+                 while the array runs); raid.delete_configuration removes the array"
+            ),
         }
     }
 }

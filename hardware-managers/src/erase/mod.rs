@@ -382,7 +382,23 @@ pub fn run(
     let mut skipped = Vec::new();
     let mut work = Vec::new();
     let mut refusals = Vec::new();
+    // Software RAID survives cleaning (as in Ironic): an array being erased is erased
+    // through md, and its members are left alone while it runs; raid.delete_configuration
+    // is what removes an array.
+    let arrays: Vec<String> = targets
+        .iter()
+        .map(|t| t.name())
+        .filter(|n| n.starts_with("md"))
+        .collect();
     for t in targets {
+        let holders = t.holders();
+        let member_of: Vec<&String> = holders.iter().filter(|h| arrays.contains(h)).collect();
+        if !member_of.is_empty() && member_of.len() == holders.len() {
+            let reason = device::Skip::RaidMember(member_of[0].clone());
+            tracing::info!(device = %t.display(), %reason, "not erasing device");
+            skipped.push(json!({"device": t.display(), "reason": reason.to_string()}));
+            continue;
+        }
         match device::check(&t, &opts.skip, opts.force, &mounts, &boot, &swaps) {
             Ok(Some(reason)) => {
                 tracing::warn!(device = %t.display(), %reason, "not erasing device");

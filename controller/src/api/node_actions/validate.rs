@@ -86,10 +86,20 @@ pub(super) async fn validate(
             verdict(&generic(iface.as_str(), &get(iface))),
         );
     }
-    if get(Iface::Raid) == "agent" {
-        // Ironic's agent RAID interface validates only the stored target configuration, which
-        // `PUT …/states/raid` checked before storing it: nothing can fail here.
-        out.insert("raid".into(), verdict(&Ok(())));
+    if matches!(get(Iface::Raid).as_str(), "agent" | "fake") {
+        // Ironic's agent (and fake) RAID interface validates as RAIDInterface.validate does: the stored
+        // target configuration, if there is one, against the RAID schema (no driver_info, no
+        // boot: its steps run in whatever ramdisk cleaning or deploy boots).
+        let target = state
+            .conductor
+            .store
+            .node_management(&node.uuid)
+            .await?
+            .target_raid_config;
+        out.insert(
+            "raid".into(),
+            verdict(&rivet_model::raid::validate_target(&target)),
+        );
     }
     if get(Iface::Rescue) == "agent" {
         // The agent rescue interface boots the ramdisk through the boot interface.
