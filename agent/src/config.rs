@@ -3,6 +3,11 @@
 //! The ramdisk has no config file: the boot loader passes `rivet.controller=URL[,URL…]`,
 //! `rivet.ca=PATH`, `rivet.node=UUID`, `rivet.log=LEVEL` and PXE's `BOOTIF=01-aa-bb-…` on the
 //! kernel command line. Tests and manual runs use `RIVET_*` variables or flags instead.
+//!
+//! IPA mode (a stock Ironic drives the agent, see [`crate::ipa`]) is chosen by the parameters
+//! ironic-python-agent reads: `ipa-api-url=URL` (or `--ironic URL`), with
+//! `ipa-listen-port=`, `ipa-advertise-host=`, `ipa-advertise-port=` and
+//! `ipa-inspection-callback-url=`.
 //! [`resolve`] is pure so every precedence rule is unit-tested.
 
 use std::path::PathBuf;
@@ -36,6 +41,16 @@ pub struct BootParams {
     pub log_json: Option<bool>,
     /// MAC from `BOOTIF=01-aa-bb-cc-dd-ee-ff`, as `aa:bb:cc:dd:ee:ff`.
     pub pxe_mac: Option<String>,
+    /// `ipa-api-url=`: Ironic's API, which selects IPA mode.
+    pub ipa_api_url: Option<String>,
+    /// `ipa-listen-port=` (IPA's default 9999).
+    pub ipa_listen_port: Option<u16>,
+    /// `ipa-advertise-host=`: the address Ironic calls back (else the lookup interface's).
+    pub ipa_advertise_host: Option<String>,
+    /// `ipa-advertise-port=` (else the listen port).
+    pub ipa_advertise_port: Option<u16>,
+    /// `ipa-inspection-callback-url=`: where the inventory is posted for in-band inspection.
+    pub ipa_inspection_callback: Option<String>,
 }
 
 /// Parse `/proc/cmdline`. Unknown tokens are ignored; quotes around values are stripped.
@@ -53,6 +68,15 @@ pub fn parse_cmdline(cmdline: &str) -> BootParams {
             "rivet.log" if !value.is_empty() => p.log = Some(value.to_string()),
             "rivet.log_json" => p.log_json = flag(value),
             "BOOTIF" => p.pxe_mac = parse_bootif(value),
+            "ipa-api-url" if !value.is_empty() => p.ipa_api_url = Some(value.to_string()),
+            "ipa-listen-port" => p.ipa_listen_port = value.parse().ok(),
+            "ipa-advertise-host" if !value.is_empty() => {
+                p.ipa_advertise_host = Some(value.to_string())
+            }
+            "ipa-advertise-port" => p.ipa_advertise_port = value.parse().ok(),
+            "ipa-inspection-callback-url" if !value.is_empty() => {
+                p.ipa_inspection_callback = Some(value.to_string())
+            }
             _ => {}
         }
     }

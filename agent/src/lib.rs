@@ -6,7 +6,8 @@
 //! [`client`], [`heartbeat`]), the one-at-a-time command executor ([`executor`]), its own log
 //! ring ([`logring`]) and its PID-1 duties ([`pid1`]). It must not implement steps itself: steps
 //! belong to hardware managers (`rivet-hardware-managers`), which this crate only dispatches
-//! to, and it only ever makes outbound requests (no listening port).
+//! to. Talking to rivetd it only ever makes outbound requests (no listening port); in IPA
+//! mode ([`ipa`], a stock Ironic drives it) it serves IPA's REST API, as IPA does.
 //!
 //! In-process use (tests, simulators):
 //! ```no_run
@@ -48,6 +49,7 @@ pub mod executor;
 pub mod fetch;
 pub mod heartbeat;
 pub mod inventory;
+pub mod ipa;
 pub mod logring;
 pub mod pid1;
 pub mod rescue;
