@@ -88,6 +88,11 @@ struct RunArgs {
     /// `ipa-inspection-callback-url=`).
     #[arg(long, value_name = "URL")]
     inspection_callback: Option<String>,
+    /// IPA mode: serve IPA's API over plain HTTP instead of TLS with a self-signed
+    /// certificate (else `ipa-enable-auto-tls=0`); Ironic then needs `[agent] require_tls =
+    /// false`.
+    #[arg(long)]
+    ipa_no_tls: bool,
     /// Directory whose etc/passwd and etc/shadow get the rescue login (finalize_rescue).
     /// The ramdisk's init uses `/`; a local agent without this refuses to rescue, so it
     /// never changes the host's own accounts.
@@ -433,6 +438,7 @@ where
                 .or(boot.ipa_inspection_callback.clone()),
             ca_pem,
             inventory,
+            auto_tls: !args.ipa_no_tls && boot.ipa_auto_tls.unwrap_or(true),
         };
         tracing::info!(version = rivet_protocol::VERSION, ironic = %opts.api_url,
                        listen = %opts.listen, devices = ?settings.devices,

@@ -51,6 +51,9 @@ pub struct BootParams {
     pub ipa_advertise_port: Option<u16>,
     /// `ipa-inspection-callback-url=`: where the inventory is posted for in-band inspection.
     pub ipa_inspection_callback: Option<String>,
+    /// `ipa-enable-auto-tls=`: serve IPA's API over TLS with a self-signed certificate
+    /// (IPA's default, on).
+    pub ipa_auto_tls: Option<bool>,
 }
 
 /// Parse `/proc/cmdline`. Unknown tokens are ignored; quotes around values are stripped.
@@ -77,6 +80,7 @@ pub fn parse_cmdline(cmdline: &str) -> BootParams {
             "ipa-inspection-callback-url" if !value.is_empty() => {
                 p.ipa_inspection_callback = Some(value.to_string())
             }
+            "ipa-enable-auto-tls" => p.ipa_auto_tls = flag(value),
             _ => {}
         }
     }

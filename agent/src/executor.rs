@@ -358,6 +358,9 @@ impl Executor {
         };
         st.results.push(result);
         drop(st);
+        // Everyone waiting now (IPA mode has a heartbeat loop and `wait=true` requests), and
+        // a permit for a loop that is between two waits (rivetd mode's heartbeat).
+        self.finished.notify_waiters();
         self.finished.notify_one();
     }
 

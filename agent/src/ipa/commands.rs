@@ -134,17 +134,52 @@ pub fn write_image_args(
             out.insert("configdrive".into(), json!(cd));
         }
     }
-    let mode = info
-        .get("deploy_boot_mode")
-        .and_then(Value::as_str)
-        .or_else(|| {
-            node.pointer("/instance_info/deploy_boot_mode")
-                .and_then(Value::as_str)
-        });
-    if let Some(m) = mode.filter(|m| *m == "uefi" || *m == "bios") {
-        out.insert("boot_mode".into(), json!(m));
-    }
+    out.insert("boot_mode".into(), json!(boot_mode(info, node)));
     Ok(out)
+}
+
+/// `boot_mode` in a capabilities value: `"k:v,k:v"` or an object.
+fn capability(caps: Option<&Value>, key: &str) -> Option<String> {
+    match caps? {
+        Value::String(s) => s.split(',').find_map(|kv| {
+            let (k, v) = kv.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        }),
+        Value::Object(o) => o.get(key).and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// The boot mode the instance will boot in, resolved as Ironic resolves it
+/// (`boot_mode_utils.get_boot_mode`): what the deploy says, then the instance's and the
+/// node's capabilities, then the mode the BMC reports, then Ironic's default, `uefi`. On
+/// `uefi` `write_image` makes the image's loader the first boot entry, which is what IPA's
+/// `install_bootloader` does for a whole-disk image; Ironic's later call then finds it done.
+pub fn boot_mode(info: &Map<String, Value>, node: &Value) -> &'static str {
+    let candidates = [
+        info.get("deploy_boot_mode")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        node.pointer("/instance_info/deploy_boot_mode")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        capability(node.pointer("/instance_info/capabilities"), "boot_mode"),
+        capability(node.pointer("/properties/capabilities"), "boot_mode"),
+        node.pointer("/driver_info/boot_mode")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        node.get("boot_mode")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    ];
+    for c in candidates.into_iter().flatten() {
+        match c.as_str() {
+            "bios" => return "bios",
+            "uefi" => return "uefi",
+            _ => {}
+        }
+    }
+    "uefi"
 }
 
 /// Plan `method` (`extension.name`) with `params`.
@@ -315,6 +350,25 @@ mod tests {
                    "root_device": {"name": "/dev/sdb"}, "configdrive": "H4sI...",
                    "boot_mode": "bios"})
         );
+        // Ironic's order, and its default.
+        let info = Map::new();
+        assert_eq!(boot_mode(&info, &json!({})), "uefi");
+        assert_eq!(
+            boot_mode(
+                &info,
+                &json!({"properties": {"capabilities": "cpu_vt:true,boot_mode:bios"}})
+            ),
+            "bios"
+        );
+        assert_eq!(
+            boot_mode(
+                &info,
+                &json!({"instance_info": {"capabilities": {"boot_mode": "uefi"}},
+                        "properties": {"capabilities": "boot_mode:bios"}})
+            ),
+            "uefi"
+        );
+        assert_eq!(boot_mode(&info, &json!({"boot_mode": "bios"})), "bios");
         let mut partition = p.clone();
         partition["step"]["args"]["image_info"]["image_type"] = json!("partition");
         let e = plan("deploy.execute_deploy_step", &partition).expect_err("partition");

@@ -132,10 +132,14 @@ impl IronicClient {
         callback_url: &str,
         token: Option<&str>,
         agent_version: &str,
+        verify_ca: Option<&str>,
     ) -> Result<(), IronicError> {
         let mut body = json!({"callback_url": callback_url, "agent_version": agent_version});
         if let Some(t) = token {
             body["agent_token"] = json!(t);
+        }
+        if let Some(ca) = verify_ca {
+            body["agent_verify_ca"] = json!(ca);
         }
         self.send(
             self.http
@@ -148,8 +152,28 @@ impl IronicClient {
 
     /// Post the inventory for in-band inspection to `url` (Ironic's
     /// `/v1/continue_inspection`, or an inspector's `/v1/continue`). Returns Ironic's answer.
+    /// Sent at 1.84, where Ironic answers as a lookup does (node and agent token); an
+    /// inspector that knows no microversions ignores the header.
     pub async fn continue_inspection(&self, url: &str, data: &Value) -> Result<Value, IronicError> {
-        let (_, body) = self.send(self.http.post(url).json(data)).await?;
+        let resp = self
+            .http
+            .post(url)
+            .header("X-OpenStack-Ironic-API-Version", "1.84")
+            .json(data)
+            .send()
+            .await
+            .map_err(|e| IronicError::Transport(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| IronicError::Transport(e.to_string()))?;
+        if status >= 400 {
+            return Err(IronicError::Status {
+                status,
+                message: faultstring(&body),
+            });
+        }
         Ok(serde_json::from_str(&body).unwrap_or(Value::Null))
     }
 }

@@ -48,6 +48,10 @@ pub struct IpaOptions {
     pub ca_pem: Option<Vec<u8>>,
     /// How the inventory is collected.
     pub inventory: InventoryOptions,
+    /// Serve the API over TLS with a self-signed certificate sent to Ironic (IPA's automatic
+    /// TLS; `ipa-enable-auto-tls=0` or `--ipa-no-tls` turns it off, and Ironic must then have
+    /// `[agent] require_tls = false`).
+    pub auto_tls: bool,
 }
 
 /// One command Ironic sent.
@@ -210,7 +214,10 @@ impl Shared {
                 });
                 if wait {
                     loop {
+                        // Registered before the check, so a finish in between still wakes it.
                         let notified = finished.notified();
+                        tokio::pin!(notified);
+                        notified.as_mut().enable();
                         if self.executor.pending_results().iter().any(|c| c.id == id) {
                             break;
                         }
@@ -379,9 +386,10 @@ fn callback_url(opts: &IpaOptions) -> String {
     if let Some(a) = &opts.advertise {
         return a.trim_end_matches('/').to_string();
     }
+    let scheme = if opts.auto_tls { "https" } else { "http" };
     let port = opts.listen.port();
     if !opts.listen.ip().is_unspecified() {
-        return format!("http://{}", opts.listen);
+        return format!("{scheme}://{}", opts.listen);
     }
     let host = reqwest::Url::parse(&opts.api_url)
         .ok()
@@ -398,9 +406,9 @@ fn callback_url(opts: &IpaOptions) -> String {
             s.local_addr().ok().map(|a| a.ip())
         });
     match host {
-        Some(std::net::IpAddr::V6(h)) => format!("http://[{h}]:{port}"),
-        Some(h) => format!("http://{h}:{port}"),
-        None => format!("http://127.0.0.1:{port}"),
+        Some(std::net::IpAddr::V6(h)) => format!("{scheme}://[{h}]:{port}"),
+        Some(h) => format!("{scheme}://{h}:{port}"),
+        None => format!("{scheme}://127.0.0.1:{port}"),
     }
 }
 
@@ -418,6 +426,15 @@ pub async fn run(
         .await
         .map_err(|e| format!("cannot listen on {} for Ironic's calls: {e}", opts.listen))?;
     let callback = callback_url(&opts);
+    let tls = if opts.auto_tls {
+        let host = reqwest::Url::parse(&callback)
+            .ok()
+            .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_string()))
+            .unwrap_or_else(|| "127.0.0.1".into());
+        Some(Arc::new(server::AutoTls::new(&host)?))
+    } else {
+        None
+    };
     let shared = Arc::new(Shared::new(executor.clone(), dispatcher.clone(), log));
     tokio::pin!(shutdown);
 
@@ -440,13 +457,27 @@ pub async fn run(
         .collect();
     let mut node = opts.node.clone();
     if let Some(url) = &opts.inspection_callback {
-        let data = json!({"inventory": inv, "boot_interface": opts.inventory.pxe_mac});
+        // IPA's body: the inventory, the disk it would deploy to, the PXE MAC.
+        let root_disk = inv
+            .disks
+            .iter()
+            .filter(|d| d.size >= 4 << 30)
+            .min_by_key(|d| d.size)
+            .or_else(|| inv.disks.first())
+            .map(|d| json!({"name": d.name, "size": d.size}));
+        let data = json!({"inventory": inv, "root_disk": root_disk,
+                          "boot_interface": opts.inventory.pxe_mac,
+                          "configuration": {"collectors": [], "managers": []}});
         let mut delay = Duration::from_secs(1);
         loop {
             match client.continue_inspection(url, &data).await {
                 Ok(answer) => {
-                    tracing::info!(answer = %answer, "inventory posted for inspection");
-                    if let Some(u) = answer.get("uuid").and_then(Value::as_str) {
+                    let uuid = answer
+                        .get("uuid")
+                        .or_else(|| answer.pointer("/node/uuid"))
+                        .and_then(Value::as_str);
+                    tracing::info!(node = ?uuid, "inventory posted for inspection");
+                    if let Some(u) = uuid {
                         node.get_or_insert_with(|| u.to_string());
                     }
                     break;
@@ -479,9 +510,15 @@ pub async fn run(
     *lock(&shared.token) = found.token.clone();
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::serve(listener, shared.clone(), async move {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(server::serve(
+        listener,
+        shared.clone(),
+        tls.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let verify_ca = tls.as_ref().map(|t| t.cert_pem.clone());
     let finished = executor.finished();
     let version = format!("rivet-agent {}", rivet_protocol::VERSION);
     let mut next = Instant::now();
@@ -489,7 +526,13 @@ pub async fn run(
         if Instant::now() >= next {
             let token = lock(&shared.token).clone();
             match client
-                .heartbeat(&found.uuid, &callback, token.as_deref(), &version)
+                .heartbeat(
+                    &found.uuid,
+                    &callback,
+                    token.as_deref(),
+                    &version,
+                    verify_ca.as_deref(),
+                )
                 .await
             {
                 Ok(()) => tracing::debug!(node = %found.uuid, "heartbeat"),
@@ -555,10 +598,13 @@ mod tests {
             inspection_callback: None,
             ca_pem: None,
             inventory: InventoryOptions::default(),
+            auto_tls: false,
         };
         assert_eq!(callback_url(&o), "http://127.0.0.1:9999");
         o.listen = "0.0.0.0:9999".parse().unwrap();
         assert_eq!(callback_url(&o), "http://127.0.0.1:9999");
+        o.auto_tls = true;
+        assert_eq!(callback_url(&o), "https://127.0.0.1:9999");
         o.advertise = Some("http://10.0.0.5:9999/".into());
         assert_eq!(callback_url(&o), "http://10.0.0.5:9999");
     }

@@ -1,7 +1,9 @@
 //! IPA's REST API on the ramdisk, which Ironic calls back on: `POST /v1/commands/`
 //! (`?wait=true|false&agent_token=…`), `GET /v1/commands/`, `GET /v1/commands/{id}`,
-//! `GET /v1/status`. HTTP/1.1 on hyper; plain HTTP (Ironic's `agent_verify_ca` TLS is not
-//! offered: the heartbeat never sends a CA, so Ironic calls back over http).
+//! `GET /v1/status`. HTTP/1.1 on hyper, over TLS by default as IPA's automatic TLS does: a
+//! self-signed certificate for the callback address is made at start ([`AutoTls`]) and sent
+//! to Ironic in every heartbeat (`agent_verify_ca`), and Ironic (whose `[agent] require_tls`
+//! is on by default) verifies the agent with it.
 //!
 //! This is the one inbound port the agent ever opens, and only in IPA mode. Every command
 //! request must carry the agent token Ironic gave at lookup; without one, or with another,
@@ -160,11 +162,55 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
     }
 }
 
-/// Serve IPA's API on `listener` until `shutdown` resolves. Connections run in a JoinSet
-/// owned here, so none outlives the server.
+/// A self-signed certificate for the agent's callback address, and the acceptor using it.
+pub struct AutoTls {
+    /// The certificate, PEM: what the heartbeat sends as `agent_verify_ca`.
+    pub cert_pem: String,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl AutoTls {
+    /// A fresh key and certificate naming `host` (an IP address or a DNS name) as its
+    /// subject and only subject alternative name; valid from 2020 to 2050, so a ramdisk whose
+    /// clock is wrong (no RTC battery, no NTP yet) still presents a valid certificate.
+    pub fn new(host: &str) -> Result<AutoTls, String> {
+        use rcgen::{CertificateParams, DnType, KeyPair};
+        let mut params = CertificateParams::new(vec![host.to_string()])
+            .map_err(|e| format!("certificate for {host}: {e}"))?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, host.to_string());
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2050, 1, 1);
+        let key = KeyPair::generate().map_err(|e| format!("TLS key: {e}"))?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| format!("self-signed certificate: {e}"))?;
+        let cert_pem = cert.pem();
+        let der = rustls_pki_types::CertificateDer::from(cert.der().to_vec());
+        let key_der = rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der())
+            .map_err(|e| format!("TLS key: {e}"))?;
+        let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+            tokio_rustls::rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(vec![der], key_der)
+        .map_err(|e| format!("TLS: {e}"))?;
+        Ok(AutoTls {
+            cert_pem,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        })
+    }
+}
+
+/// Serve IPA's API on `listener` until `shutdown` resolves, over `tls` when given.
+/// Connections run in a JoinSet owned here, so none outlives the server.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
+    tls: Option<Arc<AutoTls>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut conns = tokio::task::JoinSet::new();
@@ -187,15 +233,24 @@ pub async fn serve(
                     }
                 };
                 let shared = shared.clone();
+                let tls = tls.clone();
                 conns.spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let shared = shared.clone();
                         async move { Ok::<_, Infallible>(handle(shared, req).await) }
                     });
-                    if let Err(e) = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                        .await
-                    {
+                    let http = hyper::server::conn::http1::Builder::new();
+                    let served = match tls {
+                        Some(t) => match t.acceptor.accept(stream).await {
+                            Ok(s) => http.serve_connection(hyper_util::rt::TokioIo::new(s), svc).await,
+                            Err(e) => {
+                                tracing::warn!(%peer, error = %e, "IPA API: TLS handshake failed");
+                                return;
+                            }
+                        },
+                        None => http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await,
+                    };
+                    if let Err(e) = served {
                         tracing::debug!(%peer, error = %e, "IPA API connection ended");
                     }
                 });
