@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs OpenStack Ironic 39.0.0 in the venv .venv-ironic, idempotently (Debian 12, as root),
-# for tests/ironic_diff.rs: the differential test runs it as one process (API and conductor
-# together, no auth, no message bus, SQLite) on a loopback port beside rivetd. Safe to run
-# again: when the pinned version is already there it does nothing.
+# for tests/ironic_diff.rs (the differential test runs it as one process: API and conductor
+# together, no auth, no message bus, SQLite, on a loopback port beside rivetd) and
+# tests/ipa_ironic.rs (it drives rivet-agent's IPA mode). Safe to run again: when the pinned
+# version is already there it does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,15 @@ cd "$(dirname "$0")/.."
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+}
+# Ironic builds a deploy's configdrive ISO from its JSON form with openstacksdk, which runs
+# genisoimage, mkisofs or xorrisofs (tests/ipa_ironic.rs deploys with one): xorriso has the
+# last.
+command -v xorrisofs >/dev/null 2>&1 || command -v genisoimage >/dev/null 2>&1 || {
+  echo "setup-ironic: installing xorriso (configdrive ISOs)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends xorriso >/dev/null
 }
 
 VENV=.venv-ironic

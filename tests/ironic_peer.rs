@@ -92,12 +92,15 @@ impl Ironic {
 
     /// Start Ironic with conductor hostname `host` and `extra` appended to its config; create
     /// the schema, wait until `/v1` answers (and the conductor has registered, so node
-    /// creation works at once).
+    /// creation works at once). `{url}` in `extra` becomes Ironic's own URL
+    /// (`http://127.0.0.1:PORT`, e.g. for `[service_catalog] endpoint_override`); a section
+    /// given again (`[DEFAULT]`…) overrides the base's options, the last value wins.
     pub fn start_with(host: &str, extra: &str) -> Result<Ironic> {
         let dir = tempfile::tempdir()?;
         let port = crate::free_port()?;
         let conf = dir.path().join("ironic.conf");
-        std::fs::write(&conf, config(dir.path(), port, host, extra))?;
+        let extra = extra.replace("{url}", &format!("http://127.0.0.1:{port}"));
+        std::fs::write(&conf, config(dir.path(), port, host, &extra))?;
         let log = dir.path().join("ironic.log");
         let logf = std::fs::File::create(&log)?;
         let out = Command::new(venv().join("bin/ironic-dbsync"))
@@ -166,6 +169,42 @@ impl Ironic {
     /// Its log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `n` lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// One API call at the newest microversion (`X-OpenStack-Ironic-API-Version: latest`):
+    /// status and JSON body (`null` when empty or not JSON).
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(u16, serde_json::Value)> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        let mut req = http
+            .request(
+                reqwest::Method::from_bytes(method.as_bytes())?,
+                format!("{}{path}", self.url),
+            )
+            .header("X-OpenStack-Ironic-API-Version", "latest");
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().with_context(|| format!("{method} {path}"))?;
+        let status = resp.status().as_u16();
+        let text = resp.text()?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        ))
     }
 
     /// Its state directory (config, database, log).

@@ -182,6 +182,31 @@ pub fn boot_mode(info: &Map<String, Value>, node: &Value) -> &'static str {
     "uefi"
 }
 
+/// Ironic's erase settings, which it hands IPA in the node's `driver_internal_info`
+/// (`[deploy] shred_random_overwrite_iterations`, `continue_if_disk_secure_erase_fails`,
+/// `enable_nvme_secure_erase`/`enable_ata_secure_erase`, `disk_erasure_concurrency`), as
+/// the erase steps' arguments. Arguments the step itself carries win.
+pub fn erase_args(node: &Value) -> Map<String, Value> {
+    let dii = node.get("driver_internal_info");
+    let get = |k: &str| dii.and_then(|d| d.get(k));
+    let mut out = Map::new();
+    if let Some(n) = get("agent_erase_devices_iterations").and_then(Value::as_u64) {
+        out.insert("random_passes".into(), json!(n.min(16)));
+    }
+    if let Some(b) = get("agent_continue_if_secure_erase_failed").and_then(Value::as_bool) {
+        out.insert("continue_if_secure_erase_failed".into(), json!(b));
+    }
+    let nvme = get("agent_enable_nvme_secure_erase").and_then(Value::as_bool);
+    let ata = get("agent_enable_ata_secure_erase").and_then(Value::as_bool);
+    if nvme == Some(false) && ata == Some(false) {
+        out.insert("secure_erase".into(), json!(false));
+    }
+    if let Some(n) = get("disk_erasure_concurrency").and_then(Value::as_u64) {
+        out.insert("concurrency".into(), json!(n.clamp(1, 64)));
+    }
+    out
+}
+
 /// Plan `method` (`extension.name`) with `params`.
 pub fn plan(method: &str, params: &Map<String, Value>) -> Result<Plan, Refusal> {
     let node = params.get("node").cloned().unwrap_or(Value::Null);
@@ -198,12 +223,21 @@ pub fn plan(method: &str, params: &Map<String, Value>) -> Result<Plan, Refusal> 
             args,
         })
     };
+    let erase_settings = |step: &str, mut args: Map<String, Value>| {
+        if step.starts_with("erase_devices") {
+            for (k, v) in erase_args(&node) {
+                args.entry(k).or_insert(v);
+            }
+        }
+        args
+    };
     match method {
         "clean.get_clean_steps" => Ok(Plan::Execute(CommandKind::GetCleanSteps)),
         "deploy.get_deploy_steps" => Ok(Plan::Execute(CommandKind::GetDeploySteps)),
         "service.get_service_steps" => Ok(Plan::Immediate(Immediate::NoServiceSteps)),
         "clean.execute_clean_step" => {
             let (i, s, a) = step_of(params)?;
+            let a = erase_settings(&s, a);
             Ok(exec(i, s, a))
         }
         "deploy.execute_deploy_step" => {
@@ -373,6 +407,26 @@ mod tests {
         partition["step"]["args"]["image_info"]["image_type"] = json!("partition");
         let e = plan("deploy.execute_deploy_step", &partition).expect_err("partition");
         assert!(e.message.contains("whole-disk"), "{e:?}");
+    }
+
+    #[test]
+    fn ironic_erase_settings_become_step_args() {
+        let p = params(json!({
+            "step": {"interface": "deploy", "step": "erase_devices", "args": {"concurrency": 2}},
+            "node": {"driver_internal_info": {"agent_erase_devices_iterations": 1,
+                     "agent_continue_if_secure_erase_failed": true,
+                     "agent_enable_nvme_secure_erase": false, "agent_enable_ata_secure_erase": false,
+                     "disk_erasure_concurrency": 4}}}));
+        let Ok(Plan::Execute(CommandKind::ExecuteStep { args, .. })) =
+            plan("clean.execute_clean_step", &p)
+        else {
+            panic!("erase step")
+        };
+        assert_eq!(
+            Value::Object(args),
+            json!({"concurrency": 2, "random_passes": 1, "continue_if_secure_erase_failed": true,
+                   "secure_erase": false})
+        );
     }
 
     #[test]

@@ -412,6 +412,13 @@ fn callback_url(opts: &IpaOptions) -> String {
     }
 }
 
+/// Whether a power_off or reboot command has succeeded.
+fn powering_down(executor: &Executor) -> bool {
+    executor.pending_results().iter().any(|c| {
+        (c.name == "power_off" || c.name == "reboot") && c.status == CommandStatus::Succeeded
+    })
+}
+
 /// Run IPA mode until `shutdown`.
 pub async fn run(
     opts: IpaOptions,
@@ -456,6 +463,8 @@ pub async fn run(
         .filter(|m| !m.is_empty() && m != "00:00:00:00:00:00")
         .collect();
     let mut node = opts.node.clone();
+    // At 1.84 Ironic answers an inspection as a lookup (node, token): then no lookup.
+    let mut inspected: Option<ironic::Lookup> = None;
     if let Some(url) = &opts.inspection_callback {
         // IPA's body: the inventory, the disk it would deploy to, the PXE MAC.
         let root_disk = inv
@@ -480,6 +489,7 @@ pub async fn run(
                     if let Some(u) = uuid {
                         node.get_or_insert_with(|| u.to_string());
                     }
+                    inspected = ironic::parse_lookup(&answer.to_string()).ok();
                     break;
                 }
                 Err(e) => tracing::warn!(error = %e, url, "posting the inventory failed; retrying"),
@@ -495,6 +505,9 @@ pub async fn run(
     // Lookup until Ironic knows the node and lets it in.
     let mut delay = Duration::from_secs(1);
     let found = loop {
+        if let Some(l) = inspected.take() {
+            break l;
+        }
         match client.lookup(&macs, node.as_deref()).await {
             Ok(l) => break l,
             Err(e) => tracing::info!(error = %e, ?macs, node = ?node, "lookup: not yet"),
@@ -522,7 +535,17 @@ pub async fn run(
     let finished = executor.finished();
     let version = format!("rivet-agent {}", rivet_protocol::VERSION);
     let mut next = Instant::now();
+    // Results seen so far: a wake-up with no new one is not a reason to heartbeat.
+    let mut seen = executor.pending_results().len();
     loop {
+        if powering_down(&executor) {
+            // As IPA: no heartbeat after power_off or reboot succeeded; the machine is going.
+            tracing::info!("power off or reboot done: no more heartbeats");
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = std::future::pending::<()>() => {}
+            }
+        }
         if Instant::now() >= next {
             let token = lock(&shared.token).clone();
             match client
@@ -548,7 +571,11 @@ pub async fn run(
             _ = tokio::time::sleep_until(next.into()) => {}
             _ = notified => {
                 // A command finished: tell Ironic now, as IPA does.
-                next = Instant::now();
+                let now_seen = executor.pending_results().len();
+                if now_seen > seen {
+                    next = Instant::now();
+                }
+                seen = now_seen;
             }
         }
     }
