@@ -920,3 +920,52 @@ pub fn node_in_clean_wait(d: &crate::Rivetd, name: &str, mac: &str) -> Result<St
     }
     Ok(uuid)
 }
+
+/// The last `n` lines of `s`.
+pub fn last_lines(s: &str, n: usize) -> String {
+    let l: Vec<&str> = s.lines().collect();
+    l[l.len().saturating_sub(n)..].join("\n")
+}
+
+/// Wait up to `secs` until rivetd shows node `uuid` in provision state `want`. A `…failed`
+/// state or the deadline is an error carrying the node's `last_error`, the guest's console
+/// tail (when `vm` is given) and rivetd's log tail.
+pub fn wait_state(
+    d: &crate::Rivetd,
+    uuid: &str,
+    want: &str,
+    secs: u64,
+    vm: Option<&Qemu>,
+) -> Result<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let n = d.node(uuid)?;
+        let state = n["provision_state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state == want {
+            return Ok(n);
+        }
+        if state.ends_with("failed") || Instant::now() > deadline {
+            let diag = vm.map(|v| v.diagnostics(60)).unwrap_or_default();
+            bail!(
+                "node is {state:?}, not {want:?}: {}\n{diag}\n--- rivetd log:\n{}",
+                n["last_error"],
+                last_lines(&d.log_text(), 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `PUT /v1/nodes/{uuid}/states/provision` with `body`; anything but 202 is an error.
+pub fn provision(d: &crate::Rivetd, uuid: &str, body: serde_json::Value) -> Result<()> {
+    let (s, v) = d.call(
+        "PUT",
+        &format!("/v1/nodes/{uuid}/states/provision"),
+        Some(body.clone()),
+    )?;
+    anyhow::ensure!(s == 202, "{body}: {s} {v}");
+    Ok(())
+}

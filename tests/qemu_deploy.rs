@@ -9,11 +9,11 @@
 //! dosfstools, mtools, gdisk) and `cargo build --workspace --bins`. Skips locally without
 //! them; fails in CI. TCG: a few minutes.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use rivet_tests::fileserver::FileServer;
 use rivet_tests::qemu::{self, Boot, Config, Qemu};
 use rivet_tests::{prerequisite, Rivetd};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -30,50 +30,6 @@ fn ready() -> bool {
             Path::new("/usr/lib/syslinux/mbr/gptmbr.bin").is_file(),
             "syslinux-common (scripts/setup-qemu.sh installs it)",
         )
-}
-
-fn wait_state(
-    d: &Rivetd,
-    uuid: &str,
-    want: &str,
-    secs: u64,
-    vm: &mut Option<Qemu>,
-) -> Result<Value> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let n = d.node(uuid)?;
-        let state = n["provision_state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if state == want {
-            return Ok(n);
-        }
-        let diag = vm.as_ref().map(|v| v.diagnostics(40)).unwrap_or_default();
-        if state.ends_with("failed") || Instant::now() > deadline {
-            bail!(
-                "node is {state:?}, not {want:?}: {}\n{diag}\n--- rivetd log:\n{}",
-                n["last_error"],
-                tail(&d.log_text(), 40)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let l: Vec<&str> = s.lines().collect();
-    l[l.len().saturating_sub(n)..].join("\n")
-}
-
-fn verb(d: &Rivetd, uuid: &str, body: Value) -> Result<()> {
-    let (s, v) = d.call(
-        "PUT",
-        &format!("/v1/nodes/{uuid}/states/provision"),
-        Some(body.clone()),
-    )?;
-    ensure!(s == 202, "{body}: {s} {v}");
-    Ok(())
 }
 
 #[test]
@@ -128,10 +84,10 @@ fn deploy_boot_from_disk_undeploy() -> Result<()> {
                                           "image_os_hash_algo": "sha256", "image_os_hash_value": digest}}),
         mac,
     )?;
-    verb(&d, &uuid, json!({"target": "manage"}))?;
-    wait_state(&d, &uuid, "manageable", 30, &mut None)?;
-    verb(&d, &uuid, json!({"target": "provide"}))?;
-    wait_state(&d, &uuid, "available", 30, &mut None)?;
+    qemu::provision(&d, &uuid, json!({"target": "manage"}))?;
+    qemu::wait_state(&d, &uuid, "manageable", 30, None)?;
+    qemu::provision(&d, &uuid, json!({"target": "provide"}))?;
+    qemu::wait_state(&d, &uuid, "available", 30, None)?;
     // Cleaning from now on (undeploy), metadata erase only.
     let (s, v) = d.call(
         "PATCH",
@@ -166,13 +122,13 @@ fn deploy_boot_from_disk_undeploy() -> Result<()> {
 
     // Deploy, with the configdrive as Ironic's JSON form.
     let t = Instant::now();
-    verb(
+    qemu::provision(
         &d,
         &uuid,
         json!({"target": "active", "configdrive": {"meta_data": {"hostname": "vm-deploy"}}}),
     )?;
     let mut vm = Some(Qemu::start(&vm_config(ramdisk(), "vm-deploy"))?);
-    let active = wait_state(&d, &uuid, "active", 600, &mut vm)?;
+    let active = qemu::wait_state(&d, &uuid, "active", 600, vm.as_ref())?;
     let deploy_s = t.elapsed();
     ensure!(
         active["driver_internal_info"]["deployed_image"]["hash_value"] == digest.as_str(),
@@ -213,10 +169,10 @@ fn deploy_boot_from_disk_undeploy() -> Result<()> {
 
     // Undeploy: cleaning in the ramdisk, available, metadata gone.
     let t = Instant::now();
-    verb(&d, &uuid, json!({"target": "deleted"}))?;
-    wait_state(&d, &uuid, "clean wait", 60, &mut None)?;
+    qemu::provision(&d, &uuid, json!({"target": "deleted"}))?;
+    qemu::wait_state(&d, &uuid, "clean wait", 60, None)?;
     let mut vm = Some(Qemu::start(&vm_config(ramdisk(), "vm-clean"))?);
-    let n = wait_state(&d, &uuid, "available", 600, &mut vm)?;
+    let n = qemu::wait_state(&d, &uuid, "available", 600, vm.as_ref())?;
     ensure!(n["instance_info"] == json!({}), "{n}");
     drop(vm.take());
     eprintln!("undeploy + cleaning: available after {:.1?}", t.elapsed());

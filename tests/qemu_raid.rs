@@ -15,7 +15,7 @@
 //! for the ramdisk…) and `cargo build --workspace --bins`. Skips locally without them;
 //! fails in CI. TCG: several minutes.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use rivet_tests::fileserver::FileServer;
 use rivet_tests::qemu::{self, Boot, Config, Qemu};
 use rivet_tests::{prerequisite, Rivetd};
@@ -40,44 +40,6 @@ fn ready() -> bool {
             Path::new("/usr/lib/syslinux/mbr/gptmbr.bin").is_file(),
             "syslinux-common (scripts/setup-qemu.sh installs it)",
         )
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let l: Vec<&str> = s.lines().collect();
-    l[l.len().saturating_sub(n)..].join("\n")
-}
-
-fn wait_state(d: &Rivetd, uuid: &str, want: &str, secs: u64, vm: Option<&Qemu>) -> Result<Value> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let n = d.node(uuid)?;
-        let state = n["provision_state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if state == want {
-            return Ok(n);
-        }
-        if state.ends_with("failed") || Instant::now() > deadline {
-            let diag = vm.map(|v| v.diagnostics(60)).unwrap_or_default();
-            bail!(
-                "node is {state:?}, not {want:?}: {}\n{diag}\n--- rivetd log:\n{}",
-                n["last_error"],
-                tail(&d.log_text(), 40)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
-fn verb(d: &Rivetd, uuid: &str, body: Value) -> Result<()> {
-    let (s, v) = d.call(
-        "PUT",
-        &format!("/v1/nodes/{uuid}/states/provision"),
-        Some(body.clone()),
-    )?;
-    ensure!(s == 202, "{body}: {s} {v}");
-    Ok(())
 }
 
 /// Where md metadata 1.0 puts its superblock on a device of `size` bytes: 8 KiB before the
@@ -190,7 +152,7 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
     };
     let in_ramdisk = |name: &str, want: &str| -> Result<Value> {
         let vm = Qemu::start(&vm_config(ramdisk(), disks.clone(), name))?;
-        let n = wait_state(&d, &uuid, want, 600, Some(&vm));
+        let n = qemu::wait_state(&d, &uuid, want, 600, Some(&vm));
         drop(vm);
         n
     };
@@ -198,10 +160,10 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
     let data_sb = |p: &Path| superblock(p, 4096);
 
     // 1. Manual clean builds the arrays.
-    verb(&d, &uuid, json!({"target": "manage"}))?;
-    wait_state(&d, &uuid, "manageable", 30, None)?;
+    qemu::provision(&d, &uuid, json!({"target": "manage"}))?;
+    qemu::wait_state(&d, &uuid, "manageable", 30, None)?;
     let t = Instant::now();
-    verb(
+    qemu::provision(
         &d,
         &uuid,
         json!({"target": "clean", "clean_steps": [
@@ -248,7 +210,7 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
 
     // 2. Automated cleaning erases through the arrays and keeps them.
     let t = Instant::now();
-    verb(&d, &uuid, json!({"target": "provide"}))?;
+    qemu::provision(&d, &uuid, json!({"target": "provide"}))?;
     let n = in_ramdisk("vm-raid-provide", "available")?;
     eprintln!("raid: automated cleaning in {:.1?}", t.elapsed());
     ensure!(
@@ -272,7 +234,7 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
 
     // 3. Deploy onto the mirror, with a configdrive.
     let t = Instant::now();
-    verb(
+    qemu::provision(
         &d,
         &uuid,
         json!({"target": "active", "configdrive": {"meta_data": {"hostname": "vm-raid"}}}),
@@ -282,7 +244,7 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
         disks.clone(),
         "vm-raid-deploy",
     ))?);
-    let active = wait_state(&d, &uuid, "active", 600, vm.as_ref())?;
+    let active = qemu::wait_state(&d, &uuid, "active", 600, vm.as_ref())?;
     let deployed = &active["driver_internal_info"]["deployed_image"];
     ensure!(
         deployed["device"]
@@ -344,16 +306,16 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
     }
 
     // 5. Undeploy keeps the arrays; raid.delete_configuration removes them.
-    verb(&d, &uuid, json!({"target": "deleted"}))?;
-    wait_state(&d, &uuid, "clean wait", 60, None)?;
+    qemu::provision(&d, &uuid, json!({"target": "deleted"}))?;
+    qemu::wait_state(&d, &uuid, "clean wait", 60, None)?;
     in_ramdisk("vm-raid-undeploy", "available")?;
     ensure!(
         root_sb(&disks[0])?.is_some(),
         "undeploy destroyed the mirror"
     );
-    verb(&d, &uuid, json!({"target": "manage"}))?;
-    wait_state(&d, &uuid, "manageable", 30, None)?;
-    verb(
+    qemu::provision(&d, &uuid, json!({"target": "manage"}))?;
+    qemu::wait_state(&d, &uuid, "manageable", 30, None)?;
+    qemu::provision(
         &d,
         &uuid,
         json!({"target": "clean", "clean_steps": [{"interface": "raid", "step": "delete_configuration"}]}),

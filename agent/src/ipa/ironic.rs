@@ -90,8 +90,16 @@ impl IronicClient {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, String), IronicError> {
+        self.send_at(req, API_VERSION).await
+    }
+
+    async fn send_at(
+        &self,
+        req: reqwest::RequestBuilder,
+        version: &str,
+    ) -> Result<(u16, String), IronicError> {
         let resp = req
-            .header("X-OpenStack-Ironic-API-Version", API_VERSION)
+            .header("X-OpenStack-Ironic-API-Version", version)
             .send()
             .await
             .map_err(|e| IronicError::Transport(e.to_string()))?;
@@ -155,25 +163,7 @@ impl IronicClient {
     /// Sent at 1.84, where Ironic answers as a lookup does (node and agent token); an
     /// inspector that knows no microversions ignores the header.
     pub async fn continue_inspection(&self, url: &str, data: &Value) -> Result<Value, IronicError> {
-        let resp = self
-            .http
-            .post(url)
-            .header("X-OpenStack-Ironic-API-Version", "1.84")
-            .json(data)
-            .send()
-            .await
-            .map_err(|e| IronicError::Transport(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| IronicError::Transport(e.to_string()))?;
-        if status >= 400 {
-            return Err(IronicError::Status {
-                status,
-                message: faultstring(&body),
-            });
-        }
+        let (_, body) = self.send_at(self.http.post(url).json(data), "1.84").await?;
         Ok(serde_json::from_str(&body).unwrap_or(Value::Null))
     }
 }
