@@ -40,8 +40,8 @@ pub enum RescueError {
     /// Not the ramdisk and no directory configured.
     #[error("this agent is not the ramdisk's init and has no --rescue-root directory; refusing to change the host's accounts")]
     NoRoot,
-    /// The hash is not a SHA-512 crypt string.
-    #[error("rescue_password_hash is not a SHA-512 crypt hash ($6$...)")]
+    /// The hash is not a SHA-512 or SHA-256 crypt string.
+    #[error("rescue_password_hash is not a SHA-512 or SHA-256 crypt hash ($6$... or $5$...)")]
     BadHash,
     /// A file could not be read or written.
     #[error("{path}: {source}")]
@@ -60,10 +60,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RescueError + '_ {
     }
 }
 
-/// A SHA-512 crypt string: `$6$[rounds=N$]salt$hash`, crypt's alphabet only (no `:` or
-/// newline can reach the shadow file).
+/// A SHA-512 or SHA-256 crypt string (`$6$[rounds=N$]salt$hash`, `$5$…`: rivetd sends the
+/// first, a stock Ironic the second by default), crypt's alphabet only (no `:` or newline
+/// can reach the shadow file).
 fn valid_hash(h: &str) -> bool {
-    h.starts_with("$6$")
+    (h.starts_with("$6$") || h.starts_with("$5$"))
         && h.len() < 256
         && h.split('$').count() >= 4
         && h.chars()
@@ -302,6 +303,11 @@ mod tests {
     fn refuses_what_is_not_a_hash() {
         let dir = TmpDir::new("r");
         let root = RescueRoot::Dir(dir.path().into());
+        // Ironic's default hash (SHA-256 crypt) as well as rivetd's.
+        assert!(valid_hash(
+            "$5$rounds=5000$saltsalt$Xk4Q2vCw0yE1Q9n7mA.bcdefgh/ijklmno"
+        ));
+        assert!(valid_hash(HASH));
         for bad in ["secret", "$1$abc$def", "$6$a$b:0:0", "$6$a$b\nroot::0"] {
             assert!(
                 matches!(finalize(&root, bad), Err(RescueError::BadHash)),

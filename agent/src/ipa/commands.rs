@@ -278,8 +278,8 @@ pub fn plan(method: &str, params: &Map<String, Value>) -> Result<Plan, Refusal> 
                 .unwrap_or(false);
             if !hashed {
                 return Err(invalid(
-                    "rivet-agent takes the rescue password only hashed (SHA-512 crypt): set \
-                     [conductor] rescue_password_hash_algorithm = sha512 in Ironic",
+                    "rivet-agent takes the rescue password only hashed (SHA-256 or SHA-512 \
+                     crypt, as Ironic sends it by default); this Ironic sent it in plain text",
                 ));
             }
             Ok(Plan::Execute(CommandKind::FinalizeRescue {

@@ -412,10 +412,12 @@ fn callback_url(opts: &IpaOptions) -> String {
     }
 }
 
-/// Whether a power_off or reboot command has succeeded.
+/// Whether a power_off, reboot or finalize_rescue command has succeeded: then, as IPA, the
+/// agent heartbeats no more (the machine is going down, or now belongs to the rescue user).
 fn powering_down(executor: &Executor) -> bool {
     executor.pending_results().iter().any(|c| {
-        (c.name == "power_off" || c.name == "reboot") && c.status == CommandStatus::Succeeded
+        matches!(c.name.as_str(), "power_off" | "reboot" | "finalize_rescue")
+            && c.status == CommandStatus::Succeeded
     })
 }
 
@@ -540,7 +542,7 @@ pub async fn run(
     loop {
         if powering_down(&executor) {
             // As IPA: no heartbeat after power_off or reboot succeeded; the machine is going.
-            tracing::info!("power off or reboot done: no more heartbeats");
+            tracing::info!("power off, reboot or rescue done: no more heartbeats");
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = std::future::pending::<()>() => {}
