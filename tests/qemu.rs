@@ -345,6 +345,9 @@ pub enum Boot {
     Pxe(String),
     /// SeaBIOS boots the first disk (a deployed instance), no kernel given.
     Disk,
+    /// OVMF (q35, a fresh variable store) boots from the disks, no kernel given: with no boot
+    /// entry of its own it finds a disk's removable-media loader (`\EFI\BOOT\BOOTX64.EFI`).
+    DiskUefi,
 }
 
 /// One guest.
@@ -509,6 +512,20 @@ impl Qemu {
                         iso.display()
                     ))
                     .args(["-boot", "order=d"]);
+            }
+            Boot::DiskUefi => {
+                let code = ovmf_code().context("no OVMF firmware: install Debian ovmf")?;
+                let vars = cfg.log_dir.join("OVMF_VARS.fd");
+                std::fs::copy(code.with_file_name(ovmf_vars_name(&code)), &vars)
+                    .context("copying the OVMF variable store")?;
+                cmd.args(["-machine", "q35"])
+                    .arg("-drive")
+                    .arg(format!(
+                        "if=pflash,format=raw,readonly=on,file={}",
+                        code.display()
+                    ))
+                    .arg("-drive")
+                    .arg(format!("if=pflash,format=raw,file={}", vars.display()));
             }
             Boot::CdromUefi(iso) | Boot::CdromSecureBoot(iso) => {
                 let secure = matches!(cfg.boot, Boot::CdromSecureBoot(_));

@@ -11,6 +11,10 @@
 //! The md superblocks are checked from the host by their bytes (magic, version, name) in
 //! the disk files; the host kernel has no md, which is why the arrays are built in a guest.
 //!
+//! A second test does the same for UEFI on two disks: the ramdisk boots from its ISO under
+//! OVMF, the agent writes the image's boot entry, and OVMF then boots the instance from each
+//! disk alone (the image's ESP is on the mirror, so each member has it as a plain partition).
+//!
 //! Needs scripts/setup-qemu.sh (QEMU, busybox-static, a kernel package, syslinux, mdadm
 //! for the ramdisk…) and `cargo build --workspace --bins`. Skips locally without them;
 //! fails in CI. TCG: several minutes.
@@ -338,6 +342,151 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
             head.iter().all(|b| *b == 0),
             "{}: its partition table survived",
             p.display()
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn software_raid_mirror_boots_uefi_from_either_disk() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let art = qemu::shared_artefacts()?;
+    let Some((iso, boot)) = art.iso.clone() else {
+        anyhow::bail!("image-build made no ISO");
+    };
+    ensure!(boot.uefi, "the ISO has no UEFI El Torito image");
+    let image = qemu::test_image()?;
+    let dir = tempfile::tempdir()?;
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www)?;
+    std::fs::copy(&image, www.join("instance.raw"))?;
+    let out = Command::new("sha256sum").arg(&image).output()?;
+    let digest = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let server = FileServer::start(&www)?;
+    let port: u16 = server
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("image server port")?;
+    let cfg = dir.path().join("rivetd.toml");
+    std::fs::write(
+        &cfg,
+        "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n",
+    )?;
+    let cfg = cfg.display().to_string();
+    let d = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg])?;
+    let mac = "52:54:00:e2:d0:0b";
+    // No boot mode anywhere: rivetd's default, uefi.
+    let uuid = d.create_node_with_port(
+        json!({"driver": "fake-hardware", "deploy_interface": "direct", "raid_interface": "agent",
+               "name": "vm-raid-uefi", "automated_clean": false,
+               "instance_info": {"image_source": qemu::guest_image_url("instance.raw"),
+                                 "image_os_hash_algo": "sha256", "image_os_hash_value": digest}}),
+        mac,
+    )?;
+    let (s, v) = d.call(
+        "PUT",
+        &format!("/v1/nodes/{uuid}/states/raid"),
+        Some(json!({"logical_disks": [
+            {"size_gb": "MAX", "raid_level": "1", "controller": "software", "is_root_volume": true}]})),
+    )?;
+    ensure!(s == 204, "PUT states/raid: {s} {v}");
+    let disks: Vec<PathBuf> = ["vda", "vdb"]
+        .iter()
+        .map(|n| dir.path().join(format!("{n}.img")))
+        .collect();
+    for p in &disks {
+        sparse(p, ROOT_DISK_MIB)?;
+    }
+    let vm_config = |boot: Boot, disks: Vec<PathBuf>, name: &str| Config {
+        boot,
+        disks,
+        mac: mac.into(),
+        rivetd_port: d.port,
+        memory_mib: 512,
+        log_dir: dir.path().join(name),
+        accel: qemu::accel(&art.vmlinuz),
+        image_port: Some(port),
+    };
+    let in_ramdisk = |name: &str, want: &str| -> Result<Value> {
+        let vm = Qemu::start(&vm_config(
+            Boot::CdromUefi(iso.clone()),
+            disks.clone(),
+            name,
+        ))?;
+        let n = qemu::wait_state(&d, &uuid, want, 600, Some(&vm));
+        drop(vm);
+        n
+    };
+
+    qemu::provision(&d, &uuid, json!({"target": "manage"}))?;
+    qemu::wait_state(&d, &uuid, "manageable", 30, None)?;
+    let t = Instant::now();
+    qemu::provision(
+        &d,
+        &uuid,
+        json!({"target": "clean", "clean_steps": [
+            {"interface": "raid", "step": "create_configuration"}]}),
+    )?;
+    in_ramdisk("vm-uefi-create", "manageable")?;
+    eprintln!("raid uefi: mirror built in {:.1?}", t.elapsed());
+    for p in &disks {
+        ensure!(
+            superblock(p, sb10_offset(ROOT_DISK_MIB * MIB))?.is_some(),
+            "{}: no md 1.0 superblock",
+            p.display()
+        );
+    }
+    qemu::provision(&d, &uuid, json!({"target": "provide"}))?;
+    qemu::wait_state(&d, &uuid, "available", 30, None)?;
+    let t = Instant::now();
+    qemu::provision(
+        &d,
+        &uuid,
+        json!({"target": "active", "configdrive": {"meta_data": {"hostname": "vm-raid-uefi"}}}),
+    )?;
+    let active = in_ramdisk("vm-uefi-deploy", "active")?;
+    let deployed = &active["driver_internal_info"]["deployed_image"];
+    ensure!(
+        deployed["device"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("/dev/md"))
+            && !deployed["uefi_boot_entry"].is_null(),
+        "not deployed onto the mirror with a UEFI boot entry: {deployed}"
+    );
+    eprintln!("raid uefi: deployed in {:.1?}", t.elapsed());
+    let marker = format!("rivet-lab-instance booted uuid={uuid}");
+    for (name, set) in [
+        ("vdb-only", vec![disks[1].clone()]),
+        ("vda-only", vec![disks[0].clone()]),
+    ] {
+        let t = Instant::now();
+        let mut instance = Qemu::start(&vm_config(
+            Boot::DiskUefi,
+            set,
+            &format!("vm-uefi-instance-{name}"),
+        ))?;
+        instance.wait_console(
+            rivet_image_build::testimage::MARKER,
+            Duration::from_secs(300),
+        )?;
+        let seen = instance.console_text();
+        ensure!(
+            seen.contains(&marker) && seen.contains("firmware=uefi"),
+            "UEFI boot from {name}: no marker with the uuid and firmware=uefi:\n{}",
+            instance.diagnostics(30)
+        );
+        instance.kill();
+        eprintln!(
+            "raid uefi: the instance booted from {name} in {:.1?}",
+            t.elapsed()
         );
     }
     Ok(())
