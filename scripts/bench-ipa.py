@@ -61,7 +61,7 @@ def run_rusage(cmd, env=None, user=None, cwd=None, timeout=600):
     (setpriv, between time and cmd)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
             tempfile.NamedTemporaryFile("r") as tf:
-        wrap = ["/usr/bin/time", "-f", "%M", "-o", tf.name]
+        wrap = ["/usr/bin/time", "-f", "%M %U %S", "-o", tf.name]
         if user is not None:
             wrap += ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"]
         t = time.monotonic()
@@ -76,7 +76,12 @@ def run_rusage(cmd, env=None, user=None, cwd=None, timeout=600):
         out.seek(0)
         err.seek(0)
         lines = [l for l in tf.read().splitlines() if l.strip()]
-        rss = int(lines[-1]) if lines and lines[-1].strip().isdigit() else 0
+        try:
+            f = lines[-1].split()
+            rss, cpu = int(f[0]), float(f[1]) + float(f[2])
+        except (IndexError, ValueError):
+            rss, cpu = 0, float("nan")
+        run_rusage.cpu = cpu
         return wall, rss, p.returncode, out.read().decode(errors="replace"), \
             err.read().decode(errors="replace")
 
@@ -267,7 +272,7 @@ def inventory(a):
         f"inventory --devices LOOP`, {a.inv_runs} runs; IPA: `dispatch_to_managers("
         f"'list_hardware_info')` in a fresh Python, as root, {a.ipa_inv_runs} runs — IPA "
         f"lists the host's own disk {', '.join(r['ipa_disks'])}, as it never lists loop "
-        f"devices; medians; peak RSS from wait4) | rivet-agent **{r['rivet_wall'] * 1000:.1f} "
+        f"devices; medians; peak RSS = GNU time's %M) | rivet-agent **{r['rivet_wall'] * 1000:.1f} "
         f"ms** for the whole process, peak RSS **{r['rivet_rss'] / 1024:.1f} MiB**. IPA "
         f"**{r['ipa_wall']:.2f} s** for the process — imports {r['ipa_import']:.2f} s, "
         f"hardware managers' start {r['ipa_init']:.2f} s, `list_hardware_info` itself "
@@ -585,8 +590,9 @@ def heartbeat(a):
         f"| Process start → first heartbeat recorded by a stock Ironic 39 (node in `clean "
         f"wait`, fake-hardware, automatic TLS on both agents; the time of Ironic's `POST "
         f"/v1/heartbeat … 202` log line minus the spawn; median of {a.hb_reps} interleaved "
-        f"rounds). IPA {a.ipa_version} from PyPI runs on the host as user nobody (it cannot "
-        f"harm the host) and is killed at its first heartbeat | rivet-agent **{ri['hb']:.2f} "
+        f"rounds). IPA {a.ipa_version} from PyPI runs on the host as user nobody (so it can "
+        f"neither power the host off, take its links down nor write its disks), Ironic has no "
+        f"clean step for it, and it is killed at its first heartbeat; RSS = VmHWM then | rivet-agent **{ri['hb']:.2f} "
         f"s** (lookup {ri['lookup']:.2f} s; range {ri['hb_min']:.2f}–{ri['hb_max']:.2f}), RSS "
         f"high-water mark {ri['hwm'] / 1024:.1f} MiB; IPA **{ip['hb']:.2f} s** (lookup "
         f"{ip['lookup']:.2f} s; range {ip['hb_min']:.2f}–{ip['hb_max']:.2f}), "
@@ -599,12 +605,11 @@ def heartbeat(a):
 # 4. 2 GiB deploy: rivet-agent step write_image vs IPA's raw-image streaming writer
 
 IPA_WRITE = r"""
-import json, subprocess, sys, time
+import json, resource, subprocess, sys, time
 from oslo_config import cfg
 from ironic_python_agent import config, hardware
 from ironic_python_agent.extensions import standby
 cfg.CONF([], project='ironic-python-agent')
-logging_ok = True
 image_info = json.loads(sys.argv[1])
 device = sys.argv[2]
 # Never let IPA choose a disk: this run has no business with the host's own.
@@ -614,6 +619,10 @@ hardware.dispatch_to_managers = _refuse
 standby._validate_image_info(None, image_info)
 ext = standby.StandbyExtension()
 ext.partition_uuids = {}
+def cpu():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+c0 = cpu()
 t0 = time.monotonic()
 # What prepare_image runs for a whole-disk raw image with stream_raw_images (Ironic's
 # default), after its root device choice: stream with checksum, fix the GPT, read the
@@ -625,7 +634,7 @@ t1 = time.monotonic()
 # IPA's full_sync (what standby.sync / power_off run before the node reboots).
 subprocess.run(['sync'], check=True)
 t2 = time.monotonic()
-print(json.dumps({"write_s": t1 - t0, "sync_s": t2 - t1,
+print(json.dumps({"write_s": t1 - t0, "sync_s": t2 - t1, "cpu_s": cpu() - c0,
                   "root_uuid": ext.partition_uuids.get('root uuid')}))
 """
 
@@ -711,7 +720,18 @@ def deploy(a):
     backing = os.path.join(a.work, "deploy-disk.img")
     with open(backing, "wb") as f:
         f.truncate(size + 256 * MIB)
+    a.cleanups.append(lambda: os.unlink(backing))
     dev = attach_loop(a, backing)
+
+    def check(who):
+        """The device holds the image (past the first MiB, before the last: the GPT headers
+        are rewritten by both agents when they fix the backup GPT's place)."""
+        r = subprocess.run(["cmp", "--ignore-initial=1048576", f"--bytes={size - 2 * MIB}",
+                            img, dev], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"{who}: the device does not hold the image: {r.stdout}{r.stderr}")
+        subprocess.run(["dd", f"of={dev}", "bs=1M", "count=4", "if=/dev/zero", "oflag=direct",
+                        "status=none"], check=True)
     script = os.path.join(a.work, "ipa_write.py")
     with open(script, "w") as f:
         f.write(IPA_WRITE)
@@ -722,7 +742,7 @@ def deploy(a):
                            "container_format": "bare", "stream_raw_images": True,
                            "image_type": "whole-disk", "os_hash_algo": "sha256",
                            "os_hash_value": digest, "node_uuid": "bench-ipa"})
-    rv, ipa_total, ipa_write, rv_rss, ipa_rss = [], [], [], [], []
+    rv, ipa_total, ipa_write, rv_rss, ipa_rss, rv_cpu, ipa_cpu = [], [], [], [], [], [], []
     for rep in range(a.deploy_reps):
         wall, rss, rc, out, err = run_rusage(
             [a.agent, "step", "write_image", "--devices", dev, "--args", rivet_args],
@@ -731,6 +751,8 @@ def deploy(a):
             raise SystemExit(f"rivet-agent write_image failed: {err[-3000:]}")
         rv.append(wall)
         rv_rss.append(rss)
+        rv_cpu.append(run_rusage.cpu)
+        check("rivet-agent")
         wall, rss, rc, out, err = run_rusage([a.ipa_python, script, ipa_info, dev], env=env,
                                              cwd=a.work)
         if rc != 0:
@@ -739,24 +761,33 @@ def deploy(a):
         ipa_write.append(j["write_s"])
         ipa_total.append(j["write_s"] + j["sync_s"])
         ipa_rss.append(rss)
-        log(f"deploy round {rep}: rivet write_image {rv[-1]:.2f} s; IPA stream+checks "
-            f"{j['write_s']:.2f} s + sync {j['sync_s']:.2f} s")
+        ipa_cpu.append(j["cpu_s"])
+        check("IPA")
+        log(f"deploy round {rep}: rivet write_image {rv[-1]:.2f} s (CPU {rv_cpu[-1]:.2f} s); "
+            f"IPA stream+checks {j['write_s']:.2f} s + sync {j['sync_s']:.2f} s (CPU "
+            f"{j['cpu_s']:.2f} s)")
     mib = size / MIB
     r = dict(rivet=median(rv), ipa=median(ipa_total), ipa_write=median(ipa_write),
-             rivet_rss=median(rv_rss), ipa_rss=median(ipa_rss), reps=a.deploy_reps)
+             rivet_rss=median(rv_rss), ipa_rss=median(ipa_rss), reps=a.deploy_reps,
+             rivet_cpu=median(rv_cpu), ipa_cpu=median(ipa_cpu), rivet_all=rv, ipa_all=ipa_total,
+             load=os.getloadavg()[0])
     a.results["deploy"] = r
     return [
         f"| Deploy a {a.deploy_gib} GiB raw image (half random, half zero MiBs; one-partition "
-        f"GPT) over loopback HTTP onto a loop device, both sha256-verified, data on the "
-        f"device at the end: `rivet-agent step write_image` (whole process) vs IPA "
-        f"{a.ipa_version}'s own streaming writer for raw whole-disk images (`StandbyExtension."
-        f"_stream_raw_image_onto_device` + `_validate_partitioning` + `_fix_up_partition_uuids`, "
-        f"then its `sync`; called in-process, import time not counted, root device choice "
-        f"skipped), median of {a.deploy_reps} interleaved rounds | rivet-agent **{r['rivet']:.2f} "
-        f"s ({mib / r['rivet']:.0f} MiB/s)**, peak RSS {r['rivet_rss'] / 1024:.1f} MiB; IPA "
-        f"**{r['ipa']:.2f} s ({mib / r['ipa']:.0f} MiB/s)** ({r['ipa_write']:.2f} s until its "
-        f"writes return, then the sync), peak RSS {r['ipa_rss'] / 1024:.1f} MiB: rivet at "
-        f"**{r['ipa'] / r['rivet']:.2f}× IPA's rate** | `bash scripts/bench-ipa.sh` |"]
+        f"GPT) over loopback HTTP (sendfile) onto a loop device, both sha256-verified, the "
+        f"device checked against the image after each write: `rivet-agent step write_image` "
+        f"(whole process) vs IPA {a.ipa_version}'s own streaming writer for raw whole-disk "
+        f"images (`StandbyExtension._stream_raw_image_onto_device` + `_validate_partitioning` "
+        f"+ `_fix_up_partition_uuids`, then its `sync`; in-process, import time not counted, "
+        f"root device choice skipped); median of {a.deploy_reps} interleaved rounds, load "
+        f"average {r['load']:.1f} | rivet-agent **{r['rivet']:.2f} s "
+        f"({mib / r['rivet']:.0f} MiB/s)**, CPU {r['rivet_cpu']:.2f} s, peak RSS "
+        f"{r['rivet_rss'] / 1024:.1f} MiB; IPA **{r['ipa']:.2f} s ({mib / r['ipa']:.0f} "
+        f"MiB/s)**, CPU {r['ipa_cpu']:.2f} s, peak RSS {r['ipa_rss'] / 1024:.1f} MiB (whole "
+        f"process, Python included): rivet at **{r['ipa'] / r['rivet']:.2f}× IPA's rate, "
+        f"{r['rivet_cpu'] / r['ipa_cpu']:.2f}× its CPU time**. Rounds: rivet "
+        f"{', '.join(f'{x:.2f}' for x in r['rivet_all'])} s; IPA "
+        f"{', '.join(f'{x:.2f}' for x in r['ipa_all'])} s | `bash scripts/bench-ipa.sh` |"]
 
 
 def attach_loop(a, backing):
@@ -781,7 +812,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--inv-runs", type=int, default=20)
     p.add_argument("--ipa-inv-runs", type=int, default=10)
-    p.add_argument("--hb-reps", type=int, default=3)
+    p.add_argument("--hb-reps", type=int, default=5)
     p.add_argument("--hb-timeout", type=float, default=120)
     p.add_argument("--deploy-gib", type=int, default=2)
     p.add_argument("--deploy-reps", type=int, default=3)
@@ -817,6 +848,7 @@ def main():
         inv_backing = os.path.join(a.work, "inventory-disk.img")
         with open(inv_backing, "wb") as f:
             f.truncate(64 * MIB)
+        a.cleanups.append(lambda: os.unlink(inv_backing))
         a.inv_loop = attach_loop(a, inv_backing)
         if "sizes" in only:
             rows += sizes(a)
