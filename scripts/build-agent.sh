@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the static rivet-agent for the ramdisk (profile `agent`: fat LTO, opt-level s,
+# Build the static rivet-agent for the ramdisk (profile `agent`: fat LTO, opt-level z,
 # panic=abort, stripped). Idempotent; run as root on Debian (installs musl-tools if needed).
 #
 #   scripts/build-agent.sh            # prints the binary's path last on stdout

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Default number of lines kept.
@@ -100,16 +101,30 @@ impl<'a> MakeWriter<'a> for LogRing {
     }
 }
 
-/// Install the global subscriber: `filter` as an `EnvFilter` directive; human lines into
-/// `ring` (and stderr when it tees), or with `json` JSON lines on stderr and human lines in the
-/// ring. The ring stays human-readable either way: its tail is read by people (the node's
-/// agent logs, `rivet node logs`), while stderr is what a log collector parses. Safe to call
-/// twice (the second call is a no-op).
+/// `filter` as `target=level` directives (`info`, `rivet_agent=debug,hyper=warn`), the
+/// `RUST_LOG` syntax without span and field matches: tracing-subscriber's `Targets`, not its
+/// `EnvFilter`, whose regex engine would be most of the agent's logging code. Empty
+/// directives are skipped; an invalid one means `info`.
+fn targets(filter: &str) -> Targets {
+    let directives: Vec<&str> = filter.split(',').filter(|s| !s.is_empty()).collect();
+    if directives.is_empty() {
+        return Targets::new();
+    }
+    directives
+        .join(",")
+        .parse()
+        .unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO))
+}
+
+/// Install the global subscriber: `filter` as [`targets`]; human lines into `ring` (and
+/// stderr when it tees), or with `json` JSON lines on stderr and human lines in the ring. The
+/// ring stays human-readable either way: its tail is read by people (the node's agent logs,
+/// `rivet node logs`), while stderr is what a log collector parses. Safe to call twice (the
+/// second call is a no-op).
 pub fn init(filter: &str, ring: &LogRing, json: bool) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = targets(filter);
     if json {
         let quiet = LogRing {
             inner: ring.inner.clone(),
@@ -129,10 +144,13 @@ pub fn init(filter: &str, ring: &LogRing, json: bool) {
             )
             .try_init();
     } else {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(false)
-            .with_writer(ring.clone())
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(ring.clone()),
+            )
             .try_init();
     }
 }
@@ -160,5 +178,28 @@ mod tests {
         assert_eq!(ring.tail(), "hello");
         w.write_all(b"ld\n\xff\n").unwrap();
         assert_eq!(ring.tail(), "hello\nworld\n\u{fffd}");
+    }
+
+    #[test]
+    fn filter_directives_read_as_env_filter_read_them() {
+        use tracing::Level;
+        let f = targets("debug");
+        assert!(f.would_enable("hyper_util::client", &Level::DEBUG));
+        assert!(!f.would_enable("rivet_agent", &Level::TRACE));
+        let f = targets("WARN,rivet_agent=debug,,rivet_agent::fetch=off");
+        assert!(f.would_enable("rivet_agent::heartbeat", &Level::DEBUG));
+        assert!(!f.would_enable("rivet_agent::fetch", &Level::ERROR));
+        assert!(!f.would_enable("rustls", &Level::INFO));
+        assert!(f.would_enable("rustls", &Level::WARN));
+        // A bare target means all its levels; nothing else is enabled.
+        let f = targets("rivet_hardware_managers");
+        assert!(f.would_enable("rivet_hardware_managers::deploy", &Level::TRACE));
+        assert!(!f.would_enable("rivet_agent", &Level::ERROR));
+        // Invalid: info. Empty: nothing (EnvFilter::try_new("") enables nothing either).
+        let f = targets("rivet_agent=loud");
+        assert!(f.would_enable("anything", &Level::INFO));
+        assert!(!f.would_enable("anything", &Level::DEBUG));
+        assert!(!targets("").would_enable("anything", &Level::ERROR));
+        assert!(!targets(",").would_enable("anything", &Level::ERROR));
     }
 }
