@@ -986,3 +986,41 @@ pub fn provision(d: &crate::Rivetd, uuid: &str, body: serde_json::Value) -> Resu
     anyhow::ensure!(s == 202, "{body}: {s} {v}");
     Ok(())
 }
+
+/// The test image served to guests as `http://10.0.2.101/instance.raw`.
+pub struct ServedImage {
+    /// The loopback server (stops on drop).
+    pub server: crate::fileserver::FileServer,
+    /// Its port, for [`Config::image_port`].
+    pub port: u16,
+    /// sha256 of the file, hex.
+    pub digest: String,
+}
+
+/// Copy `image` into `dir/www/instance.raw`, digest it and serve it.
+pub fn serve_image(dir: &Path, image: &Path) -> Result<ServedImage> {
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www)?;
+    std::fs::copy(image, www.join("instance.raw"))?;
+    let out = Command::new("sha256sum")
+        .arg(www.join("instance.raw"))
+        .output()?;
+    let digest = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    anyhow::ensure!(digest.len() == 64, "sha256sum gave no digest");
+    let server = crate::fileserver::FileServer::start(&www)?;
+    let port: u16 = server
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("image server port")?;
+    Ok(ServedImage {
+        server,
+        port,
+        digest,
+    })
+}

@@ -9,13 +9,11 @@
 //! dosfstools, mtools, gdisk) and `cargo build --workspace --bins`. Skips locally without
 //! them; fails in CI. TCG: a few minutes.
 
-use anyhow::{ensure, Context, Result};
-use rivet_tests::fileserver::FileServer;
+use anyhow::{ensure, Result};
 use rivet_tests::qemu::{self, Boot, Config, Qemu};
 use rivet_tests::{prerequisite, Rivetd};
 use serde_json::json;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -46,24 +44,8 @@ fn deploy_boot_from_disk_undeploy() -> Result<()> {
         t.elapsed()
     );
     let dir = tempfile::tempdir()?;
-    let www = dir.path().join("www");
-    std::fs::create_dir(&www)?;
-    std::fs::copy(&image, www.join("instance.raw"))?;
-    let out = Command::new("sha256sum")
-        .arg(www.join("instance.raw"))
-        .output()?;
-    let digest = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let server = FileServer::start(&www)?;
-    let port: u16 = server
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .context("image server port")?;
+    let served = qemu::serve_image(dir.path(), &image)?;
+    let (digest, port) = (served.digest.clone(), served.port);
 
     let cfg = dir.path().join("rivetd.toml");
     std::fs::write(

@@ -19,13 +19,11 @@
 //! for the ramdisk…) and `cargo build --workspace --bins`. Skips locally without them;
 //! fails in CI. TCG: several minutes.
 
-use anyhow::{ensure, Context, Result};
-use rivet_tests::fileserver::FileServer;
+use anyhow::{ensure, Result};
 use rivet_tests::qemu::{self, Boot, Config, Qemu};
 use rivet_tests::{prerequisite, Rivetd};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -78,23 +76,9 @@ fn software_raid_mirror_boots_from_either_disk() -> Result<()> {
     let art = qemu::shared_artefacts()?;
     let image = qemu::test_image()?;
     let dir = tempfile::tempdir()?;
-    let www = dir.path().join("www");
-    std::fs::create_dir(&www)?;
-    std::fs::copy(&image, www.join("instance.raw"))?;
+    let served = qemu::serve_image(dir.path(), &image)?;
+    let (digest, port) = (served.digest.clone(), served.port);
     let image_bytes = std::fs::read(&image)?;
-    let out = Command::new("sha256sum").arg(&image).output()?;
-    let digest = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let server = FileServer::start(&www)?;
-    let port: u16 = server
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .context("image server port")?;
 
     let cfg = dir.path().join("rivetd.toml");
     std::fs::write(
@@ -359,22 +343,8 @@ fn software_raid_mirror_boots_uefi_from_either_disk() -> Result<()> {
     ensure!(boot.uefi, "the ISO has no UEFI El Torito image");
     let image = qemu::test_image()?;
     let dir = tempfile::tempdir()?;
-    let www = dir.path().join("www");
-    std::fs::create_dir(&www)?;
-    std::fs::copy(&image, www.join("instance.raw"))?;
-    let out = Command::new("sha256sum").arg(&image).output()?;
-    let digest = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let server = FileServer::start(&www)?;
-    let port: u16 = server
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .context("image server port")?;
+    let served = qemu::serve_image(dir.path(), &image)?;
+    let (digest, port) = (served.digest.clone(), served.port);
     let cfg = dir.path().join("rivetd.toml");
     std::fs::write(
         &cfg,

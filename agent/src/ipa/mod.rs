@@ -24,7 +24,7 @@ use crate::logring::LogRing;
 use commands::{Immediate, Plan};
 use hyper::StatusCode;
 use rivet_hardware_managers::Dispatcher;
-use rivet_protocol::agent::{Command, CommandStatus};
+use rivet_protocol::agent::{Command, CommandResult, CommandStatus};
 use serde_json::{json, Map, Value};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -128,8 +128,9 @@ impl Shared {
         json!({"started_at": started, "version": rivet_protocol::VERSION})
     }
 
-    /// A command as IPA shows it.
-    fn render(&self, r: &Record) -> Value {
+    /// A command as IPA shows it; `results` is the executor's finished results, read once
+    /// per answer (Ironic polls the whole list).
+    fn render(r: &Record, results: &[CommandResult]) -> Value {
         let base = |status: &str, result: Value, error: Value| {
             json!({"id": r.id, "command_name": commands::command_name(&r.method),
                    "command_params": r.params, "command_status": status,
@@ -138,20 +139,15 @@ impl Shared {
         if let Some(done) = &r.done {
             return base("SUCCEEDED", done.clone(), Value::Null);
         }
-        match self
-            .executor
-            .pending_results()
-            .into_iter()
-            .find(|c| c.id == r.id)
-        {
+        match results.iter().find(|c| c.id == r.id) {
             Some(c) if c.status == CommandStatus::Succeeded => base(
                 "SUCCEEDED",
-                commands::shape_result(&r.method, &r.params, c.result),
+                commands::shape_result(&r.method, &r.params, c.result.clone()),
                 Value::Null,
             ),
             Some(c) => {
-                let msg = c.error.unwrap_or_else(|| "command failed".into());
-                let details = match c.log_tail {
+                let msg = c.error.clone().unwrap_or_else(|| "command failed".into());
+                let details = match &c.log_tail {
                     Some(t) if !t.is_empty() => format!("{msg}\n--- agent log:\n{t}"),
                     _ => msg.clone(),
                 };
@@ -167,13 +163,18 @@ impl Shared {
     }
 
     fn list(&self) -> Vec<Value> {
+        let results = self.executor.pending_results();
         let records = lock(&self.records);
-        records.iter().map(|r| self.render(r)).collect()
+        records.iter().map(|r| Self::render(r, &results)).collect()
     }
 
     fn get(&self, id: &str) -> Option<Value> {
+        let results = self.executor.pending_results();
         let records = lock(&self.records);
-        records.iter().find(|r| r.id == id).map(|r| self.render(r))
+        records
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| Self::render(r, &results))
     }
 
     /// Run one IPA command; `wait`: answer once it finished.
@@ -525,7 +526,10 @@ pub async fn run(
     *lock(&shared.token) = found.token.clone();
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::serve(
+    // Supervised: the heartbeat loop below watches it, and an API that stopped ends IPA
+    // mode with an error (the ramdisk's init then restarts the agent), rather than
+    // heartbeating a callback URL nobody answers.
+    let mut server = tokio::spawn(server::serve(
         listener,
         shared.clone(),
         tls.clone(),
@@ -545,7 +549,7 @@ pub async fn run(
             tracing::info!("power off, reboot or rescue done: no more heartbeats");
             tokio::select! {
                 _ = &mut shutdown => break,
-                _ = std::future::pending::<()>() => {}
+                r = &mut server => return Err(format!("the IPA API server stopped: {r:?}")),
             }
         }
         if Instant::now() >= next {
@@ -570,6 +574,7 @@ pub async fn run(
         let notified = finished.notified();
         tokio::select! {
             _ = &mut shutdown => break,
+            r = &mut server => return Err(format!("the IPA API server stopped: {r:?}")),
             _ = tokio::time::sleep_until(next.into()) => {}
             _ = notified => {
                 // A command finished: tell Ironic now, as IPA does.
