@@ -12,6 +12,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
+# The same build by hand and from the tests (scripts/test-runner.sh sets it for libtest).
+unset RUSTC_BOOTSTRAP
 
 log() { echo "build-agent: $*" >&2; }
 

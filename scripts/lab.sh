@@ -396,6 +396,10 @@ dhcp-boot=tag:!ipxe,tag:efi64,ipxe.efi,,$NS_IP
 dhcp-boot=tag:!ipxe,tag:!efi64,undionly.kpxe,,$NS_IP
 enable-tftp
 tftp-root=$LAB/tftp
+# dnsmasq would drop to `nobody` after start-up, and nobody cannot read a checkout in a home
+# directory of mode 0700 (/root): TFTP then fails with "TFTP directory inaccessible". It keeps
+# root here, where it reads only the lab's files and answers only inside the lab's namespace.
+user=root
 pid-file=$(pidfile dnsmasq)
 log-facility=$LAB/dnsmasq.log
 log-dhcp
@@ -922,8 +926,8 @@ cmd_up() {
     done
     need_root
     need_tools
-    # target/lab stays world-readable: dnsmasq serves TFTP from it as `nobody`. The secrets
-    # in it (password, tokens, lab.json, the BMCs' configs) are written mode 0600/0700.
+    # The secrets in target/lab (password, tokens, lab.json, the BMCs' configs) are written
+    # mode 0600/0700; every daemon that reads the lab's files runs as root (dnsmasq_up).
     mkdir -p "$RUN"
     chmod 700 "$RUN"
     cmd_image   # rebuilds only what is older than its sources

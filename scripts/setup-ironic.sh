@@ -23,14 +23,15 @@ command -v xorrisofs >/dev/null 2>&1 || command -v genisoimage >/dev/null 2>&1 |
   apt-get install -y -qq --no-install-recommends xorriso >/dev/null
 }
 
-VENV=.venv-ironic
 IRONIC_VERSION=39.0.0
+source scripts/venv-home.sh
+VENV=$(venv_home .venv-ironic "ironic==$IRONIC_VERSION" /usr/bin/python3)
 # The installed version, as `pip show` reports it (read without a pipe: grep -q closing it
 # early would fail the check under pipefail).
 installed=$("$VENV/bin/pip" show ironic 2>/dev/null || true)
 if ! grep -qx "Version: $IRONIC_VERSION" <<<"$installed" \
    || [ ! -x "$VENV/bin/ironic" ] || [ ! -x "$VENV/bin/ironic-dbsync" ]; then
-  echo "setup-ironic: creating $VENV with ironic $IRONIC_VERSION"
+  echo "setup-ironic: creating .venv-ironic with ironic $IRONIC_VERSION"
   /usr/bin/python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "ironic==$IRONIC_VERSION"
 fi

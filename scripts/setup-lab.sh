@@ -11,9 +11,11 @@ log() { echo "setup-lab: $*" >&2; }
 APT_PACKAGES=(libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils ovmf python3-libvirt
               dnsmasq-base ipxe python3-venv ipmitool socat iproute2 curl
               shim-signed grub-efi-amd64-signed grub-efi-amd64-bin mtools dosfstools syslinux syslinux-common gdisk)
-VENV=.venv-lab
 SUSHY_TOOLS_VERSION=2.2.0
 VIRTUALBMC_VERSION=3.3.0
+# Debian's python with its site packages (python3-libvirt): see install_venv.
+source scripts/venv-home.sh
+VENV=$(venv_home .venv-lab "sushy-tools==$SUSHY_TOOLS_VERSION virtualbmc==$VIRTUALBMC_VERSION system-site-packages" /usr/bin/python3)
 
 # Without systemd as PID 1, the maintainer scripts of libvirt-daemon-system try to start
 # services and fail the whole install. A policy-rc.d that answers 101 ("action forbidden")
@@ -64,7 +66,7 @@ install_venv() {
     if venv_ok && [ -x "$VENV/bin/sushy-emulator" ] && [ -x "$VENV/bin/vbmcd" ]; then
         return
     fi
-    log "creating $VENV with sushy-tools $SUSHY_TOOLS_VERSION and virtualbmc $VIRTUALBMC_VERSION"
+    log "creating .venv-lab with sushy-tools $SUSHY_TOOLS_VERSION and virtualbmc $VIRTUALBMC_VERSION"
     # Debian's python, with its site packages: the venv then sees python3-libvirt, and pip
     # never tries to build libvirt-python (which needs headers and fails). Another python3
     # first on PATH would not see it.

@@ -16,11 +16,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-VENV=.venv-sushy
+source scripts/venv-home.sh
 SUSHY_TOOLS_VERSION=2.2.0
+VENV=$(venv_home .venv-sushy "sushy-tools==$SUSHY_TOOLS_VERSION")
 if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('sushy-tools') != '$SUSHY_TOOLS_VERSION')" >/dev/null 2>&1 \
    || [ ! -x "$VENV/bin/sushy-emulator" ]; then
-  echo "setup-peers: creating $VENV with sushy-tools $SUSHY_TOOLS_VERSION"
+  echo "setup-peers: creating .venv-sushy with sushy-tools $SUSHY_TOOLS_VERSION"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_TOOLS_VERSION"
 fi

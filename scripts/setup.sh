@@ -38,22 +38,31 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" --quiet
 fi
 
-# python-ironicclient in a venv inside the repo (.venv is git-ignored).
-VENV=.venv
+# cargo-machete: test.sh fails on a dependency a crate lists but no longer uses.
+CARGO_MACHETE_VERSION=0.9.1
+if [ "$(cargo machete --version 2>/dev/null || true)" != "$CARGO_MACHETE_VERSION" ]; then
+  echo "setup: installing cargo-machete $CARGO_MACHETE_VERSION"
+  cargo install cargo-machete --locked --version "$CARGO_MACHETE_VERSION" --quiet
+fi
+
+# python-ironicclient and the checkers below in the venv .venv (a link into the machine's venv
+# cache: scripts/venv-home.sh).
 IRONICCLIENT_VERSION=6.3.0
+PROMETHEUS_CLIENT_VERSION=0.26.0
+OPENAPI_SPEC_VALIDATOR_VERSION=0.9.0
+source scripts/venv-home.sh
+VENV=$(venv_home .venv "python-ironicclient==$IRONICCLIENT_VERSION prometheus-client==$PROMETHEUS_CLIENT_VERSION openapi-spec-validator==$OPENAPI_SPEC_VALIDATOR_VERSION")
 if [ ! -x "$VENV/bin/baremetal" ]; then
-  echo "setup: creating $VENV with python-ironicclient $IRONICCLIENT_VERSION"
+  echo "setup: creating .venv with python-ironicclient $IRONICCLIENT_VERSION"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "python-ironicclient==$IRONICCLIENT_VERSION"
 fi
 # prometheus_client's parsers check rivetd's /metrics exposition in tests/metrics.rs.
-PROMETHEUS_CLIENT_VERSION=0.26.0
 if ! grep -qx "Version: $PROMETHEUS_CLIENT_VERSION" <<<"$("$VENV/bin/pip" show prometheus-client 2>/dev/null || true)"; then
   echo "setup: installing prometheus-client $PROMETHEUS_CLIENT_VERSION into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "prometheus-client==$PROMETHEUS_CLIENT_VERSION"
 fi
 # openapi-spec-validator checks docs/openapi.json (OpenAPI 3.1) in tests/openapi.rs.
-OPENAPI_SPEC_VALIDATOR_VERSION=0.9.0
 if ! grep -qx "Version: $OPENAPI_SPEC_VALIDATOR_VERSION" <<<"$("$VENV/bin/pip" show openapi-spec-validator 2>/dev/null || true)"; then
   echo "setup: installing openapi-spec-validator $OPENAPI_SPEC_VALIDATOR_VERSION into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "openapi-spec-validator==$OPENAPI_SPEC_VALIDATOR_VERSION"

@@ -1,7 +1,23 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need, then runs every check CI runs.
+# The test command: installs what the tests need, then runs every check CI runs, timing each
+# phase and listing the ten slowest tests at the end so the next regression is visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$(date +%s)
+phase_name="" phase_start=$t0
+phases=()
+phase() {
+  local now
+  now=$(date +%s)
+  if [ -n "$phase_name" ]; then
+    phases+=("$(printf '%6d s  %s' $((now - phase_start)) "$phase_name")")
+  fi
+  phase_name=$1 phase_start=$now
+  [ -n "$phase_name" ] && echo "== $phase_name"
+  return 0
+}
+
+phase "set-up (scripts/setup.sh)"
 bash scripts/setup.sh
 
 export CARGO_TERM_COLOR=never
@@ -10,15 +26,39 @@ export RIVET_REQUIRE_PEERS=1
 export RIVET_VENV="$PWD/.venv"
 export RIVET_TEST_POSTGRES=${RIVET_TEST_POSTGRES:-postgres://rivet:rivet@127.0.0.1:55432/rivet}  # scripts/setup-postgres.sh
 
-echo "== documentation links"
+phase "documentation links"
 bash scripts/check-links.sh
-echo "== cargo fmt --check"
+phase "import circles (scripts/check-module-cycles.py)"
+python3 scripts/check-module-cycles.py
+phase "unused dependencies (cargo machete)"
+cargo machete
+phase "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo build (binaries the cross-crate tests run)"
+phase "cargo build (binaries the cross-crate tests run)"
 cargo build --workspace --bins
-echo "== cargo test"
-cargo test --workspace --no-fail-fast -- --test-threads=2
-echo "== fuzz targets (bounded; scripts/fuzz.sh SECONDS runs them longer)"
-bash scripts/fuzz.sh 10
+phase "cargo test"
+log=target/test-output.log
+# The runner adds libtest's per-test times (scripts/test-runner.sh); the doc tests run apart
+# because rustdoc's harness does not take that flag.
+status=0
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/test-runner.sh" \
+  cargo test --workspace --no-fail-fast --lib --bins --tests -- --test-threads=2 2>&1 | tee "$log" \
+  || status=$?
+cargo test --workspace --doc 2>&1 | tee -a "$log" || status=$?
+if [ "$status" = 0 ]; then
+  phase "fuzz targets (bounded; scripts/fuzz.sh SECONDS runs them longer)"
+  bash scripts/fuzz.sh 10
+fi
+phase ""
+
+echo "== the ten slowest tests"
+awk '/^     Running /{bin=$NF; gsub(/[()]/,"",bin)} /^test .* <[0-9.]+s>$/{t=$NF; gsub(/[<>s]/,"",t); sub(/.*\//,"",bin); sub(/-[0-9a-f]+$/,"",bin); printf "%9.1f s  %s %s\n", t, bin, $2}' "$log" \
+  | sort -rn | head -10
+echo "== phases"
+printf '%s\n' "${phases[@]}"
+printf '%6d s  total\n' $(( $(date +%s) - t0 ))
+# One closing line for the whole run (each binary's `test result:` lines summed).
+awk '/^test result: /{for(i=1;i<=NF;i++){if($(i+1)~/^passed;?$/)p+=$i; if($(i+1)~/^failed;?$/)f+=$i}} END{printf "%d passed, %d failed\n", p, f}' "$log"
+exit "$status"

@@ -31,6 +31,14 @@ pub fn bin(name: &str) -> PathBuf {
     target_dir().join("debug").join(name)
 }
 
+/// Held by a test for as long as it drives the host's libvirtd (the lab's guests, or a domain of
+/// its own): the scenarios share one process, and two of them starting, using and stopping
+/// libvirtd at once would pull it from under each other. A panicking holder poisons nothing.
+pub fn libvirt_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LIBVIRT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LIBVIRT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Whether a test may run; prints why not. With `RIVET_REQUIRE_PEERS=1` a missing
 /// prerequisite is a failure, so CI can never go green by skipping.
 pub fn prerequisite(ok: bool, what: &str) -> bool {

@@ -1054,6 +1054,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
     if !ready() {
         return Ok(());
     }
+    let _libvirt = rivet_tests::libvirt_lock();
     let lab_guard = lab_up(2)?;
     let lab = &lab_guard.json;
     // Every run starts from machines that are off, as a rack's new servers would be (an

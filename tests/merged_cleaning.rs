@@ -469,6 +469,7 @@ fn manual_and_automated_cleaning_merge_in_band_and_redfish_steps() -> Result<()>
     ) {
         return Ok(());
     }
+    let _one = rivet_tests::libvirt_lock();
     let started = Instant::now();
     let dir = tempfile::tempdir()?;
     let _libvirt = Libvirt::up()?;

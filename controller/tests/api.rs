@@ -6,7 +6,7 @@
 //! (`scripts/setup-postgres.sh` prints one); without it the PostgreSQL runs skip with a
 //! message, or fail when `RIVET_REQUIRE_PEERS=1` (CI).
 
-mod support;
+use crate::support;
 
 use reqwest::StatusCode;
 use rivet_controller::config::{Config, TokenEntry};

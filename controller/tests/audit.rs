@@ -8,7 +8,7 @@
 //! prints one); without it the PostgreSQL runs skip with a message, or fail when
 //! `RIVET_REQUIRE_PEERS=1` (CI).
 
-mod support;
+use crate::support;
 
 use reqwest::{Method, StatusCode};
 use rivet_controller::server::PeerAddr;

@@ -3,7 +3,7 @@
 //! interface cannot do refused up front (nothing changes), and deploy inputs checked before
 //! the node leaves `available`.
 
-mod support;
+use crate::support;
 
 use reqwest::{Method, StatusCode};
 use rivet_controller::config::Config;

@@ -2,7 +2,7 @@
 //! object, steps and patch operations per request, on admin and agent endpoints. Each broken
 //! limit is a 400 naming the field and the limit, and changes nothing.
 
-mod support;
+use crate::support;
 
 use reqwest::{Method, StatusCode};
 use rivet_controller::config::Config;

@@ -1,7 +1,7 @@
 //! `GET /v1/nodes/{node}/logs[/{id}]` by role: admin and operator read a node's kept agent
 //! logs, a reader is refused (403 naming its role), no credentials get 401.
 
-mod support;
+use crate::support;
 
 use chrono::Utc;
 use reqwest::{Method, StatusCode};

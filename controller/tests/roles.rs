@@ -2,7 +2,7 @@
 //! allowed or refused (403 naming the role and what it lacks), and driver_info hidden from
 //! non-admins.
 
-mod support;
+use crate::support;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};

@@ -7,7 +7,7 @@
 //! `NAME::postgres` runs when `RIVET_TEST_POSTGRES` names a server (scripts/setup-postgres.sh);
 //! without it it skips with a message, or fails when `RIVET_REQUIRE_PEERS=1` (CI).
 
-mod support;
+use crate::support;
 
 use reqwest::StatusCode;
 use rivet_controller::config::Config;

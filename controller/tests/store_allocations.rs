@@ -2,7 +2,7 @@
 //! PostgreSQL with `RIVET_TEST_POSTGRES`): round trips, unique names and nodes, optimistic
 //! versions, listings, and a node's `allocation_uuid` read from its allocation.
 
-mod support;
+use crate::support;
 
 use chrono::Utc;
 use rivet_controller::store::{

@@ -6,7 +6,7 @@
 //! scratch database, dropped at the end. Without the variable the PostgreSQL half skips with
 //! a message, or fails when `RIVET_REQUIRE_PEERS=1` (CI).
 
-mod support;
+use crate::support;
 
 use chrono::{DateTime, Duration, SubsecRound, Utc};
 use rivet_controller::store::{

@@ -2,8 +2,7 @@
 //! grouped by provision state, power state, maintenance and lease holder, with the oldest
 //! state change of each group.
 
-#[macro_use]
-mod support;
+use crate::support::{self, on_every_backend};
 
 use chrono::{Duration, Utc};
 use rivet_controller::store::Node;

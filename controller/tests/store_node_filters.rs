@@ -2,8 +2,7 @@
 //! `project`, `description_contains`) on both backends, with SQL's wildcards in the text
 //! taken literally.
 
-#[macro_use]
-mod support;
+use crate::support::{self, on_every_backend};
 
 use rivet_controller::store::{Node, NodeQuery};
 use support::TestDb;

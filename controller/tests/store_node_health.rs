@@ -2,7 +2,7 @@
 //! with `RIVET_TEST_POSTGRES`): created null, written and cleared by a node update, read
 //! back by get and list, and the columns read after it (liveness, allocation) still in place.
 
-mod support;
+use crate::support;
 
 use chrono::Utc;
 use rivet_controller::store::{Liveness, Node, NodeQuery};

@@ -2,7 +2,7 @@
 //! PostgreSQL with `RIVET_TEST_POSTGRES`): newest first, only the newest few kept, per node,
 //! gone with the node.
 
-mod support;
+use crate::support;
 
 use chrono::Utc;
 use rivet_controller::store::{Node, NodeLog, StoreError, NODE_LOGS_KEPT};

@@ -3,7 +3,7 @@
 //! paging, update and delete), the BIOS and firmware caches (replace, keep times of unchanged
 //! rows), RAID configuration, child nodes, and everything going with its node.
 
-mod support;
+use crate::support;
 
 use chrono::Utc;
 use rivet_controller::store::{

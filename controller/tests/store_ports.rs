@@ -2,7 +2,7 @@
 //! unique names and MACs, filters (port group, shard, conductor group), sorting and paging,
 //! optimistic versions, and a port group refusing deletion while ports are in it.
 
-mod support;
+use crate::support;
 
 use chrono::Utc;
 use rivet_controller::store::{

@@ -4,7 +4,7 @@
 //!
 //! Runs on SQLite and on PostgreSQL (`RIVET_TEST_POSTGRES`, see `support`).
 
-mod support;
+use crate::support;
 
 use reqwest::{Method, StatusCode};
 use rivet_protocol::states::ProvisionState;

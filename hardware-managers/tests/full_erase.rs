@@ -1,7 +1,7 @@
 //! erase_devices / erase_devices_express: every byte reads zero afterwards; abort stops a
 //! running erase within a second.
 
-mod common;
+use crate::common;
 use common::*;
 use rivet_hardware_managers::{StepContext, StepError};
 use serde_json::json;

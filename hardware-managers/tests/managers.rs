@@ -1,7 +1,7 @@
 //! Dispatch across managers: the example vendor manager overrides the generic one by
 //! support level; exec plugins run through the adapter, report progress, and fail clearly.
 
-mod common;
+use crate::common;
 use common::*;
 use rivet_hardware_managers::plugin::{load_dir, PluginError};
 use rivet_hardware_managers::{

@@ -1,7 +1,7 @@
 //! erase_devices_metadata on real partitioned devices made by real tools: signatures gone
 //! for wipefs and blkid, data in the middle untouched.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::json;
 

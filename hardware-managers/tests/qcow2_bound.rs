@@ -12,7 +12,7 @@
 //! Needs qemu-img and qemu-io (Debian qemu-utils) for the qemu-made images; skips those
 //! without them.
 
-mod common;
+use crate::common;
 
 use anyhow::{bail, ensure, Context, Result};
 use rivet_hardware_managers::deploy::qcow2::{

@@ -1,6 +1,6 @@
 //! What the erase steps must never touch: skip-listed, read-only and mounted devices.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::json;
 
