@@ -10,10 +10,10 @@
 mod support;
 
 use reqwest::StatusCode;
-use rivet_controller::config::Config;
-use rivet_controller::secrets::{Key, Secrets};
-use rivet_controller::store::sealing::rotate;
-use rivet_controller::store::Node;
+use rivet_model::config::Config;
+use rivet_store::sealing::rotate;
+use rivet_store::Node;
+use rivet_support::secrets::{Key, Secrets};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 mod support;
 
 use chrono::Utc;
-use rivet_controller::store::{
+use rivet_store::{
     BiosSetting, FirmwareReading, Node, NodeManagement, SortDir, StoreError, VolumeConnector,
     VolumeQuery, VolumeTarget,
 };
@@ -14,10 +14,10 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use support::{on_every_backend, TestDb};
 
-fn secrets() -> Arc<rivet_controller::secrets::Secrets> {
-    static KEY: std::sync::OnceLock<Arc<rivet_controller::secrets::Secrets>> =
+fn secrets() -> Arc<rivet_support::secrets::Secrets> {
+    static KEY: std::sync::OnceLock<Arc<rivet_support::secrets::Secrets>> =
         std::sync::OnceLock::new();
-    KEY.get_or_init(rivet_controller::secrets::Secrets::ephemeral)
+    KEY.get_or_init(rivet_support::secrets::Secrets::ephemeral)
         .clone()
 }
 

@@ -8,12 +8,12 @@ use super::resource::{
 };
 use super::version::{ver, Version};
 use super::{ApiError, ApiResult, AppState};
-use crate::store::{Chassis, ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
+use rivet_store::{Chassis, ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 

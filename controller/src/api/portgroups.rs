@@ -16,11 +16,11 @@ use super::resource::{
 };
 use super::version::{check_gated, hide_newer, not_acceptable, vstr};
 use super::{ApiError, ApiResult, AppState};
-use crate::store::{Node, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
+use rivet_store::{Node, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
 use serde_json::{json, Map, Value};
 
 pub fn routes() -> Router<AppState> {
