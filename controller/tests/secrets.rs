@@ -11,8 +11,8 @@ mod support;
 
 use reqwest::StatusCode;
 use rivet_model::config::Config;
+use rivet_model::node::Node;
 use rivet_store::sealing::rotate;
-use rivet_store::Node;
 use rivet_support::secrets::{Key, Secrets};
 use serde_json::{json, Value};
 use std::path::PathBuf;

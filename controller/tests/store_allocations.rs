@@ -5,9 +5,9 @@
 mod support;
 
 use chrono::Utc;
+use rivet_model::node::Node;
 use rivet_store::{
-    Allocation, AllocationQuery, Node, SortDir, StepTemplate, StoreError, TemplateKind,
-    TemplateQuery,
+    Allocation, AllocationQuery, SortDir, StepTemplate, StoreError, TemplateKind, TemplateQuery,
 };
 use serde_json::{json, Map};
 use support::{on_every_backend, TestDb};

@@ -9,9 +9,11 @@
 mod support;
 
 use chrono::{DateTime, Duration, SubsecRound, Utc};
+use rivet_model::node::Node;
+use rivet_model::port::Port;
 use rivet_protocol::agent::{Command, CommandKind, CommandResult, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
-use rivet_store::{self, Node, NodeQuery, Port, PortQuery, SortDir, StoreError, NODE_SORT_KEYS};
+use rivet_store::{NodeQuery, PortQuery, SortDir, StoreError, NODE_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use support::{on_every_backend, pg, TestDb};
@@ -525,7 +527,7 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     });
     z2.provision_updated_at = Some(micros(Utc::now()));
     s.update_node(&z2).await.expect("write z2");
-    let live = rivet_store::Liveness {
+    let live = rivet_model::node::Liveness {
         last_heartbeat: Some(micros(Utc::now())),
         ..Default::default()
     };
@@ -539,7 +541,7 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
         let full = s.get_node(&summary.uuid).await.expect("full");
         assert_eq!(
             *summary,
-            rivet_store::NodeSummary::of(&full),
+            rivet_model::node::NodeSummary::of(&full),
             "{}",
             summary.uuid
         );
@@ -1336,7 +1338,7 @@ async fn liveness_is_outside_the_version(db: TestDb) {
     let s = db.open(secrets());
     let created = s.create_node(&node("n1", None)).await.expect("create");
     let at = micros(Utc::now());
-    let live = rivet_store::Liveness {
+    let live = rivet_model::node::Liveness {
         last_heartbeat: Some(at),
         agent_version: Some("1.2.3".into()),
         progress: Some(
@@ -1379,7 +1381,7 @@ async fn liveness_in_batches(db: TestDb) {
     s.create_node(&node("n2", None)).await.expect("create");
     s.create_node(&node("n3", None)).await.expect("create");
     let at = micros(Utc::now());
-    let one = rivet_store::Liveness {
+    let one = rivet_model::node::Liveness {
         last_heartbeat: Some(at),
         agent_version: Some("1.2.3".into()),
         progress: Some(
@@ -1387,7 +1389,7 @@ async fn liveness_in_batches(db: TestDb) {
         ),
     };
     s.record_liveness("n2", &one).await.expect("liveness");
-    let two = rivet_store::Liveness {
+    let two = rivet_model::node::Liveness {
         last_heartbeat: Some(at + chrono::Duration::microseconds(7)),
         agent_version: None,
         progress: None,
@@ -1408,7 +1410,7 @@ async fn liveness_in_batches(db: TestDb) {
     assert_eq!(s.node_summary("n2").await.expect("read").liveness, two);
     assert_eq!(
         s.get_node("n3").await.expect("read").liveness,
-        rivet_store::Liveness::default(),
+        rivet_model::node::Liveness::default(),
         "a node outside the batch was written"
     );
 }
@@ -1512,7 +1514,7 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
     assert_eq!(n.properties.get("cpus"), Some(&json!(8)));
     assert_eq!(n.extra.get("rack"), Some(&json!("r1")));
     assert!(n.traits.is_empty());
-    assert_eq!(n.liveness, rivet_store::Liveness::default());
+    assert_eq!(n.liveness, rivet_model::node::Liveness::default());
     let mut edited = n.clone();
     edited.extra.insert("owner".into(), json!("ops"));
     let written = s.update_node(&edited).await.expect("write the old node");

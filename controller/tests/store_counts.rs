@@ -6,8 +6,8 @@
 mod support;
 
 use chrono::{Duration, Utc};
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
-use rivet_store::Node;
 use support::TestDb;
 
 on_every_backend!(counts_group_the_state_columns);

@@ -5,7 +5,8 @@
 #[macro_use]
 mod support;
 
-use rivet_store::{Node, NodeQuery};
+use rivet_model::node::Node;
+use rivet_store::NodeQuery;
 use support::TestDb;
 
 on_every_backend!(node_filters);

@@ -5,7 +5,8 @@
 mod support;
 
 use chrono::Utc;
-use rivet_store::{Liveness, Node, NodeQuery};
+use rivet_model::node::{Liveness, Node};
+use rivet_store::NodeQuery;
 use serde_json::json;
 use support::{on_every_backend, TestDb};
 

@@ -5,7 +5,8 @@
 mod support;
 
 use chrono::Utc;
-use rivet_store::{Node, NodeLog, StoreError, NODE_LOGS_KEPT};
+use rivet_model::node::Node;
+use rivet_store::{NodeLog, StoreError, NODE_LOGS_KEPT};
 use support::{on_every_backend, TestDb};
 
 on_every_backend!(node_logs_round_trip);

@@ -6,8 +6,9 @@
 mod support;
 
 use chrono::Utc;
+use rivet_model::node::Node;
 use rivet_store::{
-    BiosSetting, FirmwareReading, Node, NodeManagement, SortDir, StoreError, VolumeConnector,
+    BiosSetting, FirmwareReading, NodeManagement, SortDir, StoreError, VolumeConnector,
     VolumeQuery, VolumeTarget,
 };
 use serde_json::{json, Map, Value};

@@ -5,9 +5,9 @@
 mod support;
 
 use chrono::Utc;
-use rivet_store::{
-    Node, Port, PortAttrs, PortQuery, Portgroup, PortgroupQuery, SortDir, StoreError,
-};
+use rivet_model::node::Node;
+use rivet_model::port::{Port, PortAttrs, Portgroup};
+use rivet_store::{PortQuery, PortgroupQuery, SortDir, StoreError};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use support::{on_every_backend, TestDb};

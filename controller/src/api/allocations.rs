@@ -50,7 +50,7 @@ fn check_name(name: &str, action: &str) -> Result<(), ApiError> {
 
 /// A node named in a request: its UUID; 400 when there is none (Ironic's NodeNotFound as a
 /// BAD_REQUEST in request bodies and filters).
-async fn node_uuid_of(state: &AppState, ident: &str) -> ApiResult<rivet_store::Node> {
+async fn node_uuid_of(state: &AppState, ident: &str) -> ApiResult<rivet_model::node::Node> {
     match state.conductor.store.get_node(ident).await {
         Err(StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
             "Node {ident} could not be found."
@@ -420,8 +420,8 @@ async fn node_remove(
 /// inspect wait, manageable or available; otherwise the allocation goes with the instance.
 pub(super) async fn follow_instance_removal(
     state: &AppState,
-    old: &rivet_store::Node,
-    new: &mut rivet_store::Node,
+    old: &rivet_model::node::Node,
+    new: &mut rivet_model::node::Node,
 ) -> ApiResult<()> {
     use rivet_protocol::states::ProvisionState as P;
     let Some(alloc) = old.allocation_uuid.clone() else {

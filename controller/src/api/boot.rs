@@ -25,7 +25,8 @@ use axum::routing::get;
 use axum::Router;
 use futures_util::StreamExt;
 use rivet_conductor::agent::LOOKUP_ALLOWED;
-use rivet_store::{normalize_mac, Node, StoreError};
+use rivet_model::node::Node;
+use rivet_store::{normalize_mac, StoreError};
 use std::io::Read;
 
 /// The only files `GET /boot/{file}` serves (image-build's output names).

@@ -13,7 +13,8 @@ use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
-use rivet_store::{Chassis, ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
+use rivet_model::node::Chassis;
+use rivet_store::{ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 

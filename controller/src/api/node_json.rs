@@ -18,7 +18,8 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use rivet_drivers::is_secret_key;
 use rivet_model::interfaces::Iface;
-use rivet_store::{Node, NodeManagement};
+use rivet_model::node::Node;
+use rivet_store::NodeManagement;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -456,9 +457,9 @@ impl IntoResponse for JsonBytes {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+    use rivet_model::node::Corrupt;
     use rivet_protocol::api::{MAX_VERSION, MIN_VERSION};
     use rivet_protocol::states::{PowerState, ProvisionState};
-    use rivet_store::Corrupt;
     use serde_json::json;
 
     fn obj(v: Value) -> Map<String, Value> {

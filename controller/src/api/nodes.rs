@@ -11,11 +11,13 @@ use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
 use rivet_drivers::DRIVERS;
 use rivet_model::interfaces::{Iface, Interfaces};
+use rivet_model::node::Node;
 use rivet_protocol::api::{
     MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
 };
 use rivet_protocol::patch::NODE_PATCHABLE;
-use rivet_store::{Node, NodeQuery, NODE_SORT_KEYS};
+use rivet_store::NodeExt;
+use rivet_store::{NodeQuery, NODE_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 

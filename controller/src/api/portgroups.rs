@@ -20,7 +20,9 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
-use rivet_store::{Node, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
+use rivet_model::node::Node;
+use rivet_model::port::Portgroup;
+use rivet_store::{PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
 use serde_json::{json, Map, Value};
 
 pub fn routes() -> Router<AppState> {

@@ -5,8 +5,8 @@ use super::ApiError;
 use axum::http::HeaderMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rivet_drivers::mask_secrets;
+use rivet_model::node::Node;
 use rivet_protocol::states::ProvisionState;
-use rivet_store::Node;
 use serde_json::{json, Map, Value};
 
 /// Fields a non-detailed node listing shows.

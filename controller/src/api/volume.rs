@@ -18,10 +18,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_store::{
-    Node, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
-    TARGET_SORT_KEYS,
+    StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS, TARGET_SORT_KEYS,
 };
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;

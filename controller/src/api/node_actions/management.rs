@@ -151,7 +151,7 @@ pub(super) async fn inject_nmi(
 }
 
 /// The node may change boot settings: not while it transitions (Ironic's UNSTABLE_STATES).
-fn refuse_transient(node: &rivet_store::Node, what: &str) -> Result<(), ApiError> {
+fn refuse_transient(node: &rivet_model::node::Node, what: &str) -> Result<(), ApiError> {
     let s = node.provision_state;
     if s.is_conductor_busy() || s.is_wait() {
         return Err(ApiError::new(
@@ -168,7 +168,7 @@ fn refuse_transient(node: &rivet_store::Node, what: &str) -> Result<(), ApiError
 /// What the BMC reports after a change becomes the node's `boot_mode` and `secure_boot`.
 async fn record_boot_state(
     state: &AppState,
-    node: &rivet_store::Node,
+    node: &rivet_model::node::Node,
     bmc: &dyn rivet_drivers::Bmc,
 ) -> Result<(), ApiError> {
     rivet_conductor::bmc_caches::refresh_boot_state(

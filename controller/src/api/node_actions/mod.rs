@@ -36,8 +36,9 @@ use axum::routing::{any, delete, get, put};
 use axum::Router;
 use rivet_conductor::ConductorError;
 use rivet_drivers::{Bmc, DriverError};
+use rivet_model::node::Node;
 use rivet_protocol::limits::{parse_strict, Limits};
-use rivet_store::Node;
+use rivet_store::NodeExt;
 use serde_json::Value;
 use std::sync::Arc;
 

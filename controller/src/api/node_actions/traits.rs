@@ -11,7 +11,9 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use rivet_store::{Node, StoreError};
+use rivet_model::node::Node;
+use rivet_store::NodeExt;
+use rivet_store::StoreError;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 

@@ -8,7 +8,8 @@ use crate::api::{ApiResult, AppState};
 use axum::extract::{Path, State};
 use axum::Json;
 use rivet_model::interfaces::Iface;
-use rivet_store::Node;
+use rivet_model::node::Node;
+use rivet_store::NodeExt;
 use serde_json::{json, Map, Value};
 
 /// One interface's verdict: `Ok` shows `{"result": true}`, `Err` `{"result": false,

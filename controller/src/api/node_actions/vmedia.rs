@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use rivet_store::Node;
+use rivet_model::node::Node;
 use serde_json::{json, Value};
 
 /// Ironic's `boot_devices.VMEDIA_DEVICES`.
