@@ -6,11 +6,11 @@
 use rivet_agent::{
     Agent, AgentOptions, BackoffConfig, Executor, ExecutorOptions, HttpTransport, LogRing,
 };
-use rivet_controller::store::sqlite::SqliteStore;
-use rivet_controller::store::Store;
 use rivet_hardware_managers::{Dispatcher, HardwareManager, StepContext, StepError, SupportLevel};
 use rivet_protocol::agent::CommandStatus;
 use rivet_protocol::steps::StepDescriptor;
+use rivet_store::sqlite::SqliteStore;
+use rivet_store::Store;
 use rivet_tests::{free_port, Rivetd};
 use serde_json::{json, Map, Value};
 use std::path::Path;
@@ -329,7 +329,7 @@ fn controller_killed_mid_command_gets_result_once_and_step_runs_once() -> anyhow
     // Only commands are read back: no secret to open.
     let store = SqliteStore::open(
         &db.display().to_string(),
-        rivet_controller::secrets::Secrets::ephemeral(),
+        rivet_support::secrets::Secrets::ephemeral(),
     )?;
     let c = rusqlite::Connection::open(&db)?;
     let id: String = c.query_row(

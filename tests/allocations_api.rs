@@ -579,7 +579,7 @@ fn two_controllers_on_postgresql_never_give_one_node_twice() -> Result<()> {
     ) {
         return Ok(());
     }
-    let db = rivet_controller::store::postgres::ScratchDatabase::create(&base, "rivet_allocs")
+    let db = rivet_store::postgres::ScratchDatabase::create(&base, "rivet_allocs")
         .context("scratch database")?;
     let dir = tempfile::tempdir()?;
     let key = dir.path().join("secrets.key");

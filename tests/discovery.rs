@@ -327,7 +327,7 @@ fn two_controllers_on_postgresql_enrol_one_node_for_one_machine() -> Result<()> 
     ) {
         return Ok(());
     }
-    let db = rivet_controller::store::postgres::ScratchDatabase::create(&base, "rivet_discovery")
+    let db = rivet_store::postgres::ScratchDatabase::create(&base, "rivet_discovery")
         .context("scratch database")?;
     let dir = tempfile::tempdir()?;
     let key = dir.path().join("secrets.key");

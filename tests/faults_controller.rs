@@ -19,7 +19,7 @@
 //! loop devices, processes) is removed by guards on every path, panics included.
 
 use anyhow::{bail, ensure, Context, Result};
-use rivet_controller::store::postgres::ScratchDatabase;
+use rivet_store::postgres::ScratchDatabase;
 use rivet_tests::agentproc::{all_zero, have, is_root, write_at, AgentProcess, LoopDevice};
 use rivet_tests::{bin, prerequisite, Rivetd};
 use serde_json::{json, Value};

@@ -21,10 +21,10 @@
 //! 6-9 s and 17-21 s, initdb included); every wait has a deadline that fails the test.
 
 use anyhow::{bail, ensure, Context, Result};
-use rivet_controller::store::postgres::ScratchDatabase;
 use rivet_protocol::agent::{Command, CommandKind};
 use rivet_protocol::deploy::{WRITE_IMAGE, WRITE_IMAGE_PRIORITY};
 use rivet_protocol::steps::StepDescriptor;
+use rivet_store::postgres::ScratchDatabase;
 use rivet_tests::agentproc::{have, is_root};
 use rivet_tests::simagent::{SimAgent, Steps};
 use rivet_tests::{fault, free_port, prerequisite, run_tool, Rivetd};

@@ -7,8 +7,8 @@
 //! Needs ipmi_sim and ipmitool (scripts/setup-peers.sh); skipped without them unless
 //! RIVET_REQUIRE_PEERS=1.
 
-use rivet_controller::drivers::ipmi::IpmiBmc;
-use rivet_controller::drivers::{Bmc, BootDevice, BootMode, DriversConfig};
+use rivet_drivers::ipmi::IpmiBmc;
+use rivet_drivers::{Bmc, BootDevice, BootMode, DriversConfig};
 use rivet_tests::peers::{free_udp_port, have_ipmi_sim, IpmiSim};
 use rivet_tests::{prerequisite, Rivetd};
 use serde_json::{json, Value};

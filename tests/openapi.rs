@@ -140,7 +140,7 @@ fn router_routes(router: &axum::Router) -> BTreeMap<String, BTreeSet<String>> {
 
 /// The real router, as `rivetd` builds it, on a fresh SQLite database; `no_auth` as given.
 fn real_router(dir: &Path, no_auth: bool) -> axum::Router {
-    let config = rivet_controller::config::Config {
+    let config = rivet_model::config::Config {
         db: format!("sqlite:{}", dir.join("rivet.db").display()),
         no_auth,
         conductor_id: "openapi-test".into(),

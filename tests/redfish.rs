@@ -12,8 +12,8 @@
 //! Needs `.venv-sushy` (scripts/setup-peers.sh); skipped without it unless
 //! RIVET_REQUIRE_PEERS=1.
 
-use rivet_controller::drivers::redfish::RedfishBmc;
-use rivet_controller::drivers::{Bmc, BootDevice, BootMode, DriversConfig};
+use rivet_drivers::redfish::RedfishBmc;
+use rivet_drivers::{Bmc, BootDevice, BootMode, DriversConfig};
 use rivet_tests::peers::{
     closed_port, have_sushy, on_path, FakeSystem, FileServer, Sushy, SushyOptions, TlsFiles,
 };

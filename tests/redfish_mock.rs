@@ -5,8 +5,8 @@
 //! end, a failing call's `@Message.ExtendedInfo` message carried into the error, out-of-band
 //! inspection (CPUs, memory, MACs), session auth with re-login, and retries on 503.
 
-use rivet_controller::drivers::redfish::RedfishBmc;
-use rivet_controller::drivers::{Bmc, DriverError, DriversConfig};
+use rivet_drivers::redfish::RedfishBmc;
+use rivet_drivers::{Bmc, DriverError, DriversConfig};
 use rivet_protocol::states::PowerState;
 use rivet_protocol::steps::StepDescriptor;
 use rivet_tests::peers::{MockState, RedfishMock, MOCK_MACS};
@@ -299,7 +299,7 @@ fn manual_cleaning_runs_bios_and_firmware_steps_out_of_band() -> anyhow::Result<
 
 #[test]
 fn power_and_health_come_from_one_system_read() -> anyhow::Result<()> {
-    use rivet_controller::drivers::Health;
+    use rivet_drivers::Health;
     let mock = RedfishMock::start(MockState {
         health: Some("Warning".into()),
         ..MockState::default()

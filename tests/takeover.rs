@@ -8,9 +8,9 @@
 //! next controller when theirs stops answering.
 
 use anyhow::{bail, Context, Result};
-use rivet_controller::store::postgres::ScratchDatabase;
 use rivet_protocol::agent::{Command, CommandKind};
 use rivet_protocol::steps::StepDescriptor;
+use rivet_store::postgres::ScratchDatabase;
 use rivet_tests::simagent::{SimAgent, Steps};
 use rivet_tests::{prerequisite, Rivetd};
 use serde_json::{json, Value};

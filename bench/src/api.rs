@@ -2,7 +2,7 @@
 //! rivetd's memory at that size.
 //!
 //! The store is pre-filled without rivetd running: the controller's own SQLite store
-//! (`rivet_controller::store::open`) creates the schema and writes one template node — a
+//! (`rivet_store::open`) creates the schema and writes one template node — a
 //! cleaned, `available` fake-hardware node with properties, cached clean steps and agent
 //! bookkeeping like the clean-fleet bench leaves behind. The other N − 1 rows are copies of
 //! that row (`INSERT … SELECT` of every column but `id`, with a fresh `uuid` and `name`) in
@@ -14,7 +14,7 @@ use crate::stats::{mib, ms, percentile};
 use anyhow::{bail, Context, Result};
 use chrono::Utc;
 use rand::Rng;
-use rivet_controller::store::Node;
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -91,8 +91,8 @@ async fn prefill(db: &Path, n: usize) -> Result<Vec<String>> {
     let first = uuid::Uuid::new_v4().to_string();
     {
         // The template node holds no secret: any key will do.
-        let secrets = rivet_controller::secrets::Secrets::ephemeral();
-        let store = rivet_controller::store::open(&format!("sqlite:{path}"), secrets)
+        let secrets = rivet_support::secrets::Secrets::ephemeral();
+        let store = rivet_store::open(&format!("sqlite:{path}"), secrets)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         store
             .create_node(&template(&first))
@@ -326,9 +326,9 @@ mod tests {
         let db = dir.path().join("t.db");
         let uuids = prefill(&db, 50).await.expect("prefill");
         assert_eq!(uuids.len(), 50);
-        let store = rivet_controller::store::open(
+        let store = rivet_store::open(
             &format!("sqlite:{}", db.display()),
-            rivet_controller::secrets::Secrets::ephemeral(),
+            rivet_support::secrets::Secrets::ephemeral(),
         )
         .expect("open");
         let n = store.get_node(&uuids[49]).await.expect("read back");
@@ -336,7 +336,7 @@ mod tests {
         assert_eq!(n.provision_state, ProvisionState::Available);
         assert!(n.driver_internal_info.contains_key("cached_clean_steps"));
         let all = store
-            .list_nodes(&rivet_controller::store::NodeQuery {
+            .list_nodes(&rivet_store::NodeQuery {
                 limit: 1000,
                 ..Default::default()
             })

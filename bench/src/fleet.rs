@@ -24,7 +24,7 @@ use crate::sim::{Beat, Link, Profile, SimAgent};
 use crate::stats::{mib, ms, percentile, Recorder};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
-use rivet_controller::store::postgres::ScratchDatabase;
+use rivet_store::postgres::ScratchDatabase;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,12 +4,13 @@
 use super::{Conductor, ConductorError};
 use base64::Engine;
 use chrono::Utc;
+use rivet_model::node::{Node, NodeSummary};
 use rivet_protocol::agent::{
     AgentConfig, Command, CommandKind, CommandResult, CommandStatus, HeartbeatRequest,
     HeartbeatResponse, LookupRequest, LookupResponse,
 };
 use rivet_protocol::states::ProvisionState;
-use rivet_store::{normalize_mac, Node, NodeSummary, StoreError};
+use rivet_store::{normalize_mac, StoreError};
 use rivet_support::credentials::{constant_time_eq, hex};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -308,7 +309,7 @@ impl Conductor {
                 // (found by rivet-bench soak). A lookup that gets no token (an agent process
                 // restarted without it, retrying for ever) is no sign of life: counting it
                 // kept the node waiting for ever instead of failing on the timeout.
-                let liveness = rivet_store::Liveness {
+                let liveness = rivet_model::node::Liveness {
                     last_heartbeat: Some(Utc::now()),
                     agent_version: Some(req.agent_version.clone()),
                     progress: None,
@@ -469,7 +470,7 @@ impl Conductor {
         let progress_changed = progress.is_some() && progress != node.liveness.progress;
         let version_changed = node.liveness.agent_version.as_deref() != Some(&req.agent_version);
         if !recent || progress_changed || version_changed {
-            let liveness = rivet_store::Liveness {
+            let liveness = rivet_model::node::Liveness {
                 last_heartbeat: Some(Utc::now()),
                 agent_version: Some(req.agent_version.clone()),
                 progress: progress.or_else(|| node.liveness.progress.clone()),

@@ -6,7 +6,8 @@
 //! fetched (image sources), which may carry credentials in their user info or signed query
 //! strings; those are masked before the text is stored or shown.
 
-use rivet_store::{Node, NodeLog, Store};
+use rivet_model::node::Node;
+use rivet_store::{NodeLog, Store};
 use serde_json::Value;
 
 const MASK: &str = "***";

@@ -10,9 +10,11 @@
 
 use super::supervisor::LoopEnd;
 use super::{Conductor, ConductorError};
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_store::allocations::alloc_state;
-use rivet_store::{Allocation, AllocationQuery, Node, NodeQuery, StoreError};
+use rivet_store::NodeExt;
+use rivet_store::{Allocation, AllocationQuery, NodeQuery, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 

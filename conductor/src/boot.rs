@@ -13,8 +13,8 @@
 use super::Conductor;
 use rivet_drivers::{Bmc, BootDevice, BootMode, DriverError};
 use rivet_model::interfaces::Iface;
+use rivet_model::node::Node;
 use rivet_protocol::states::PowerState;
-use rivet_store::Node;
 
 /// Ironic's name for booting the ramdisk from the BMC's virtual CD.
 pub const VIRTUAL_MEDIA: &str = "redfish-virtual-media";

@@ -11,7 +11,7 @@ use super::Conductor;
 use rivet_drivers::{Bmc, BootMode, DriverError};
 use rivet_model::boot_mode::{resolve, Effective};
 use rivet_model::internal_info;
-use rivet_store::Node;
+use rivet_model::node::Node;
 
 /// `uefi`, `bios`, or what a BMC that does not say reads as.
 fn shown(mode: Option<BootMode>) -> &'static str {

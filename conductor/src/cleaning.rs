@@ -13,11 +13,12 @@ use super::{Conductor, ConductorError};
 use chrono::Utc;
 use rivet_drivers::Bmc;
 use rivet_model::fsm::Event;
+use rivet_model::node::Node;
 use rivet_model::runs::{CleanRun, RamdiskUse};
 use rivet_protocol::agent::{CleanStepsResult, Command, CommandKind, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_protocol::steps::RequestedStep;
-use rivet_store::{Node, StoreError};
+use rivet_store::StoreError;
 use serde_json::{json, Value};
 use std::time::Duration;
 

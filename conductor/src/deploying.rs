@@ -20,12 +20,12 @@ use super::{Conductor, ConductorError};
 use chrono::Utc;
 use rivet_drivers::{Bmc, BootDevice};
 use rivet_model::fsm::Event;
+use rivet_model::node::Node;
 use rivet_model::runs::DeployRun;
 use rivet_protocol::agent::{CommandKind, CommandStatus, DeployStepsResult};
 use rivet_protocol::deploy::{WriteImageArgs, WRITE_IMAGE};
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_protocol::steps::{RequestedDeployStep, StepDescriptor};
-use rivet_store::Node;
 use serde_json::{Map, Value};
 
 /// How long `tear_down_agent` waits for the agent to power the machine off itself before

@@ -19,9 +19,10 @@ pub use rivet_model::config::DiscoveryConfig;
 use super::Conductor;
 use chrono::Utc;
 use rivet_model::inspection::derive;
+use rivet_model::port::Port;
 use rivet_protocol::discovery::{DiscoverRequest, DiscoverResponse, DiscoveryEnd};
 use rivet_protocol::states::ProvisionState;
-use rivet_store::{Port, PortQuery, StoreError};
+use rivet_store::{PortQuery, StoreError};
 use serde_json::{json, Map, Value};
 
 /// Why a discovery was refused.
@@ -109,7 +110,8 @@ impl Conductor {
         }
 
         let inventory = serde_json::to_value(&req.inventory).unwrap_or(Value::Null);
-        let mut node = rivet_store::Node::new(uuid::Uuid::new_v4().to_string(), cfg.driver.clone());
+        let mut node =
+            rivet_model::node::Node::new(uuid::Uuid::new_v4().to_string(), cfg.driver.clone());
         rivet_model::internal_info::mark_discovered(&mut node.driver_internal_info, Utc::now());
         if let Ok(d) = derive::derive(&req.inventory, None) {
             let p = &mut node.properties;
@@ -208,7 +210,7 @@ impl Conductor {
     }
 
     /// Remove a node created by a discovery that lost a race (best effort: logged).
-    async fn undo_discovery(&self, node: &rivet_store::Node) {
+    async fn undo_discovery(&self, node: &rivet_model::node::Node) {
         if let Ok(ports) = self
             .store
             .list_ports(&PortQuery {

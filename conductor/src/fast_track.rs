@@ -24,8 +24,8 @@
 use super::Conductor;
 use chrono::{DateTime, Utc};
 use rivet_model::config::DeployConfig;
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
-use rivet_store::Node;
 use serde_json::Value;
 
 /// Audit action of the node-history rows fast track writes (INFO).

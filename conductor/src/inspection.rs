@@ -9,10 +9,12 @@ use chrono::Utc;
 use rivet_drivers::{Bmc, OobInventory};
 use rivet_model::fsm::Event;
 use rivet_model::inspection::derive;
+use rivet_model::node::Node;
+use rivet_model::port::Port;
 use rivet_protocol::agent::{Command, CommandKind, CommandStatus};
 use rivet_protocol::inventory::Inventory;
 use rivet_protocol::states::ProvisionState;
-use rivet_store::{Node, Port, PortQuery, StoreError};
+use rivet_store::{PortQuery, StoreError};
 use serde_json::{json, Map, Value};
 
 /// Forget the bookkeeping of an inspection run.

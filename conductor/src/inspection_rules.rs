@@ -5,7 +5,8 @@
 
 use super::Conductor;
 use rivet_model::inspection::rules::{self, Rule, Target};
-use rivet_store::{Node, PortQuery, Store, StoreError};
+use rivet_model::node::Node;
+use rivet_store::{PortQuery, Store, StoreError};
 use serde_json::{json, Map, Value};
 
 /// Every rule, Ironic-shaped. Bodies in the former schema are converted and stored again,
@@ -130,7 +131,7 @@ impl Conductor {
                 ..Default::default()
             })
             .await?;
-        let port_view = |p: &rivet_store::Port| {
+        let port_view = |p: &rivet_model::port::Port| {
             let v = json!({"uuid": p.uuid, "address": p.address, "pxe_enabled": p.pxe_enabled, "extra": p.extra});
             v.as_object().cloned().unwrap_or_default()
         };

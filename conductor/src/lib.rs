@@ -53,8 +53,10 @@ use chrono::Utc;
 use rivet_drivers::{self as drivers, fake::FakeBmc, Bmc, BootDevice};
 use rivet_model::config::Config;
 use rivet_model::fsm::{self, Event};
+use rivet_model::node::Node;
 use rivet_protocol::states::ProvisionState;
-use rivet_store::{Node, Store, StoreError};
+use rivet_store::NodeExt;
+use rivet_store::{Store, StoreError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

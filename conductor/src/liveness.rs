@@ -18,7 +18,8 @@
 //! same node arrived meanwhile; the queue holds at most one record per node, so a long
 //! database outage cannot grow it past the fleet.
 
-use rivet_store::{Liveness, Store, StoreError};
+use rivet_model::node::Liveness;
+use rivet_store::{Store, StoreError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -380,7 +381,7 @@ mod tests {
             ..rivet_model::config::Config::default()
         };
         let c = crate::Conductor::new(Arc::new(store), config);
-        let node = rivet_store::Node::new("u1".into(), "fake-hardware".into());
+        let node = rivet_model::node::Node::new("u1".into(), "fake-hardware".into());
         c.store.create_node(&node).await.expect("create");
         // No flush loop runs here: only shutdown can write it.
         c.liveness.record("u1", at(9));

@@ -5,8 +5,9 @@
 //! `step_done` and calls [`verify_and_refresh`]; servicing calls [`reboot_verify_refresh`].
 
 use rivet_drivers::{Bmc, BootDevice, DriverError};
+use rivet_model::node::Node;
 use rivet_protocol::states::PowerState;
-use rivet_store::{Node, Store};
+use rivet_store::Store;
 use serde_json::Value;
 
 use super::steps::PlannedStep;

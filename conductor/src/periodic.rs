@@ -3,8 +3,8 @@
 use super::{Conductor, ConductorError};
 use chrono::{DateTime, Utc};
 use rivet_model::fsm::Event;
+use rivet_model::node::NodeSummary;
 use rivet_protocol::states::ProvisionState;
-use rivet_store::NodeSummary;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

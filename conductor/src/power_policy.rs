@@ -7,8 +7,8 @@
 
 use super::Conductor;
 use rivet_drivers::{Bmc, DriverError};
+use rivet_model::node::Node;
 use rivet_protocol::states::PowerState;
-use rivet_store::Node;
 
 /// Whether the conductor keeps this node powered (it reboots it instead of powering it off).
 pub(crate) fn kept_on(node: &Node) -> bool {

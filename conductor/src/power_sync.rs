@@ -15,8 +15,9 @@
 
 use super::{Conductor, ConductorError};
 use rivet_model::config::PowerSyncPolicy;
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
-use rivet_store::{Node, StoreError};
+use rivet_store::StoreError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;

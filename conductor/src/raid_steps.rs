@@ -21,8 +21,8 @@ use super::steps::{PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use chrono::Utc;
 use rivet_model::interfaces::Iface;
+use rivet_model::node::Node;
 use rivet_model::raid::{self, APPLY_CONFIGURATION, CREATE_CONFIGURATION, DELETE_CONFIGURATION};
-use rivet_store::Node;
 use serde_json::{Map, Value};
 
 /// The node's RAID interface.

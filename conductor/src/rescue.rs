@@ -16,10 +16,10 @@
 use super::{Conductor, ConductorError};
 use rivet_drivers::{Bmc, BootDevice};
 use rivet_model::fsm::Event;
+use rivet_model::node::Node;
 use rivet_model::runs::RescueRun;
 use rivet_protocol::agent::{Command, CommandKind, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
-use rivet_store::Node;
 use serde_json::Value;
 use sha2::{Digest, Sha512};
 

@@ -18,11 +18,11 @@ use super::steps::{self, PlannedStep, Source};
 use super::{Conductor, ConductorError};
 use rivet_drivers::{Bmc, BootDevice};
 use rivet_model::fsm::Event;
+use rivet_model::node::Node;
 use rivet_model::runs::ServiceRun;
 use rivet_protocol::agent::{Command, CommandKind, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_protocol::steps::RequestedStep;
-use rivet_store::Node;
 use serde_json::Value;
 use std::time::Duration;
 

@@ -9,8 +9,9 @@ use super::errors::ConductorError;
 use super::steps::{PlannedStep, Source};
 use super::Conductor;
 use chrono::Utc;
+use rivet_model::node::Node;
 use rivet_protocol::states::ProvisionState;
-use rivet_store::{AuditEntry, Node};
+use rivet_store::AuditEntry;
 use serde_json::Value;
 
 /// Audit action of a finished clean step (node history event type `cleaning`).

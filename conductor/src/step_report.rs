@@ -7,7 +7,7 @@
 //! are kept, never the raw result.
 
 use super::Conductor;
-use rivet_store::Node;
+use rivet_model::node::Node;
 use serde_json::Value;
 
 /// The audit action of a step report; `api::history` shows these rows as entries.

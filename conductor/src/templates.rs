@@ -5,8 +5,9 @@
 //! default one (priority 0 disables it), and two templates naming one step are refused.
 
 use super::{Conductor, ConductorError};
+use rivet_model::node::Node;
 use rivet_protocol::steps::RequestedDeployStep;
-use rivet_store::{Node, TemplateKind, TemplateQuery};
+use rivet_store::{TemplateKind, TemplateQuery};
 use serde_json::{Map, Value};
 
 /// The traits a deploy asks for (`instance_info.traits`, a list of strings).

@@ -6,11 +6,12 @@ use super::{Conductor, ConductorError};
 use chrono::Utc;
 use rivet_model::fsm::{self, Event};
 use rivet_model::internal_info;
+use rivet_model::node::Node;
 use rivet_protocol::agent::CommandKind;
 use rivet_protocol::api::ProvisionRequest;
 use rivet_protocol::states::{PowerState, ProvisionState, Verb};
 use rivet_protocol::steps::RequestedStep;
-use rivet_store::{AuditEntry, Node, StoreError};
+use rivet_store::{AuditEntry, StoreError};
 use serde_json::Value;
 use std::sync::Arc;
 

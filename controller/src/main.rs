@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use rivet_controller::config::Config;
+use rivet_model::config::Config;
 use rivet_support::credentials::hash_secret;
 use std::io::Read;
 
@@ -182,9 +182,9 @@ fn main() -> anyhow::Result<()> {
     match &cli.command {
         Some(Command::Fsm { dot }) => {
             if *dot {
-                print!("{}", rivet_controller::fsm::to_dot());
+                print!("{}", rivet_model::fsm::to_dot());
             } else {
-                for t in rivet_controller::fsm::TABLE {
+                for t in rivet_model::fsm::TABLE {
                     println!(
                         "{:>16} --{:<9}--> {} ({:?})",
                         t.from.as_str(),
@@ -199,7 +199,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Tls {
             command: TlsCommand::Init { dir, names },
         }) => {
-            rivet_controller::tls::init(dir, names)?;
+            rivet_support::tls::init(dir, names)?;
             println!(
                 "wrote {0}/ca.pem, {0}/server.pem and their keys; set tls_cert = \"{0}/server.pem\" and tls_key = \"{0}/server-key.pem\", and give agents and the CLI {0}/ca.pem (rivet.ca=, RIVET_CA)",
                 dir.display()
@@ -226,8 +226,8 @@ fn main() -> anyhow::Result<()> {
                 config.db = url.clone();
             }
             init_logging(config.log_json);
-            let shown = rivet_controller::store::redact_url(&config.db);
-            let (before, after) = rivet_controller::store::upgrade(&config.db)
+            let shown = rivet_store::redact_url(&config.db);
+            let (before, after) = rivet_store::upgrade(&config.db)
                 .map_err(|e| anyhow::anyhow!("upgrading database {shown}: {e}"))?;
             if before == after {
                 println!("database {shown} is at schema version {after}: nothing to do");
@@ -258,7 +258,7 @@ fn main() -> anyhow::Result<()> {
     if cli.print_config {
         // The database URL may carry a password: show it redacted, like every other output.
         let mut shown = config.clone();
-        shown.db = rivet_controller::store::redact_url(&shown.db);
+        shown.db = rivet_store::redact_url(&shown.db);
         print!("{}", shown.to_toml());
         return Ok(());
     }
@@ -272,8 +272,8 @@ fn main() -> anyhow::Result<()> {
 
 /// `rivetd secrets …`.
 fn secrets(cli: &Cli, command: &SecretsCommand) -> anyhow::Result<()> {
-    use rivet_controller::secrets::{Key, Secrets};
-    use rivet_controller::store::sealing::{holds_sealed_values, rotate};
+    use rivet_store::sealing::{holds_sealed_values, rotate};
+    use rivet_support::secrets::{Key, Secrets};
     match command {
         SecretsCommand::InitKey { path } => {
             let key = Key::generate()?;
@@ -292,7 +292,7 @@ fn secrets(cli: &Cli, command: &SecretsCommand) -> anyhow::Result<()> {
                 config.db = url.clone();
             }
             init_logging(config.log_json);
-            let shown = rivet_controller::store::redact_url(&config.db);
+            let shown = rivet_store::redact_url(&config.db);
             // The old key must exist already: rotating never makes one up.
             let old =
                 Secrets::from_config(&config.secrets, &config.db, false, &holds_sealed_values)?;

@@ -1,9 +1,9 @@
 //! Putting rivetd together: open the store, recover, start the periodic scan, serve.
 
 use crate::api::{self, AppState};
-use crate::conductor::Conductor;
-use crate::config::Config;
 use anyhow::Context;
+use rivet_conductor::Conductor;
+use rivet_model::config::Config;
 use rivet_support::http::serve_connection;
 pub use rivet_support::http::PeerAddr;
 use std::net::SocketAddr;
@@ -51,18 +51,18 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
 
 /// Build the conductor and the router for `config` (used by main and by tests).
 pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Router)> {
-    let secrets = crate::secrets::Secrets::from_config(
+    let secrets = rivet_support::secrets::Secrets::from_config(
         &config.secrets,
         &config.db,
         true,
-        &crate::store::sealing::holds_sealed_values,
+        &rivet_store::sealing::holds_sealed_values,
     )?;
-    let store = crate::store::open_with(&config.db, Arc::new(secrets), &config.store)
-        .with_context(|| format!("opening database {}", crate::store::redact_url(&config.db)))?;
+    let store = rivet_store::open_with(&config.db, Arc::new(secrets), &config.store)
+        .with_context(|| format!("opening database {}", rivet_store::redact_url(&config.db)))?;
     // A wrong secrets key is an operator's mistake to hear about now, not as every node read
     // failing later: open the first page of nodes (their sealed passwords) once.
     store
-        .list_nodes(&crate::store::NodeQuery {
+        .list_nodes(&rivet_store::NodeQuery {
             limit: 100,
             ..Default::default()
         })
@@ -70,7 +70,7 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
         .with_context(|| {
             format!(
                 "reading the nodes of {} at start-up (is this the secrets key the database was sealed with?)",
-                crate::store::redact_url(&config.db)
+                rivet_store::redact_url(&config.db)
             )
         })?;
     let conductor = Conductor::new(store, config);
@@ -111,9 +111,9 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let addr = check_listen(&config)?;
     let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(c), Some(k)) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
-            c, k,
-        )?)),
+        (Some(c), Some(k)) => Some(tokio_rustls::TlsAcceptor::from(
+            rivet_support::tls::server_config(c, k)?,
+        )),
         _ => None,
     };
     let header_timeout = Duration::from_secs(config.api.header_read_timeout_s.max(1));

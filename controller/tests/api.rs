@@ -9,7 +9,7 @@
 use crate::support;
 
 use reqwest::StatusCode;
-use rivet_controller::config::{Config, TokenEntry};
+use rivet_model::config::{Config, TokenEntry};
 use rivet_support::credentials::hash_secret;
 use serde_json::{json, Value};
 use std::time::Duration;

@@ -9,7 +9,7 @@
 use crate::support;
 
 use reqwest::{Method, StatusCode};
-use rivet_controller::store::StoreError;
+use rivet_store::StoreError;
 use serde_json::json;
 use std::process::Command;
 use std::time::Duration;

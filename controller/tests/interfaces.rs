@@ -6,7 +6,7 @@
 use crate::support;
 
 use reqwest::{Method, StatusCode};
-use rivet_controller::config::Config;
+use rivet_model::config::Config;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::{answer, message, on_every_backend, Server, TestDb};

@@ -5,7 +5,7 @@
 use crate::support;
 
 use reqwest::{Method, StatusCode};
-use rivet_controller::config::Config;
+use rivet_model::config::Config;
 use serde_json::{json, Value};
 use support::{answer, message, Server, TestDb};
 

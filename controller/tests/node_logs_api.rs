@@ -5,7 +5,7 @@ use crate::support;
 
 use chrono::Utc;
 use reqwest::{Method, StatusCode};
-use rivet_controller::store::NodeLog;
+use rivet_store::NodeLog;
 use serde_json::json;
 use support::{add_role_tokens, answer, message, Server, TestDb};
 

@@ -10,10 +10,10 @@
 use crate::support;
 
 use reqwest::StatusCode;
-use rivet_controller::config::Config;
-use rivet_controller::secrets::{Key, Secrets};
-use rivet_controller::store::sealing::rotate;
-use rivet_controller::store::Node;
+use rivet_model::config::Config;
+use rivet_model::node::Node;
+use rivet_store::sealing::rotate;
+use rivet_support::secrets::{Key, Secrets};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -5,9 +5,9 @@
 use crate::support;
 
 use chrono::Utc;
-use rivet_controller::store::{
-    Allocation, AllocationQuery, Node, SortDir, StepTemplate, StoreError, TemplateKind,
-    TemplateQuery,
+use rivet_model::node::Node;
+use rivet_store::{
+    Allocation, AllocationQuery, SortDir, StepTemplate, StoreError, TemplateKind, TemplateQuery,
 };
 use serde_json::{json, Map};
 use support::{on_every_backend, TestDb};
@@ -33,7 +33,7 @@ fn allocation(uuid: &str, name: Option<&str>, rc: &str) -> Allocation {
 }
 
 async fn allocations_round_trip(db: TestDb) {
-    let s = db.open(rivet_controller::secrets::Secrets::ephemeral());
+    let s = db.open(rivet_support::secrets::Secrets::ephemeral());
     let node = s
         .create_node(&Node::new(
             "6a0c1d2e-0000-4000-8000-00000000000a".into(),
@@ -152,7 +152,7 @@ async fn allocations_round_trip(db: TestDb) {
         .await
         .expect("by node");
     assert_eq!(by_node.len(), 1);
-    for key in rivet_controller::store::ALLOCATION_SORT_KEYS {
+    for key in rivet_store::ALLOCATION_SORT_KEYS {
         s.list_allocations(&AllocationQuery {
             sort_key: key.to_string(),
             marker: Some("a-3".into()),
@@ -192,7 +192,7 @@ fn template(kind: TemplateKind, uuid: &str, name: &str) -> StepTemplate {
 }
 
 async fn templates_round_trip(db: TestDb) {
-    let s = db.open(rivet_controller::secrets::Secrets::ephemeral());
+    let s = db.open(rivet_support::secrets::Secrets::ephemeral());
     let dt = s
         .create_template(&template(TemplateKind::Deploy, "t-1", "CUSTOM_X"))
         .await

@@ -9,20 +9,20 @@
 use crate::support;
 
 use chrono::{DateTime, Duration, SubsecRound, Utc};
-use rivet_controller::store::{
-    self, Node, NodeQuery, Port, PortQuery, SortDir, StoreError, NODE_SORT_KEYS,
-};
+use rivet_model::node::Node;
+use rivet_model::port::Port;
 use rivet_protocol::agent::{Command, CommandKind, CommandResult, CommandStatus};
 use rivet_protocol::states::{PowerState, ProvisionState};
+use rivet_store::{NodeQuery, PortQuery, SortDir, StoreError, NODE_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use support::{on_every_backend, pg, TestDb};
 
 /// One sealing key for the whole run, so a test may reopen a store and read its secrets.
-fn secrets() -> Arc<rivet_controller::secrets::Secrets> {
-    static KEY: std::sync::OnceLock<Arc<rivet_controller::secrets::Secrets>> =
+fn secrets() -> Arc<rivet_support::secrets::Secrets> {
+    static KEY: std::sync::OnceLock<Arc<rivet_support::secrets::Secrets>> =
         std::sync::OnceLock::new();
-    KEY.get_or_init(rivet_controller::secrets::Secrets::ephemeral)
+    KEY.get_or_init(rivet_support::secrets::Secrets::ephemeral)
         .clone()
 }
 
@@ -519,7 +519,7 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     // The scans' narrow read says the same as a full read of each node.
     let mut z2 = s.get_node("z2").await.expect("z2");
     z2.clean_step = Some(json!({"step": "erase_devices", "abortable": true}));
-    z2.runs.clean = Some(rivet_controller::runs::CleanRun {
+    z2.runs.clean = Some(rivet_model::runs::CleanRun {
         step_index: 3,
         command: Some("c-3".into()),
         step_started_at: Some(micros(Utc::now())),
@@ -527,7 +527,7 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     });
     z2.provision_updated_at = Some(micros(Utc::now()));
     s.update_node(&z2).await.expect("write z2");
-    let live = store::Liveness {
+    let live = rivet_model::node::Liveness {
         last_heartbeat: Some(micros(Utc::now())),
         ..Default::default()
     };
@@ -539,7 +539,12 @@ async fn nodes_in_states_and_reservations(db: TestDb) {
     assert_eq!(summaries.len(), 3);
     for summary in &summaries {
         let full = s.get_node(&summary.uuid).await.expect("full");
-        assert_eq!(*summary, store::NodeSummary::of(&full), "{}", summary.uuid);
+        assert_eq!(
+            *summary,
+            rivet_model::node::NodeSummary::of(&full),
+            "{}",
+            summary.uuid
+        );
     }
     assert_eq!(
         summaries[1].runs.clean.as_ref().map(|c| c.step_index),
@@ -1098,10 +1103,13 @@ async fn bump_schema(db: &TestDb, version: i64) {
 
 async fn migrations_and_newer_schema(db: TestDb) {
     // An empty database is brought to the current version, once.
-    let (before, after) = store::upgrade(&db.url()).expect("upgrade");
+    let (before, after) = rivet_store::upgrade(&db.url()).expect("upgrade");
     assert_eq!(before, 0);
     assert!(after >= 3);
-    assert_eq!(store::upgrade(&db.url()).expect("again"), (after, after));
+    assert_eq!(
+        rivet_store::upgrade(&db.url()).expect("again"),
+        (after, after)
+    );
     // Opening an up-to-date database keeps its data.
     {
         let s = db.open(secrets());
@@ -1117,11 +1125,11 @@ async fn migrations_and_newer_schema(db: TestDb) {
         "database schema version {} is newer than this rivetd knows ({after}); run a newer rivetd",
         after + 1
     );
-    let err = store::open(&db.url(), secrets())
+    let err = rivet_store::open(&db.url(), secrets())
         .err()
         .expect("open must refuse");
     assert!(err.to_string().contains(&want), "{err}");
-    let err = store::upgrade(&db.url()).expect_err("upgrade must refuse");
+    let err = rivet_store::upgrade(&db.url()).expect_err("upgrade must refuse");
     assert!(err.to_string().contains(&want), "{err}");
 }
 
@@ -1283,7 +1291,7 @@ async fn rivetd_db_upgrade_serve_and_refuse(db: TestDb) {
     assert_eq!(listed["nodes"][0]["name"], "served", "{listed}");
 
     // A newer schema: both commands refuse and say why.
-    let (_, after) = store::upgrade(&url).expect("versions");
+    let (_, after) = rivet_store::upgrade(&url).expect("versions");
     bump_schema(&db, after + 1).await;
     let want = format!(
         "database schema version {} is newer than this rivetd knows",
@@ -1307,7 +1315,7 @@ async fn postgres_concurrent_first_open_migrates_once() {
     let threads: Vec<_> = (0..4)
         .map(|_| {
             let url = db.url();
-            std::thread::spawn(move || store::open(&url, secrets()).map(|_| ()))
+            std::thread::spawn(move || rivet_store::open(&url, secrets()).map(|_| ()))
         })
         .collect();
     for t in threads {
@@ -1319,7 +1327,7 @@ async fn postgres_concurrent_first_open_migrates_once() {
         .await
         .expect("versions");
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    let (_, current) = store::upgrade(&db.url()).expect("current");
+    let (_, current) = rivet_store::upgrade(&db.url()).expect("current");
     assert_eq!(versions, (1..=current).collect::<Vec<_>>());
 }
 
@@ -1330,7 +1338,7 @@ async fn liveness_is_outside_the_version(db: TestDb) {
     let s = db.open(secrets());
     let created = s.create_node(&node("n1", None)).await.expect("create");
     let at = micros(Utc::now());
-    let live = store::Liveness {
+    let live = rivet_model::node::Liveness {
         last_heartbeat: Some(at),
         agent_version: Some("1.2.3".into()),
         progress: Some(
@@ -1373,7 +1381,7 @@ async fn liveness_in_batches(db: TestDb) {
     s.create_node(&node("n2", None)).await.expect("create");
     s.create_node(&node("n3", None)).await.expect("create");
     let at = micros(Utc::now());
-    let one = store::Liveness {
+    let one = rivet_model::node::Liveness {
         last_heartbeat: Some(at),
         agent_version: Some("1.2.3".into()),
         progress: Some(
@@ -1381,7 +1389,7 @@ async fn liveness_in_batches(db: TestDb) {
         ),
     };
     s.record_liveness("n2", &one).await.expect("liveness");
-    let two = store::Liveness {
+    let two = rivet_model::node::Liveness {
         last_heartbeat: Some(at + chrono::Duration::microseconds(7)),
         agent_version: None,
         progress: None,
@@ -1402,7 +1410,7 @@ async fn liveness_in_batches(db: TestDb) {
     assert_eq!(s.node_summary("n2").await.expect("read").liveness, two);
     assert_eq!(
         s.get_node("n3").await.expect("read").liveness,
-        store::Liveness::default(),
+        rivet_model::node::Liveness::default(),
         "a node outside the batch was written"
     );
 }
@@ -1478,7 +1486,8 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
         c.batch_execute("CREATE TABLE schema_version (version BIGINT NOT NULL)")
             .await
             .expect("schema_version");
-        let first = store::migrations::sql(0, store::sql::Dialect::Postgres).expect("migration 1");
+        let first = rivet_store::migrations::sql(0, rivet_store::sql::Dialect::Postgres)
+            .expect("migration 1");
         c.batch_execute(&first).await.expect("migration 1");
         c.batch_execute("INSERT INTO schema_version (version) VALUES (1)")
             .await
@@ -1488,14 +1497,15 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
         let c = rusqlite::Connection::open(db.sqlite_file()).expect("sqlite");
         c.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
             .expect("schema_version");
-        let first = store::migrations::sql(0, store::sql::Dialect::Sqlite).expect("migration 1");
+        let first = rivet_store::migrations::sql(0, rivet_store::sql::Dialect::Sqlite)
+            .expect("migration 1");
         c.execute_batch(&first).expect("migration 1");
         c.execute_batch("INSERT INTO schema_version (version) VALUES (1)")
             .expect("version");
         c.execute_batch(insert).expect("old node");
     }
-    let (before, after) = store::upgrade(&db.url()).expect("upgrade");
-    assert_eq!((before, after), (1, store::sqlite::SCHEMA_VERSION));
+    let (before, after) = rivet_store::upgrade(&db.url()).expect("upgrade");
+    assert_eq!((before, after), (1, rivet_store::sqlite::SCHEMA_VERSION));
     let s = db.open(secrets());
     let n = s.get_node("old").await.expect("read the old node");
     assert!(n.corrupt.is_none(), "{:?}", n.corrupt);
@@ -1504,7 +1514,7 @@ async fn upgrade_from_the_first_schema(db: TestDb) {
     assert_eq!(n.properties.get("cpus"), Some(&json!(8)));
     assert_eq!(n.extra.get("rack"), Some(&json!("r1")));
     assert!(n.traits.is_empty());
-    assert_eq!(n.liveness, store::Liveness::default());
+    assert_eq!(n.liveness, rivet_model::node::Liveness::default());
     let mut edited = n.clone();
     edited.extra.insert("owner".into(), json!("ops"));
     let written = s.update_node(&edited).await.expect("write the old node");

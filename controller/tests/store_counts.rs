@@ -5,14 +5,14 @@
 use crate::support::{self, on_every_backend};
 
 use chrono::{Duration, Utc};
-use rivet_controller::store::Node;
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use support::TestDb;
 
 on_every_backend!(counts_group_the_state_columns);
 
 async fn counts_group_the_state_columns(db: TestDb) {
-    let s = db.open(rivet_controller::secrets::Secrets::ephemeral());
+    let s = db.open(rivet_support::secrets::Secrets::ephemeral());
     assert!(s.node_counts().await.expect("empty counts").is_empty());
     let now = Utc::now();
     let mk = |i: u32, state, power, maintenance, lease: Option<&str>, age_s: i64| {

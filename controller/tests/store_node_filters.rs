@@ -4,13 +4,14 @@
 
 use crate::support::{self, on_every_backend};
 
-use rivet_controller::store::{Node, NodeQuery};
+use rivet_model::node::Node;
+use rivet_store::NodeQuery;
 use support::TestDb;
 
 on_every_backend!(node_filters);
 
 async fn node_filters(db: TestDb) {
-    let s = db.open(rivet_controller::secrets::Secrets::ephemeral());
+    let s = db.open(rivet_support::secrets::Secrets::ephemeral());
     let mk = |i: u32, name: &str| {
         let mut n = Node::new(
             format!("7a2b3c4d-0000-4000-8000-{i:012}"),

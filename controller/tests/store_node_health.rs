@@ -5,14 +5,15 @@
 use crate::support;
 
 use chrono::Utc;
-use rivet_controller::store::{Liveness, Node, NodeQuery};
+use rivet_model::node::{Liveness, Node};
+use rivet_store::NodeQuery;
 use serde_json::json;
 use support::{on_every_backend, TestDb};
 
 on_every_backend!(health_round_trip);
 
 async fn health_round_trip(db: TestDb) {
-    let s = db.open(rivet_controller::secrets::Secrets::ephemeral());
+    let s = db.open(rivet_support::secrets::Secrets::ephemeral());
     let uuid = "6a0c1d2e-0000-4000-8000-0000000001a0";
     let created = s
         .create_node(&Node::new(uuid.into(), "redfish".into()))

@@ -5,7 +5,8 @@
 use crate::support;
 
 use chrono::Utc;
-use rivet_controller::store::{Node, NodeLog, StoreError, NODE_LOGS_KEPT};
+use rivet_model::node::Node;
+use rivet_store::{NodeLog, StoreError, NODE_LOGS_KEPT};
 use support::{on_every_backend, TestDb};
 
 on_every_backend!(node_logs_round_trip);
@@ -23,7 +24,7 @@ fn log(node: &str, n: i64) -> NodeLog {
 }
 
 async fn node_logs_round_trip(db: TestDb) {
-    let s = db.open(rivet_controller::secrets::Secrets::ephemeral());
+    let s = db.open(rivet_support::secrets::Secrets::ephemeral());
     let a = "6a0c1d2e-0000-4000-8000-0000000000a1";
     let b = "6a0c1d2e-0000-4000-8000-0000000000b2";
     for u in [a, b] {

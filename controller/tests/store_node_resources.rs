@@ -6,18 +6,19 @@
 use crate::support;
 
 use chrono::Utc;
-use rivet_controller::store::{
-    BiosSetting, FirmwareReading, Node, NodeManagement, SortDir, StoreError, VolumeConnector,
+use rivet_model::node::Node;
+use rivet_store::{
+    BiosSetting, FirmwareReading, NodeManagement, SortDir, StoreError, VolumeConnector,
     VolumeQuery, VolumeTarget,
 };
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use support::{on_every_backend, TestDb};
 
-fn secrets() -> Arc<rivet_controller::secrets::Secrets> {
-    static KEY: std::sync::OnceLock<Arc<rivet_controller::secrets::Secrets>> =
+fn secrets() -> Arc<rivet_support::secrets::Secrets> {
+    static KEY: std::sync::OnceLock<Arc<rivet_support::secrets::Secrets>> =
         std::sync::OnceLock::new();
-    KEY.get_or_init(rivet_controller::secrets::Secrets::ephemeral)
+    KEY.get_or_init(rivet_support::secrets::Secrets::ephemeral)
         .clone()
 }
 

@@ -9,6 +9,8 @@
 //! - [`interfaces`]: hardware types and the interfaces each enables.
 //! - [`inspection`]: what an inventory says about a node, and the operator's inspection rules.
 //! - [`internal_info`]: the `driver_internal_info` keys Rivet writes, one typed reader and writer each.
+//! - [`node`]: the node record (and its chassis) that the API, the conductor and the store share.
+//! - [`port`]: a node's ports and port groups, likewise.
 //! - [`records`]: firmware readings and MAC addresses, shared by drivers and store.
 //! - [`raid`]: Ironic's RAID schema, the agent RAID steps' arguments, and what a built
 //!   configuration changes on the node.
@@ -22,6 +24,8 @@ pub mod fsm;
 pub mod inspection;
 pub mod interfaces;
 pub mod internal_info;
+pub mod node;
+pub mod port;
 pub mod raid;
 pub mod records;
 pub mod runs;

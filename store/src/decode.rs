@@ -6,29 +6,10 @@
 //! refused with [`super::StoreError::Corrupt`] until someone repairs the value in the
 //! database. The fields still get an empty value so that a read can answer.
 
+use rivet_model::node::Corrupt;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use std::str::FromStr;
-
-/// The first stored field of a node that did not decode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Corrupt {
-    /// Column name (`driver_internal_info`, `provision_state`…).
-    pub field: &'static str,
-    /// What the decoder said, shortened.
-    pub error: String,
-}
-
-impl Corrupt {
-    /// What an operator reads on the node and in refusals.
-    pub fn message(&self, node: &str) -> String {
-        format!(
-            "node {node}: the stored {} does not decode ({}); the record is kept as stored and \
-             refused for writes — repair that column in the database (sqlite3/psql), then retry",
-            self.field, self.error
-        )
-    }
-}
 
 /// Collects the first decode failure while a row is read.
 #[derive(Debug, Default)]

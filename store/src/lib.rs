@@ -27,7 +27,6 @@ pub use allocations::{
     Allocation, AllocationQuery, StepTemplate, TemplateKind, TemplateQuery, ALLOCATION_SORT_KEYS,
     TEMPLATE_SORT_KEYS,
 };
-pub use decode::Corrupt;
 pub use node_logs::{NodeLog, NODE_LOGS_KEPT};
 pub use node_resources::{
     BiosSetting, FirmwareComponent, FirmwareReading, NodeManagement, VolumeConnector, VolumeQuery,
@@ -36,8 +35,10 @@ pub use node_resources::{
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use rivet_model::node::{Chassis, Liveness, Node, NodeSummary};
+use rivet_model::port::{Port, Portgroup};
 use rivet_protocol::agent::{Command, CommandResult};
-use rivet_protocol::states::{PowerState, ProvisionState};
+use rivet_protocol::states::ProvisionState;
 use serde_json::{Map, Value};
 
 /// Store failures.
@@ -87,188 +88,15 @@ pub enum StoreError {
     },
 }
 
-/// A node record. Field names are Ironic's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Node {
-    /// UUID.
-    pub uuid: String,
-    /// Unique name.
-    pub name: Option<String>,
-    /// Driver name.
-    pub driver: String,
-    /// BMC address and credentials (masked on output).
-    pub driver_info: Map<String, Value>,
-    /// Conductor bookkeeping (agent token hash, cached steps…).
-    pub driver_internal_info: Map<String, Value>,
-    /// Hardware properties.
-    pub properties: Map<String, Value>,
-    /// Deployment settings.
-    pub instance_info: Map<String, Value>,
-    /// Instance bound to the node.
-    pub instance_uuid: Option<String>,
-    /// Operator data.
-    pub extra: Map<String, Value>,
-    /// Provision state.
-    pub provision_state: ProvisionState,
-    /// Where the current operation leads.
-    pub target_provision_state: Option<ProvisionState>,
-    /// Last provision state change.
-    pub provision_updated_at: Option<DateTime<Utc>>,
-    /// Power state (None until read).
-    pub power_state: Option<PowerState>,
-    /// Power state being set.
-    pub target_power_state: Option<PowerState>,
-    /// Maintenance flag.
-    pub maintenance: bool,
-    /// Why.
-    pub maintenance_reason: Option<String>,
-    /// Fault that put the node in maintenance (e.g. "clean failure").
-    pub fault: Option<String>,
-    /// Last error.
-    pub last_error: Option<String>,
-    /// Running clean step.
-    pub clean_step: Option<Value>,
-    /// Running deploy step.
-    pub deploy_step: Option<Value>,
-    /// Conductor holding the node.
-    pub reservation: Option<String>,
-    /// Conductor that owns the node.
-    pub conductor: Option<String>,
-    /// Per-node automated cleaning switch.
-    pub automated_clean: Option<bool>,
-    /// Resource class.
-    pub resource_class: Option<String>,
-    /// Creation time.
-    pub created_at: DateTime<Utc>,
-    /// Last write.
-    pub updated_at: Option<DateTime<Utc>>,
-    /// Version (ETag); bumped by every write.
-    pub version: i64,
-    /// `agent` (in-band, default) or the driver's name for out-of-band inspection.
-    pub inspect_interface: Option<String>,
-    /// When the last inspection started.
-    pub inspection_started_at: Option<DateTime<Utc>>,
-    /// When the last inspection finished.
-    pub inspection_finished_at: Option<DateTime<Utc>>,
-    /// Traits (e.g. from inspection rules).
-    pub traits: Vec<String>,
-    /// The node's interface implementations (`boot_interface`, `deploy_interface`, …).
-    pub interfaces: rivet_model::interfaces::Interfaces,
-    /// The conductor's bookkeeping of the running operation (its own column, typed).
-    pub runs: rivet_model::runs::Runs,
-    /// Ironic's ownership and lifecycle fields (owner, lessee, retired, protected…).
-    pub attrs: Attributes,
-    /// Set when a stored field did not decode: the node is shown with that error and every
-    /// write of it is refused ([`Node::writable`]).
-    pub corrupt: Option<Corrupt>,
-    /// What the node's agent last said of itself. Read with the node, written only by
-    /// [`Store::record_liveness`]: never by a node update, and it never moves the version.
-    pub liveness: Liveness,
-    /// The chassis the node is in (Ironic's `chassis_uuid`).
-    pub chassis_uuid: Option<String>,
-    /// Hardware health the BMC last reported (`OK`, `Warning`, `Critical`; 1.109), kept by
-    /// power sync (the conductor's power sync); `None` when the driver reports none.
-    pub health: Option<String>,
-    /// The allocation holding the node (1.52): read from the allocations, never written
-    /// with the node.
-    pub allocation_uuid: Option<String>,
-}
-
-/// Ironic's descriptive, ownership and lifecycle fields of a node, each in its own column.
-/// Most are stored and shown only; `protected` and `retired` change what may happen to the
-/// node, as in Ironic (see `api::nodes` and the conductor's verbs).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Attributes {
-    /// Project that owns the node (1.50).
-    pub owner: Option<String>,
-    /// Project the node is leased to (1.65).
-    pub lessee: Option<String>,
-    /// Free text (1.51).
-    pub description: Option<String>,
-    /// Conductor group (1.46); empty is the default group.
-    pub conductor_group: String,
-    /// Shard (1.82).
-    pub shard: Option<String>,
-    /// Name of the instance on the node (1.104).
-    pub instance_name: Option<String>,
-    /// UUID of the parent node (1.83).
-    pub parent_node: Option<String>,
-    /// Network configuration for the instance's configdrive (1.66).
-    pub network_data: Map<String, Value>,
-    /// Retired: no new deployments; cleaning ends in manageable (1.61).
-    pub retired: bool,
-    /// Why it is retired.
-    pub retired_reason: Option<String>,
-    /// Protected: undeploy, rebuild and delete are refused (1.48).
-    pub protected: bool,
-    /// Why it is protected.
-    pub protected_reason: Option<String>,
-    /// Never power the node off (1.95).
-    pub disable_power_off: bool,
-}
-
-/// Agent liveness and step progress: written on every few heartbeats, so kept outside the
-/// node's version. Heartbeats neither invalidate ETags nor make API writes conflict, and an
-/// API write cannot roll them back (node updates do not write these columns).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Liveness {
-    /// Last lookup or heartbeat of the node's agent.
-    pub last_heartbeat: Option<DateTime<Utc>>,
-    /// Version the agent reported.
-    pub agent_version: Option<String>,
-    /// Progress of the running command: `{"command_id", "step", "progress"}`.
-    pub progress: Option<Value>,
-}
-
-impl Node {
-    /// A new node in `enroll`.
-    pub fn new(uuid: String, driver: String) -> Node {
-        Node {
-            uuid,
-            name: None,
-            driver,
-            driver_info: Map::new(),
-            driver_internal_info: Map::new(),
-            properties: Map::new(),
-            instance_info: Map::new(),
-            instance_uuid: None,
-            extra: Map::new(),
-            provision_state: ProvisionState::Enroll,
-            target_provision_state: None,
-            provision_updated_at: None,
-            power_state: None,
-            target_power_state: None,
-            maintenance: false,
-            maintenance_reason: None,
-            fault: None,
-            last_error: None,
-            clean_step: None,
-            deploy_step: None,
-            reservation: None,
-            conductor: None,
-            automated_clean: None,
-            resource_class: None,
-            created_at: Utc::now(),
-            updated_at: None,
-            version: 0,
-            inspect_interface: None,
-            inspection_started_at: None,
-            inspection_finished_at: None,
-            traits: Vec::new(),
-            interfaces: rivet_model::interfaces::Interfaces::default(),
-            runs: rivet_model::runs::Runs::default(),
-            attrs: Attributes::default(),
-            corrupt: None,
-            liveness: Liveness::default(),
-            chassis_uuid: None,
-            health: None,
-            allocation_uuid: None,
-        }
-    }
-
+/// The store's handling of a [`Node`] record that is not plain data.
+pub trait NodeExt {
     /// `Err(StoreError::Corrupt)` when this copy was read from a record with a field that
     /// does not decode: writing it back would replace the stored bytes with empty values.
-    pub fn writable(&self) -> Result<(), StoreError> {
+    fn writable(&self) -> Result<(), StoreError>;
+}
+
+impl NodeExt for Node {
+    fn writable(&self) -> Result<(), StoreError> {
         match &self.corrupt {
             None => Ok(()),
             Some(c) => Err(StoreError::Corrupt {
@@ -278,110 +106,9 @@ impl Node {
             }),
         }
     }
-
-    /// Name if set, else UUID: what messages call the node.
-    pub fn ident(&self) -> &str {
-        self.name.as_deref().unwrap_or(&self.uuid)
-    }
 }
 
-/// What the conductor's scans and the agent's heartbeats read of a node: the fields timeouts,
-/// hand-over and the agent session need, without the JSON documents (and the sealed secrets)
-/// a full read decodes. Whoever decides to write the node reads it whole first.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeSummary {
-    /// UUID.
-    pub uuid: String,
-    /// Unique name.
-    pub name: Option<String>,
-    /// Provision state.
-    pub provision_state: ProvisionState,
-    /// Maintenance flag.
-    pub maintenance: bool,
-    /// Controller holding the node's lease.
-    pub reservation: Option<String>,
-    /// Last provision state change.
-    pub provision_updated_at: Option<DateTime<Utc>>,
-    /// Creation time.
-    pub created_at: DateTime<Utc>,
-    /// Running clean step.
-    pub clean_step: Option<Value>,
-    /// Running deploy step.
-    pub deploy_step: Option<Value>,
-    /// The conductor's run state.
-    pub runs: rivet_model::runs::Runs,
-    /// What the node's agent last said of itself.
-    pub liveness: Liveness,
-    /// One of the fields read does not decode (the full read says which).
-    pub corrupt: bool,
-}
-
-impl NodeSummary {
-    /// The summary of a node read whole.
-    pub fn of(n: &Node) -> NodeSummary {
-        NodeSummary {
-            uuid: n.uuid.clone(),
-            name: n.name.clone(),
-            provision_state: n.provision_state,
-            maintenance: n.maintenance,
-            reservation: n.reservation.clone(),
-            provision_updated_at: n.provision_updated_at,
-            created_at: n.created_at,
-            clean_step: n.clean_step.clone(),
-            deploy_step: n.deploy_step.clone(),
-            runs: n.runs.clone(),
-            liveness: n.liveness.clone(),
-            corrupt: n.corrupt.is_some(),
-        }
-    }
-
-    /// Name if set, else UUID: what messages call the node.
-    pub fn ident(&self) -> &str {
-        self.name.as_deref().unwrap_or(&self.uuid)
-    }
-}
-
-/// A port (a NIC of a node).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Port {
-    /// UUID.
-    pub uuid: String,
-    /// Owning node UUID.
-    pub node_uuid: String,
-    /// MAC address, lower case.
-    pub address: String,
-    /// Whether the node PXE-boots from it.
-    pub pxe_enabled: bool,
-    /// Operator data.
-    pub extra: Map<String, Value>,
-    /// Creation time.
-    pub created_at: DateTime<Utc>,
-    /// Last write.
-    pub updated_at: Option<DateTime<Utc>>,
-    /// Version.
-    pub version: i64,
-    /// Ironic's later port fields ([`ports`]).
-    pub attrs: PortAttrs,
-}
-
-pub use ports::{PortAttrs, Portgroup, PortgroupQuery, PORTGROUP_SORT_KEYS, PORT_SORT_KEYS};
-
-/// A chassis (Ironic's grouping of nodes).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Chassis {
-    /// UUID.
-    pub uuid: String,
-    /// Free text.
-    pub description: Option<String>,
-    /// Operator data.
-    pub extra: Map<String, Value>,
-    /// Creation time.
-    pub created_at: DateTime<Utc>,
-    /// Last write.
-    pub updated_at: Option<DateTime<Utc>>,
-    /// Version.
-    pub version: i64,
-}
+pub use ports::{PortgroupQuery, PORTGROUP_SORT_KEYS, PORT_SORT_KEYS};
 
 /// Columns a chassis listing may sort by (besides `id`).
 pub const CHASSIS_SORT_KEYS: &[&str] = &["id", "uuid", "description", "created_at"];

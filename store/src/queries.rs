@@ -6,14 +6,16 @@
 use super::allocations::{Allocation, AllocationQuery, StepTemplate, TemplateKind, TemplateQuery};
 use super::decode::Decoder;
 use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
+use super::PortgroupQuery;
 use super::{
-    Attributes, AuditEntry, AuditQuery, Chassis, ChassisQuery, ConductorRecord, Liveness, Node,
-    NodeQuery, NodeSummary, Notice, Port, PortQuery, SortDir, Store, StoreError, StoredCommand,
-    CHASSIS_SORT_KEYS, NODE_SORT_KEYS,
+    AuditEntry, AuditQuery, ChassisQuery, ConductorRecord, NodeExt, NodeQuery, Notice, PortQuery,
+    SortDir, Store, StoreError, StoredCommand, CHASSIS_SORT_KEYS, NODE_SORT_KEYS,
 };
-use super::{Portgroup, PortgroupQuery};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use rivet_model::node::{Attributes, Chassis, Liveness, Node, NodeSummary};
+use rivet_model::port::Port;
+use rivet_model::port::Portgroup;
 use rivet_model::runs::Runs;
 use rivet_protocol::agent::{Command, CommandResult};
 use rivet_protocol::states::ProvisionState;

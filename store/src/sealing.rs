@@ -3,7 +3,8 @@
 //! the database re-sealing with a new key, and a SQLite file is asked whether it already
 //! holds sealed values before a missing key file may be replaced.
 
-use super::{Node, NodeQuery, Store, StoreError};
+use super::{NodeQuery, Store, StoreError};
+use rivet_model::node::Node;
 use rivet_support::secrets::{Key, Resealer, RotateReport, Secrets};
 use std::path::Path;
 use std::sync::Arc;

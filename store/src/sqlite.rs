@@ -494,7 +494,9 @@ fn migrate(conn: &Connection) -> Result<i64, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Node, NodeQuery, Port, SortDir, Store};
+    use crate::{NodeQuery, SortDir, Store};
+    use rivet_model::node::Node;
+    use rivet_model::port::Port;
     use rivet_protocol::states::ProvisionState;
     use serde_json::{Map, Value};
 

@@ -11,13 +11,13 @@
 
 use super::ratelimit::{Decision, RateLimiter, SourceKey};
 use super::{ApiError, AppState, JsonBody};
-use crate::conductor::agent::{AgentError, Heartbeat};
-use crate::config::AgentSettings;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
+use rivet_conductor::agent::{AgentError, Heartbeat};
+use rivet_model::config::AgentSettings;
 use rivet_protocol::agent::{HeartbeatRequest, LookupRequest};
 use rivet_support::http::PeerAddr;
 use std::sync::Arc;

@@ -7,13 +7,13 @@ use super::render::{base_url, document, parse_fields};
 use super::resource::{self, fetch, page_of, paged, Access, Listing, Page, Patched, Resource};
 use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
-use crate::store::allocations::alloc_state;
-use crate::store::{Allocation, AllocationQuery, StoreError, ALLOCATION_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
+use rivet_store::allocations::alloc_state;
+use rivet_store::{Allocation, AllocationQuery, StoreError, ALLOCATION_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -50,7 +50,7 @@ fn check_name(name: &str, action: &str) -> Result<(), ApiError> {
 
 /// A node named in a request: its UUID; 400 when there is none (Ironic's NodeNotFound as a
 /// BAD_REQUEST in request bodies and filters).
-async fn node_uuid_of(state: &AppState, ident: &str) -> ApiResult<crate::store::Node> {
+async fn node_uuid_of(state: &AppState, ident: &str) -> ApiResult<rivet_model::node::Node> {
     match state.conductor.store.get_node(ident).await {
         Err(StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
             "Node {ident} could not be found."
@@ -420,8 +420,8 @@ async fn node_remove(
 /// inspect wait, manageable or available; otherwise the allocation goes with the instance.
 pub(super) async fn follow_instance_removal(
     state: &AppState,
-    old: &crate::store::Node,
-    new: &mut crate::store::Node,
+    old: &rivet_model::node::Node,
+    new: &mut rivet_model::node::Node,
 ) -> ApiResult<()> {
     use rivet_protocol::states::ProvisionState as P;
     let Some(alloc) = old.allocation_uuid.clone() else {

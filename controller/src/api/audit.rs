@@ -11,7 +11,6 @@
 use super::auth::{self, Caller};
 use super::render::base_url;
 use super::{listing, ApiError, ApiResult, AppState};
-use crate::store::{AuditEntry, AuditQuery, SortDir, StoreError};
 use axum::body::Body;
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -21,6 +20,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{SecondsFormat, Utc};
 use rivet_protocol::api::ErrorBody;
+use rivet_store::{AuditEntry, AuditQuery, SortDir, StoreError};
 use rivet_support::http::PeerAddr;
 use serde_json::{json, Value};
 use std::collections::HashMap;

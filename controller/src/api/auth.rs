@@ -5,13 +5,13 @@
 //! every node document on the way out — one filter here rather than a rule in each handler.
 
 use super::{ApiError, AppState};
-use crate::config::Role;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use rivet_model::config::Role;
 use rivet_support::credentials::verify_secret;
 use serde_json::Value;
 

@@ -5,11 +5,11 @@
 //! every resource's body.
 
 use super::ApiError;
-use crate::store::normalize_mac;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use rivet_protocol::limits::Limited;
+use rivet_store::normalize_mac;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 

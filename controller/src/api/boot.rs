@@ -7,7 +7,7 @@
 //!   artefact_dir`, streamed from disk (nothing else in that directory is reachable).
 //! - `GET /boot/iso/{node}.iso`: the virtual-media ISO for a node that expects a ramdisk:
 //!   `rivet.iso` with its parameter region rewritten to `rivet.controller=<public_url>
-//!   rivet.node=<uuid>` (see [`crate::bootiso`]). The BMC downloads it; nothing in it is
+//!   rivet.node=<uuid>` (see [`rivet_support::bootiso`]). The BMC downloads it; nothing in it is
 //!   secret (the agent's token comes from its first lookup, not from the ISO).
 //! - `GET /boot/ipxe/{node}` and `GET /boot/ipxe?mac=aa:bb:…`: an iPXE script chaining the
 //!   kernel and the initramfs with `rivet.controller=<public_url> rivet.node=<uuid>` when the
@@ -17,8 +17,6 @@
 //!   agent sends its inventory to discovery), as Ironic's inspector serves unknown machines.
 
 use super::{ApiError, AppState};
-use crate::conductor::agent::LOOKUP_ALLOWED;
-use crate::store::{normalize_mac, Node, StoreError};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -26,6 +24,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use futures_util::StreamExt;
+use rivet_conductor::agent::LOOKUP_ALLOWED;
+use rivet_model::node::Node;
+use rivet_store::{normalize_mac, StoreError};
 use std::io::Read;
 
 /// The only files `GET /boot/{file}` serves (image-build's output names).
@@ -101,17 +102,17 @@ async fn node_iso(
         let dir = boot
             .artefact_dir
             .as_deref()
-            .ok_or(crate::bootiso::BootIsoError::NoArtefacts)?;
+            .ok_or(rivet_support::bootiso::BootIsoError::NoArtefacts)?;
         let public = boot
             .public_url
             .as_deref()
-            .ok_or(crate::bootiso::BootIsoError::NoUrl)?;
-        let region = crate::bootiso::node_region(public, &uuid)?;
-        let path = dir.join(crate::bootiso::ISO);
-        let (len, regions) = crate::bootiso::regions(&path)?;
+            .ok_or(rivet_support::bootiso::BootIsoError::NoUrl)?;
+        let region = rivet_support::bootiso::node_region(public, &uuid)?;
+        let path = dir.join(rivet_support::bootiso::ISO);
+        let (len, regions) = rivet_support::bootiso::regions(&path)?;
         let f = std::fs::File::open(&path)
-            .map_err(|source| crate::bootiso::BootIsoError::Read { path, source })?;
-        Ok::<_, crate::bootiso::BootIsoError>((f, len, regions, region))
+            .map_err(|source| rivet_support::bootiso::BootIsoError::Read { path, source })?;
+        Ok::<_, rivet_support::bootiso::BootIsoError>((f, len, regions, region))
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;

@@ -8,12 +8,13 @@ use super::resource::{
 };
 use super::version::{ver, Version};
 use super::{ApiError, ApiResult, AppState};
-use crate::store::{Chassis, ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
+use rivet_model::node::Chassis;
+use rivet_store::{ChassisQuery, StoreError, CHASSIS_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 

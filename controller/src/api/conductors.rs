@@ -3,11 +3,11 @@
 
 use super::render::base_url;
 use super::{ApiError, ApiResult, AppState};
-use crate::store::ConductorRecord;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
+use rivet_store::ConductorRecord;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -62,7 +62,7 @@ fn list_query(params: &HashMap<String, String>, max_limit: usize) -> ApiResult<L
         limit: super::listing::page_limit(params, max_limit)?,
         marker: params.get("marker").cloned(),
         sort_key,
-        desc: super::listing::sort_dir_param(params)? == Some(crate::store::SortDir::Desc),
+        desc: super::listing::sort_dir_param(params)? == Some(rivet_store::SortDir::Desc),
     })
 }
 

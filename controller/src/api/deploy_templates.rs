@@ -9,9 +9,9 @@ use super::resource::{
     self, fetch, found, page_of, paged, Access, Listing, Page, Patched, Resource,
 };
 use super::{listing, ApiError, ApiResult, AppState};
-use crate::store::{StepTemplate, StoreError, TemplateKind, TemplateQuery, TEMPLATE_SORT_KEYS};
 use axum::Router;
 use chrono::Utc;
+use rivet_store::{StepTemplate, StoreError, TemplateKind, TemplateQuery, TEMPLATE_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use std::marker::PhantomData;
@@ -80,7 +80,7 @@ pub(super) fn doc(
         .map(|s| {
             let mut s = s.clone();
             if let Some(Value::Object(args)) = s.get("args") {
-                s["args"] = Value::Object(crate::drivers::mask_secrets(args));
+                s["args"] = Value::Object(rivet_drivers::mask_secrets(args));
             }
             s
         })

@@ -1,16 +1,16 @@
 //! `POST /agent/v1/discover`: a ramdisk that no node expects sends its inventory to be
-//! enrolled ([`crate::conductor::discovery`]). Open like the other agent endpoints, so it is
+//! enrolled ([`rivet_conductor::discovery`]). Open like the other agent endpoints, so it is
 //! refused with 403 unless `[discovery] enabled = true`, and rate-limited per source address
 //! (`[discovery] per_minute`) before any work is done.
 
 use super::ratelimit::{Decision, RateLimiter, SourceKey};
 use super::{ApiError, AppState, JsonBody};
-use crate::conductor::discovery::{DiscoveryConfig, DiscoveryError};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
+use rivet_conductor::discovery::{DiscoveryConfig, DiscoveryError};
 use rivet_protocol::discovery::{DiscoverRequest, DISCOVER_PATH};
 use rivet_support::http::PeerAddr;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! `/v1/drivers`: Ironic's drivers API, served from Rivet's own hardware types
-//! ([`crate::interfaces::HARDWARE_TYPES`]: fake-hardware, redfish, ipmi, all of them
+//! ([`rivet_model::interfaces::HARDWARE_TYPES`]: fake-hardware, redfish, ipmi, all of them
 //! *dynamic*: Rivet has no classic drivers) and the live controllers (every controller serves
 //! every hardware type, so a type's `hosts` are the controllers alive in the store, this one
 //! included, as the conductors API and the hash ring count them).
@@ -7,7 +7,7 @@
 //! - `GET /v1/drivers[?type=classic|dynamic&detail=BOOL&fields=A,B]`: the hardware types.
 //! - `GET /v1/drivers/{name}[?fields=A,B]`: one, with its interfaces.
 //! - `GET /v1/drivers/{name}/properties`: the `driver_info` keys the driver reads, as
-//!   `{key: description}` (from the driver modules, [`crate::drivers::properties`]).
+//!   `{key: description}` (from the driver modules, [`rivet_drivers::properties`]).
 //!
 //! Microversions as in Ironic: `properties` links from 1.14; `type`, the `type` and `detail`
 //! parameters (406 before) and the interface fields from 1.30 (storage 1.33, rescue 1.38,
@@ -17,11 +17,11 @@
 
 use super::render::base_url;
 use super::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::interfaces::{HardwareType, Iface, HARDWARE_TYPES};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
+use rivet_model::interfaces::{HardwareType, Iface, HARDWARE_TYPES};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -316,7 +316,7 @@ async fn show(
 
 async fn properties(Path(name): Path<String>) -> ApiResult<Json<Value>> {
     let hw = hardware_type(&name)?;
-    let props = crate::drivers::properties(hw.name).ok_or_else(|| unknown_driver(&name))?;
+    let props = rivet_drivers::properties(hw.name).ok_or_else(|| unknown_driver(&name))?;
     Ok(Json(Value::Object(
         props
             .iter()
@@ -441,7 +441,7 @@ mod tests {
                     h.name
                 );
             }
-            assert!(crate::drivers::properties(h.name).is_some(), "{}", h.name);
+            assert!(rivet_drivers::properties(h.name).is_some(), "{}", h.name);
         }
     }
 

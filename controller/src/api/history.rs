@@ -11,12 +11,12 @@
 
 use super::render::base_url;
 use super::{listing, ApiError, ApiResult, ApiVersion, AppState};
-use crate::store::{AuditEntry, AuditQuery, SortDir};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
+use rivet_store::{AuditEntry, AuditQuery, SortDir};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -92,19 +92,19 @@ fn user_of(actor: &str) -> String {
 /// A transition row (`from -> to (how[; target: T]; cause: CAUSE)`) as an entry; None for
 /// a row that is not one.
 fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Option<Entry> {
-    if row.action == crate::conductor::health::HEALTH_ACTION {
+    if row.action == rivet_conductor::health::HEALTH_ACTION {
         return health_entry_of(node, row, previous);
     }
     // Erase reports (conductor/step_report.rs) have the same shape as finished steps.
-    if row.action == crate::conductor::step_record::CLEAN_STEP_ACTION
-        || row.action == crate::conductor::step_report::STEP_REPORT_ACTION
-        || row.action == crate::conductor::FAILURE_POWER_ACTION
-        || row.action == crate::conductor::FAST_TRACK_ACTION
+    if row.action == rivet_conductor::step_record::CLEAN_STEP_ACTION
+        || row.action == rivet_conductor::step_report::STEP_REPORT_ACTION
+        || row.action == rivet_conductor::FAILURE_POWER_ACTION
+        || row.action == rivet_conductor::FAST_TRACK_ACTION
     {
         return step_entry_of(node, row, previous, "INFO");
     }
     // What a failed deploy did with the power: an ERROR when the power off failed.
-    if row.action == crate::conductor::FAILURE_POWER_ERROR_ACTION {
+    if row.action == rivet_conductor::FAILURE_POWER_ERROR_ACTION {
         return step_entry_of(node, row, previous, "ERROR");
     }
     if row.action != "transition" {
@@ -181,7 +181,7 @@ fn step_entry_of(
     previous: Option<DateTime<Utc>>,
     severity: &'static str,
 ) -> Option<Entry> {
-    let (event, state) = crate::conductor::step_record::parse_detail(row.detail.as_deref()?)?;
+    let (event, state) = rivet_conductor::step_record::parse_detail(row.detail.as_deref()?)?;
     Some(Entry {
         uuid: entry_uuid(node, row.seq),
         created_at: row.created_at,
@@ -510,7 +510,7 @@ mod tests {
             7,
             "Node health status changed: health='Warning' (previously 'OK'); state: available",
         );
-        r.action = crate::conductor::health::HEALTH_ACTION.into();
+        r.action = rivet_conductor::health::HEALTH_ACTION.into();
         let e = entry_of("n", &r, None).expect("entry");
         assert_eq!((e.severity, e.event_type), ("INFO", "monitoring"));
         assert_eq!(

@@ -4,7 +4,7 @@
 
 use super::version::not_acceptable;
 use super::ApiError;
-use crate::store::SortDir;
+use rivet_store::SortDir;
 
 use std::collections::HashMap;
 

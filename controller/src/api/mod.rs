@@ -44,14 +44,14 @@ mod volume;
 pub use body::JsonBody;
 pub use version::ApiVersion;
 
-use crate::conductor::{Conductor, ConductorError};
-use crate::store::StoreError;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{middleware, Json, Router};
+use rivet_conductor::{Conductor, ConductorError};
 use rivet_protocol::api::ErrorBody;
+use rivet_store::StoreError;
 use std::sync::Arc;
 
 /// Shared state of every handler.
@@ -228,7 +228,7 @@ pub fn routes(state: AppState) -> Router {
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), audit::record))
-        .layer(middleware::from_fn(crate::metrics::http))
+        .layer(middleware::from_fn(rivet_conductor::metrics::http))
         // Outermost: a held long poll waits here, after every layer above has let go.
         .layer(middleware::from_fn(deferred::resolve))
         .with_state(state)

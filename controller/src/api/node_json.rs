@@ -13,12 +13,13 @@
 
 use super::render::{internal_shown, steps_with_progress, NODE_FIELD_VERSIONS, NODE_LIST_FIELDS};
 use super::ApiError;
-use crate::drivers::is_secret_key;
-use crate::interfaces::Iface;
-use crate::store::{Node, NodeManagement};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use rivet_drivers::is_secret_key;
+use rivet_model::interfaces::Iface;
+use rivet_model::node::Node;
+use rivet_store::NodeManagement;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -169,7 +170,7 @@ static FIELDS: &[(&str, Field)] = &[
         None => null(o),
     }),
     ("service_step", |o, i| {
-        json(o, &crate::conductor::servicing::service_step(i.n))
+        json(o, &rivet_conductor::servicing::service_step(i.n))
     }),
     ("shard", |o, i| json(o, &i.n.attrs.shard)),
     ("states", |o, i| {
@@ -455,8 +456,8 @@ impl IntoResponse for JsonBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Corrupt;
     use chrono::TimeZone;
+    use rivet_model::node::Corrupt;
     use rivet_protocol::api::{MAX_VERSION, MIN_VERSION};
     use rivet_protocol::states::{PowerState, ProvisionState};
     use serde_json::json;
@@ -536,7 +537,7 @@ mod tests {
             .set(Iface::Boot, Some("redfish-virtual-media".into()));
         n.interfaces.set(Iface::Raid, Some("no-raid".into()));
         n.runs = serde_json::from_value(json!({
-            "v": crate::runs::RUNS_VERSION,
+            "v": rivet_model::runs::RUNS_VERSION,
             "agent": {"token_hash": "s3cret-hash", "boot_id": "boot-1"},
             "clean": {"plan": [{"interface": "deploy", "step": "erase_devices",
                                 "priority": 10, "source": "agent"}],
@@ -647,7 +648,7 @@ mod tests {
             field: "extra",
             error: "expected value at line 1".into(),
         });
-        corrupt.runs = crate::runs::Runs::default();
+        corrupt.runs = rivet_model::runs::Runs::default();
         corrupt.liveness = Default::default();
         let mut bare = Node::new("3be26c0b-03f2-4d2e-ae87-c02d7f33c125".into(), "fake".into());
         bare.created_at = full.created_at;

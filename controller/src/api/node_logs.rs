@@ -1,19 +1,19 @@
 //! `GET /v1/nodes/{node}/logs[/{id}]`: the agent logs kept with a node when a step failed on
 //! the ramdisk (store/node_logs.rs). A Rivet extension: Ironic stores these as files under
 //! `[agent] deploy_logs_local_path` and has no API for them; Rivet keeps the newest
-//! [`NODE_LOGS_KEPT`](crate::store::NODE_LOGS_KEPT) per node in the database and serves them
+//! [`NODE_LOGS_KEPT`](rivet_store::NODE_LOGS_KEPT) per node in the database and serves them
 //! here, at every microversion. Admin and operator only (a reader may see node records but
 //! not what ran on the machine). The agent never logs its token or BMC credentials (those
 //! never reach the ramdisk), so the text is shown as sent.
 
 use super::render::base_url;
 use super::{ApiError, ApiResult, AppState};
-use crate::config::Role;
-use crate::store::NodeLog;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
+use rivet_model::config::Role;
+use rivet_store::NodeLog;
 use serde_json::{json, Value};
 
 pub fn routes() -> Router<AppState> {
@@ -82,7 +82,7 @@ async fn show(
                 "Agent log {id} of node {} could not be found; GET /v1/nodes/{}/logs lists the kept ones (the newest {}).",
                 node.uuid,
                 node.uuid,
-                crate::store::NODE_LOGS_KEPT
+                rivet_store::NODE_LOGS_KEPT
             ),
         )
     };
@@ -91,7 +91,7 @@ async fn show(
     };
     match state.conductor.store.get_node_log(&node.uuid, n).await {
         Ok(log) => Ok(Json(render(&log, &base_url(&headers)))),
-        Err(crate::store::StoreError::NotFound { .. }) => Err(not_found()),
+        Err(rivet_store::StoreError::NotFound { .. }) => Err(not_found()),
         Err(e) => Err(e.into()),
     }
 }

@@ -4,18 +4,20 @@ use super::node_json::{JsonBytes, NodeShape};
 use super::render::{base_url, node_full, parse_fields};
 use super::version::{ver, Version};
 use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
-use crate::drivers::DRIVERS;
-use crate::interfaces::{Iface, Interfaces};
-use crate::store::{Node, NodeQuery, NODE_SORT_KEYS};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
+use rivet_drivers::DRIVERS;
+use rivet_model::interfaces::{Iface, Interfaces};
+use rivet_model::node::Node;
 use rivet_protocol::api::{
     MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
 };
 use rivet_protocol::patch::NODE_PATCHABLE;
+use rivet_store::NodeExt;
+use rivet_store::{NodeQuery, NODE_SORT_KEYS};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -245,7 +247,7 @@ async fn resolve_parent(
             node.ident()
         ))),
         Ok(n) => Ok(Some(n.uuid)),
-        Err(crate::store::StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
+        Err(rivet_store::StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
             "parent_node {p:?} is not a node"
         ))),
         Err(e) => Err(e.into()),
@@ -258,7 +260,7 @@ async fn resolve_chassis(state: &AppState, c: Option<String>) -> Result<Option<S
     let Some(c) = c else { return Ok(None) };
     match state.conductor.store.get_chassis(&c).await {
         Ok(ch) => Ok(Some(ch.uuid)),
-        Err(crate::store::StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
+        Err(rivet_store::StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
             "Chassis {c} could not be found."
         ))),
         Err(e) => Err(e.into()),
@@ -415,7 +417,7 @@ async fn list_page(state: &AppState, q: &NodeQuery) -> ApiResult<Vec<Node>> {
         .list_nodes(q)
         .await
         .map_err(|e| match e {
-            crate::store::StoreError::NotFound { ident, .. } => {
+            rivet_store::StoreError::NotFound { ident, .. } => {
                 ApiError::bad_request(format!("marker {ident} is not a node UUID"))
             }
             e => e.into(),
@@ -491,7 +493,7 @@ fn check_driver(driver: &str) -> Result<(), ApiError> {
 
 /// `conductor` is the controller that owns the node on the hash ring now (Ironic's meaning),
 /// not the last one that happened to write it.
-fn show_owner(ring: &crate::cluster::HashRing, me: &str, node: &mut Node) {
+fn show_owner(ring: &rivet_support::cluster::HashRing, me: &str, node: &mut Node) {
     node.conductor = Some(ring.owner(&node.uuid).unwrap_or(me).to_string());
 }
 
@@ -506,7 +508,7 @@ fn node_response(
     node: &Node,
     headers: &HeaderMap,
     version: (u32, u32),
-    kept: &crate::store::NodeManagement,
+    kept: &rivet_store::NodeManagement,
 ) -> Response {
     let base = base_url(headers);
     let mut doc = node_doc(node, &base, version);
@@ -965,7 +967,7 @@ async fn remove(
         .conductor
         .check_deletable(&node)
         .map_err(|e| match e {
-            crate::conductor::ConductorError::BadRequest(m) => {
+            rivet_conductor::ConductorError::BadRequest(m) => {
                 ApiError::new(StatusCode::CONFLICT, m)
             }
             e => e.into(),
@@ -1039,7 +1041,7 @@ async fn abort_provision(
     Extension(caller): Extension<super::auth::Caller>,
     Path(ident): Path<String>,
 ) -> ApiResult<Response> {
-    use crate::conductor::AbortRefusal;
+    use rivet_conductor::AbortRefusal;
     let by = super::audit::actor_of(&state, &caller);
     match state.conductor.abort_task(&ident, &by).await {
         Ok(node) => Ok(accepted(&headers, &node)),
@@ -1119,7 +1121,7 @@ async fn inventory(
     }
     let node = state.conductor.store.get_node(&ident).await?;
     let (inventory, at) = state.conductor.store.get_inventory(&node.uuid).await.map_err(|e| match e {
-        crate::store::StoreError::NotFound { .. } => ApiError::new(
+        rivet_store::StoreError::NotFound { .. } => ApiError::new(
             StatusCode::NOT_FOUND,
             format!("node {} has no inventory yet: its ramdisk has not reported one (inspect or clean it)", node.ident()),
         ),

@@ -16,11 +16,13 @@ use super::resource::{
 };
 use super::version::{check_gated, hide_newer, not_acceptable, vstr};
 use super::{ApiError, ApiResult, AppState};
-use crate::store::{Node, Portgroup, PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
+use rivet_model::node::Node;
+use rivet_model::port::Portgroup;
+use rivet_store::{PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
 use serde_json::{json, Map, Value};
 
 pub fn routes() -> Router<AppState> {

@@ -17,12 +17,14 @@ use super::resource::{
 };
 use super::version::{check_gated, hide_newer, not_acceptable, vstr};
 use super::{ApiError, ApiResult, AppState};
-use crate::store::{normalize_mac, Node, Port, PortAttrs, PortQuery, StoreError, PORT_SORT_KEYS};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
+use rivet_model::node::Node;
+use rivet_model::port::{Port, PortAttrs};
 use rivet_protocol::api::PatchOp;
+use rivet_store::{normalize_mac, PortQuery, StoreError, PORT_SORT_KEYS};
 use serde_json::{json, Map, Value};
 
 pub fn routes() -> Router<AppState> {
@@ -257,7 +259,7 @@ pub(super) fn port_doc(p: &Port, base: &str, version: (u32, u32)) -> Map<String,
 }
 
 /// The node a body names (400 when there is none: a POST's reference, not its resource).
-async fn node_ref(state: &AppState, ident: &str) -> ApiResult<crate::store::Node> {
+async fn node_ref(state: &AppState, ident: &str) -> ApiResult<rivet_model::node::Node> {
     match state.conductor.store.get_node(ident).await {
         Err(StoreError::NotFound { .. }) => Err(ApiError::bad_request(format!(
             "Node {ident} could not be found."
@@ -271,7 +273,7 @@ async fn portgroup_ref(
     state: &AppState,
     ident: &str,
     node: &str,
-) -> ApiResult<crate::store::Portgroup> {
+) -> ApiResult<rivet_model::port::Portgroup> {
     let pg = match state.conductor.store.get_portgroup(ident).await {
         Err(StoreError::NotFound { .. }) => {
             return Err(ApiError::bad_request(format!(
@@ -348,7 +350,7 @@ fn attrs_of(
 }
 
 /// 409 when a PXE-enabled port joins a group that does not support standalone ports.
-fn check_standalone(pg: &crate::store::Portgroup, pxe: bool) -> Result<(), ApiError> {
+fn check_standalone(pg: &rivet_model::port::Portgroup, pxe: bool) -> Result<(), ApiError> {
     if pxe && !pg.standalone_ports_supported {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -366,7 +368,7 @@ fn check_standalone(pg: &crate::store::Portgroup, pxe: bool) -> Result<(), ApiEr
 /// writes take the node's lock).
 pub(super) fn refuse_locked(node: &Node) -> Result<(), ApiError> {
     match &node.reservation {
-        Some(by) => Err(crate::conductor::ConductorError::Locked {
+        Some(by) => Err(rivet_conductor::ConductorError::Locked {
             node: node.ident().to_string(),
             by: by.clone(),
             state: node.provision_state,
@@ -405,7 +407,7 @@ pub(super) async fn ports_of(
 async fn check_physnet(
     state: &AppState,
     port_uuid: &str,
-    pg: &crate::store::Portgroup,
+    pg: &rivet_model::port::Portgroup,
     physnet: &Option<String>,
 ) -> Result<(), ApiError> {
     let others = ports_of(state, None, Some(&pg.uuid)).await?;

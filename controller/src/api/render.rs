@@ -2,10 +2,10 @@
 //! process.
 
 use super::ApiError;
-use crate::drivers::mask_secrets;
-use crate::store::Node;
 use axum::http::HeaderMap;
 use chrono::{DateTime, SecondsFormat, Utc};
+use rivet_drivers::mask_secrets;
+use rivet_model::node::Node;
 use rivet_protocol::states::ProvisionState;
 use serde_json::{json, Map, Value};
 
@@ -215,7 +215,7 @@ pub fn node_full(n: &Node, base: &str) -> Map<String, Value> {
         },
         "clean_step": clean_step,
         "deploy_step": deploy_step,
-        "service_step": crate::conductor::servicing::service_step(n),
+        "service_step": rivet_conductor::servicing::service_step(n),
         "reservation": n.reservation,
         "conductor": n.conductor,
         "automated_clean": n.automated_clean,
@@ -295,7 +295,7 @@ fn runs_shown(n: &Node, internal: &mut Map<String, Value>) {
             internal.insert("agent_boot_id".into(), Value::from(boot));
         }
     }
-    if runs != crate::runs::Runs::default() {
+    if runs != rivet_model::runs::Runs::default() {
         internal.insert("run_state".into(), json!(runs));
     }
     if let Some(clean) = &n.runs.clean {

@@ -6,15 +6,15 @@
 use super::render::links;
 use super::resource::{self, found, Access, Listing, Page, Patched, Resource};
 use super::{body, ApiError, ApiResult, ApiVersion, AppState};
-use crate::conductor::inspection_rules::load_rules;
-use crate::inspection::rules::{validate, Rule};
-use crate::store::{SortDir, StoreError};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::delete;
 use axum::{Extension, Router};
 use chrono::Utc;
+use rivet_conductor::inspection_rules::load_rules;
+use rivet_model::inspection::rules::{validate, Rule};
 use rivet_protocol::api::PatchOp;
+use rivet_store::{SortDir, StoreError};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -65,7 +65,7 @@ async fn all(state: &AppState) -> Result<Vec<Stored>, StoreError> {
 fn render(s: &Stored, base: &str) -> Map<String, Value> {
     let r = &s.rule;
     let uuid = r.uuid.clone().unwrap_or_default();
-    let ops = |list: &[crate::inspection::rules::Operation], with_multiple: bool| {
+    let ops = |list: &[rivet_model::inspection::rules::Operation], with_multiple: bool| {
         Value::Array(
             list.iter()
                 .map(|o| {
@@ -281,7 +281,7 @@ async fn remove_all(
     for s in all(&state).await? {
         if let Some(uuid) = s.rule.uuid {
             match state.conductor.store.delete_rule(&uuid).await {
-                Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => {}
+                Ok(()) | Err(rivet_store::StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }

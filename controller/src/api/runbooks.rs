@@ -7,7 +7,6 @@ use super::deploy_templates::{self as dt, Spec};
 use super::resource::{self, fetch, Access};
 use super::version::{ver, Version};
 use super::{ApiError, ApiResult, AppState};
-use crate::store::{StepTemplate, TemplateKind};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -17,6 +16,7 @@ use axum::{Json, Router};
 use rivet_protocol::api::ProvisionRequest;
 use rivet_protocol::states::Verb;
 use rivet_protocol::steps::RequestedStep;
+use rivet_store::{StepTemplate, TemplateKind};
 use serde_json::{json, Map, Value};
 
 const RUNBOOK: Spec = Spec {

@@ -13,16 +13,16 @@ use super::resource::{
 };
 use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
-use crate::store::{
-    Node, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
-    TARGET_SORT_KEYS,
-};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
+use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
+use rivet_store::{
+    StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS, TARGET_SORT_KEYS,
+};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::marker::PhantomData;

@@ -10,11 +10,11 @@
 #![allow(dead_code)]
 
 use reqwest::{Body, Method, RequestBuilder, StatusCode};
-use rivet_controller::config::{Config, Role, TokenEntry};
-use rivet_controller::secrets::{Key, Secrets, SecretsConfig};
-use rivet_controller::store::postgres::ScratchDatabase;
-use rivet_controller::store::{self, Store};
+use rivet_model::config::{Config, Role, TokenEntry};
+use rivet_store::postgres::ScratchDatabase;
+use rivet_store::Store;
 use rivet_support::credentials::hash_secret;
+use rivet_support::secrets::{Key, Secrets, SecretsConfig};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -107,13 +107,13 @@ impl TestDb {
             &self.secrets_config(),
             &self.url(),
             true,
-            &rivet_controller::store::sealing::holds_sealed_values,
+            &rivet_store::sealing::holds_sealed_values,
         );
         Arc::new(secrets.expect("secrets"))
     }
 
     pub fn open(&self, secrets: Arc<Secrets>) -> Arc<dyn Store> {
-        store::open(&self.url(), secrets).expect("open store")
+        rivet_store::open(&self.url(), secrets).expect("open store")
     }
 }
 
@@ -197,9 +197,7 @@ impl Server {
 
     /// rivetd with `--no-auth` on `db`, served, and its conductor (for tests that reach
     /// into the store or install a fault hook).
-    pub async fn start_no_auth(
-        db: &TestDb,
-    ) -> (Arc<rivet_controller::conductor::Conductor>, Server) {
+    pub async fn start_no_auth(db: &TestDb) -> (Arc<rivet_conductor::Conductor>, Server) {
         let config = Config {
             no_auth: true,
             ..db.config()

@@ -1,7 +1,7 @@
 //! The node's BIOS settings (API 1.40; registry fields, `detail` and `fields` 1.74) and
 //! firmware components (1.86; vendor, model and serial number 1.114): read-only caches of
 //! what the BMC reported when the node was last managed, inspected or cleaned
-//! ([`crate::conductor::bmc_caches::refresh_caches`]). Drivers with nothing to read
+//! ([`rivet_conductor::bmc_caches::refresh_caches`]). Drivers with nothing to read
 //! (fake-hardware, ipmi) leave them empty.
 //!
 //! `GET /v1/nodes/{node}/bios`, `GET …/bios/{name}`, `GET /v1/nodes/{node}/firmware`.
@@ -9,10 +9,10 @@
 use super::ver;
 use crate::api::render::{base_url, time};
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::store::{BiosSetting, FirmwareComponent};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
+use rivet_store::{BiosSetting, FirmwareComponent};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 

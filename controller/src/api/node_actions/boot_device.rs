@@ -5,11 +5,11 @@
 
 use super::{driver_error, json_body, node_for_bmc, py_repr};
 use crate::api::{ApiError, ApiResult, AppState};
-use crate::drivers::BootDevice;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+use rivet_drivers::BootDevice;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 

@@ -10,12 +10,12 @@
 use super::json_body;
 use crate::api::render::base_url;
 use crate::api::{ApiError, ApiResult, AppState};
-use crate::interfaces::Iface;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use rivet_model::interfaces::Iface;
 use serde_json::{json, Value};
 
 /// `GET …/states/console`.

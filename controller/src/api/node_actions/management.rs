@@ -12,11 +12,11 @@
 use super::{driver_error, json_body, node_for_bmc, ver};
 use crate::api::render::base_url;
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::drivers::management::{BOOT_MODES, INDICATOR_STATES};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
+use rivet_drivers::management::{BOOT_MODES, INDICATOR_STATES};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -151,7 +151,7 @@ pub(super) async fn inject_nmi(
 }
 
 /// The node may change boot settings: not while it transitions (Ironic's UNSTABLE_STATES).
-fn refuse_transient(node: &crate::store::Node, what: &str) -> Result<(), ApiError> {
+fn refuse_transient(node: &rivet_model::node::Node, what: &str) -> Result<(), ApiError> {
     let s = node.provision_state;
     if s.is_conductor_busy() || s.is_wait() {
         return Err(ApiError::new(
@@ -168,10 +168,10 @@ fn refuse_transient(node: &crate::store::Node, what: &str) -> Result<(), ApiErro
 /// What the BMC reports after a change becomes the node's `boot_mode` and `secure_boot`.
 async fn record_boot_state(
     state: &AppState,
-    node: &crate::store::Node,
-    bmc: &dyn crate::drivers::Bmc,
+    node: &rivet_model::node::Node,
+    bmc: &dyn rivet_drivers::Bmc,
 ) -> Result<(), ApiError> {
-    crate::conductor::bmc_caches::refresh_boot_state(
+    rivet_conductor::bmc_caches::refresh_boot_state(
         state.conductor.store.as_ref(),
         bmc,
         &node.uuid,

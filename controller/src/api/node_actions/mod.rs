@@ -30,14 +30,15 @@ mod vifs;
 mod vmedia;
 
 use super::{ApiError, AppState};
-use crate::conductor::ConductorError;
-use crate::drivers::{Bmc, DriverError};
-use crate::store::Node;
 use axum::body::Bytes;
 use axum::http::{Method, StatusCode};
 use axum::routing::{any, delete, get, put};
 use axum::Router;
+use rivet_conductor::ConductorError;
+use rivet_drivers::{Bmc, DriverError};
+use rivet_model::node::Node;
 use rivet_protocol::limits::{parse_strict, Limits};
+use rivet_store::NodeExt;
 use serde_json::Value;
 use std::sync::Arc;
 

@@ -1,10 +1,10 @@
 //! Node fields Ironic keeps on the node that Rivet stores beside it
-//! ([`crate::store::NodeManagement`]): `target_raid_config` and `raid_config` (1.12),
+//! ([`rivet_store::NodeManagement`]): `target_raid_config` and `raid_config` (1.12),
 //! `boot_mode` and `secure_boot` (1.75), `console_enabled`. `render::node_full` holds their places (so `fields=`
 //! and the version gates treat them as node fields); these functions put the stored values
 //! in a node document and in `/states`.
 
-use crate::store::NodeManagement;
+use rivet_store::NodeManagement;
 use serde_json::{json, Map, Value};
 
 /// `MINOR_75_NODE_BOOT_MODE`.

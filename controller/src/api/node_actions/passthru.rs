@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 
 fn known_driver(name: &str) -> Result<(), ApiError> {
-    if crate::interfaces::hardware_type(name).is_none() {
+    if rivet_model::interfaces::hardware_type(name).is_none() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("Could not find the following driver(s) or hardware type(s): {name}."),

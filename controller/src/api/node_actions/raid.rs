@@ -13,11 +13,11 @@
 
 use super::{json_body, ver};
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::interfaces::Iface;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
+use rivet_model::interfaces::Iface;
 use rivet_model::raid::LOGICAL_DISK_PROPERTIES;
 use serde_json::{Map, Value};
 
@@ -95,7 +95,7 @@ pub(super) async fn logical_disk_properties(
     Path(driver): Path<String>,
 ) -> ApiResult<Json<Value>> {
     gate(version)?;
-    let Some(hw) = crate::interfaces::hardware_type(&driver) else {
+    let Some(hw) = rivet_model::interfaces::hardware_type(&driver) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("Could not find the following driver(s) or hardware type(s): {driver}."),

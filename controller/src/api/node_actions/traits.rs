@@ -6,12 +6,14 @@
 use super::{extras_message, json_body, py_repr, py_str, refuse_locked, schema_error, traits_gate};
 use crate::api::render::base_url;
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::store::{Node, StoreError};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use rivet_model::node::Node;
+use rivet_store::NodeExt;
+use rivet_store::StoreError;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 

@@ -5,10 +5,11 @@
 
 use crate::api::ports::ports_of;
 use crate::api::{ApiResult, AppState};
-use crate::interfaces::Iface;
-use crate::store::Node;
 use axum::extract::{Path, State};
 use axum::Json;
+use rivet_model::interfaces::Iface;
+use rivet_model::node::Node;
+use rivet_store::NodeExt;
 use serde_json::{json, Map, Value};
 
 /// One interface's verdict: `Ok` shows `{"result": true}`, `Err` `{"result": false,
@@ -136,11 +137,11 @@ async fn boot_verdict(state: &AppState, node: &Node, driver_info: &Verdict) -> V
             }
             Ok(())
         }
-        crate::conductor::boot::VIRTUAL_MEDIA => {
+        rivet_conductor::boot::VIRTUAL_MEDIA => {
             driver_info.clone()?;
             let (boot, uuid) = (boot.clone(), node.uuid.clone());
             // Reads the ISO the first time (tens of MiB): off the async threads.
-            tokio::task::spawn_blocking(move || crate::bootiso::check(&boot, &uuid))
+            tokio::task::spawn_blocking(move || rivet_support::bootiso::check(&boot, &uuid))
                 .await
                 .map_err(|e| e.to_string())?
                 .map(|_| ())
@@ -168,7 +169,7 @@ fn image_verdict(node: &Node) -> Verdict {
             node.uuid
         ));
     }
-    crate::conductor::check_image_info(node)?;
+    rivet_conductor::check_image_info(node)?;
     match node.properties.get("root_device") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::Object(hints)) => rivet_protocol::hints::validate(hints)

@@ -12,10 +12,13 @@
 use super::refuse_locked;
 use crate::api::ports::ports_of;
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::store::{Node, Port, Portgroup, PortgroupQuery, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
+use rivet_model::node::Node;
+use rivet_model::port::{Port, Portgroup};
+use rivet_store::NodeExt;
+use rivet_store::{PortgroupQuery, StoreError};
 use serde_json::{json, Value};
 
 /// VIFs (`MINOR_28_VIFS_SUBCONTROLLER`).

@@ -8,11 +8,11 @@ use super::{
     vmedia_gate, VMEDIA_GET_VERSION, VMEDIA_VERSION,
 };
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
-use crate::store::Node;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
+use rivet_model::node::Node;
 use serde_json::{json, Value};
 
 /// Ironic's `boot_devices.VMEDIA_DEVICES`.
