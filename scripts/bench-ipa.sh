@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# IPA vs rivet-agent on this machine, same run, same stock Ironic (README "Numbers"): agent
+# IPA vs rivet-agent on this machine, same run, same stock Ironic (docs/numbers.md): agent
 # and ramdisk size, inventory time and peak RSS, process start → first heartbeat recorded
 # by Ironic 39, and a 2 GiB raw image written onto a loop device. Not part of CI.
 #

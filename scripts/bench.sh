@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rivet's benchmarks end to end: build the release binaries, then run every rivet-bench
 # subcommand at its default sizes plus the large ones (fleet at 10,000 nodes, api at
-# 100,000 nodes) and print the README's "Numbers" table on stdout (progress on stderr).
+# 100,000 nodes) and print docs/numbers.md's tables on stdout (progress on stderr).
 # A few minutes on 2 cores once built. Only loopback traffic; rivetd runs as a child on a
 # temporary SQLite file and is killed at the end of each bench.
 #

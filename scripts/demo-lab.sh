@@ -7,7 +7,7 @@
 #   bash scripts/demo-lab.sh            # redfish + redfish-virtual-media (the default)
 #   bash scripts/demo-lab.sh --ipxe     # ipmi + ipxe
 #
-# Brings the lab up first (scripts/lab.sh up --nodes 1, with its rivetd; see README "Try it on
+# Brings the lab up first (scripts/lab.sh up --nodes 1, with its rivetd; see docs/boot.md "Try it on
 # VMs"); leaves it up afterwards (`bash scripts/lab.sh down` removes it). Root, Debian 12;
 # scripts/setup.sh installs what it needs. About 3 minutes on 2 cores without KVM.
 set -euo pipefail

@@ -16,7 +16,7 @@
 //! - **automated cleaning**: `provide` → `available` with the manager offering `noop_a`
 //!   (priority 50) and `noop_b` (priority 40).
 //!
-//! Prints one markdown row per measurement for the README's "Numbers" table. `--keep` keeps
+//! Prints one markdown row per measurement for docs/numbers.md. `--keep` keeps
 //! the temporary directory (rivetd's log has a timestamp on every decision).
 
 use anyhow::{bail, Context, Result};

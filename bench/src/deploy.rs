@@ -79,7 +79,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
     percentile(&v, 50.0)
 }
 
-/// Run the bench; markdown rows for the README's Numbers table.
+/// Run the bench; markdown rows for docs/numbers.md.
 pub fn run_bench(o: DeployOpts) -> Result<Vec<String>> {
     for tool in [
         "losetup",

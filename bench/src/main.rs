@@ -1,4 +1,4 @@
-//! rivet-bench: whole-system benchmarks of Rivet, each printing markdown rows for the README's
+//! rivet-bench: whole-system benchmarks of Rivet, each printing markdown rows for docs/numbers.md's
 //! "Numbers" table (`| What | Result | Command |`).
 //!
 //! - `fleet`: N simulated agents heartbeating against a release rivetd at offered rates;

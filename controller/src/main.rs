@@ -8,7 +8,7 @@ use std::io::Read;
 
 /// mimalloc instead of glibc malloc: rivetd's request path allocates many short-lived JSON
 /// maps on many threads (store calls wait under `block_in_place`, which adds threads), and
-/// glibc keeps an arena per thread whose freed memory it seldom returns (README "Numbers":
+/// glibc keeps an arena per thread whose freed memory it seldom returns (docs/numbers.md:
 /// peak RSS with 10,000 held long polls).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
