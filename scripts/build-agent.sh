@@ -12,8 +12,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
-# The same build by hand and from the tests (scripts/test-runner.sh sets it for libtest).
-unset RUSTC_BOOTSTRAP
+# The same build by hand and from the tests, whose environment (scripts/test.sh) lints the
+# workspace through clippy-driver and unlocks libtest's timing flag.
+unset RUSTC_BOOTSTRAP RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 
 log() { echo "build-agent: $*" >&2; }
 
