@@ -18,4 +18,5 @@ pub use rivet_store as store;
 pub use rivet_conductor::{self as conductor, metrics};
 
 pub mod api;
+pub mod metrics_http;
 pub mod server;
