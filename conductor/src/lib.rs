@@ -46,6 +46,7 @@ pub mod step_report;
 pub use rivet_model::steps;
 pub mod supervisor;
 mod templates;
+mod text;
 mod verbs;
 
 pub use deploying::{FAILURE_POWER_ACTION, FAILURE_POWER_ERROR_ACTION};
