@@ -113,7 +113,7 @@ pub trait Transport: Send + Sync + 'static {
         timeout: Duration,
     ) -> impl Future<Output = Result<HeartbeatResponse, TransportError>> + Send;
 
-    /// `POST {base}/agent/v1/discover` (see [`crate::discovery`]); a transport without it
+    /// `POST {base}/agent/v1/discover` (the `discovery` module drives it); a transport without it
     /// answers as a controller with discovery disabled.
     fn discover(
         &self,

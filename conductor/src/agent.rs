@@ -44,6 +44,15 @@ pub const LOOKUP_ALLOWED: &[ProvisionState] = &[
     ProvisionState::ServiceHold,
 ];
 
+/// Whether a ramdisk may look up `node` now: the states that expect one
+/// ([`LOOKUP_ALLOWED`]), and with fast track also
+/// [`crate::fast_track::FAST_TRACK_STATES`] (Ironic's two lookup sets).
+pub fn lookup_allowed(node: &Node, deploy: &rivet_model::config::DeployConfig) -> bool {
+    LOOKUP_ALLOWED.contains(&node.provision_state)
+        || (crate::fast_track::FAST_TRACK_STATES.contains(&node.provision_state)
+            && crate::fast_track::enabled_or_off(node, deploy))
+}
+
 /// Why an agent request was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -278,7 +287,7 @@ impl Conductor {
             let Some(mut node) = self.find_for_lookup(req).await? else {
                 return Err(AgentError::NotFound);
             };
-            if !crate::fast_track::lookup_allowed(&node, &self.config.deploy) {
+            if !lookup_allowed(&node, &self.config.deploy) {
                 tracing::info!(node = %node.uuid, state = %node.provision_state, "lookup refused: node expects no ramdisk");
                 return Err(AgentError::NotFound);
             }

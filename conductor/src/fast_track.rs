@@ -7,7 +7,8 @@
 //!   `manageable` or `enroll` (Ironic: `tear_down_inband_cleaning` and the inspection
 //!   tear-down skip the power off; `wipe_*_internal_info` keep the token when fast-track-able).
 //! - Lookup: with fast track on, a ramdisk may also look up in `enroll`, `manageable` and
-//!   `available` (Ironic's `FASTTRACK_LOOKUP_ALLOWED_STATES`).
+//!   `available` (Ironic's `FASTTRACK_LOOKUP_ALLOWED_STATES`, [`FAST_TRACK_STATES`]; the
+//!   lookup itself, `agent::lookup_allowed`, adds them to the states that expect a ramdisk).
 //! - Starting: a deploy, cleaning or inspection skips the power off and the ramdisk boot when
 //!   [`check`] passes (Ironic's `is_fast_track`): fast track on for the node, no `last_error`,
 //!   the node powered on (its last known state), and an agent holding a token whose last
@@ -31,8 +32,8 @@ use serde_json::Value;
 /// Audit action of the node-history rows fast track writes (INFO).
 pub const FAST_TRACK_ACTION: &str = "fast_track";
 
-/// The states where a ramdisk may look up only with fast track (added to
-/// [`super::agent::LOOKUP_ALLOWED`]), and where a fast-track agent keeps its token.
+/// The states where a ramdisk may look up only with fast track (added to the states that
+/// expect a ramdisk, `agent::LOOKUP_ALLOWED`), and where a fast-track agent keeps its token.
 pub const FAST_TRACK_STATES: &[ProvisionState] = &[
     ProvisionState::Enroll,
     ProvisionState::Manageable,
@@ -70,18 +71,11 @@ pub fn enabled(node: &Node, deploy: &DeployConfig) -> Result<bool, String> {
 
 /// [`enabled`], with a value that does not read as a boolean taken as off (logged): fast
 /// track only ever saves a reboot, so off is the safe reading.
-fn enabled_or_off(node: &Node, deploy: &DeployConfig) -> bool {
+pub(crate) fn enabled_or_off(node: &Node, deploy: &DeployConfig) -> bool {
     enabled(node, deploy).unwrap_or_else(|e| {
         tracing::warn!(node = %node.uuid, error = %e, "fast track taken as off");
         false
     })
-}
-
-/// Whether a ramdisk may look up `node` now: the states that expect one, and with fast
-/// track also [`FAST_TRACK_STATES`] (Ironic's two lookup sets).
-pub fn lookup_allowed(node: &Node, deploy: &DeployConfig) -> bool {
-    super::agent::LOOKUP_ALLOWED.contains(&node.provision_state)
-        || (FAST_TRACK_STATES.contains(&node.provision_state) && enabled_or_off(node, deploy))
 }
 
 /// Ironic's `fast_track_able`: fast track on and nothing that rules it out whatever the
@@ -260,6 +254,7 @@ impl Conductor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::{lookup_allowed, LOOKUP_ALLOWED};
     use rivet_model::runs::AgentSession;
     use serde_json::json;
 
@@ -337,7 +332,7 @@ mod tests {
             n.provision_state = s;
             assert!(!lookup_allowed(&n, &on()), "{s} never");
         }
-        for s in super::super::agent::LOOKUP_ALLOWED {
+        for s in LOOKUP_ALLOWED {
             n.provision_state = *s;
             assert!(lookup_allowed(&n, &off), "{s} always");
         }

@@ -9,6 +9,11 @@
 //! A layer of rivetd above the store and the drivers (which it joins: it reads a node, asks
 //! its BMC or its agent, writes the result) and under the API. [`metrics`] is its exposition
 //! of the process-wide registry, with the fleet read from the store at scrape time.
+//!
+//! It serves no HTTP: the agent protocol, the API and `GET /metrics` (on the API address and
+//! on `[metrics] listen`) are rivetd's, in the controller crate, which calls in here; the
+//! controller also hands its own critical loops to [`Conductor::run_background`] so they are
+//! supervised with the conductor's.
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -41,6 +46,7 @@ pub mod step_report;
 pub use rivet_model::steps;
 pub mod supervisor;
 mod templates;
+mod text;
 mod verbs;
 
 pub use deploying::{FAILURE_POWER_ACTION, FAILURE_POWER_ERROR_ACTION};

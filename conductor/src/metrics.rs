@@ -1,27 +1,22 @@
-//! `GET /metrics` of rivetd: the exposition of the process-wide registry
+//! What `GET /metrics` of rivetd answers: the exposition of the process-wide registry
 //! ([`rivet_support::metrics`], re-exported here so call sites keep `crate::metrics::…`), with
 //! the families read from the store at scrape time — node counts, state ages, leases and live
 //! controllers come from one aggregate query ([`rivet_store::Store::node_counts`]), so they
 //! can never drift from it — and the metered BMC wrapper ([`bmc`]).
 //!
-//! `/metrics` is served on the API address (behind auth: an admin or `metrics`-role
-//! credential, open with `--no-auth`) and, when `[metrics] listen` is set, on an address of
-//! its own without credentials (a supervised controller-wide loop, see [`serve_listener`]).
-//! The answer is the Prometheus text format, or OpenMetrics when the scraper asks for it in
-//! `Accept`.
+//! The text is the Prometheus text format, or OpenMetrics when asked for ([`exposition`]).
+//! The conductor serves no HTTP: rivetd (the controller crate) answers `GET /metrics` on the
+//! API address (behind auth: an admin or `metrics`-role credential, open with `--no-auth`)
+//! and, when `[metrics] listen` is set, on an address of its own without credentials, and
+//! picks the format from the scraper's `Accept`.
 
 pub use rivet_support::metrics::*;
 
 pub mod bmc;
 
-use crate::supervisor::LoopEnd;
 use crate::Conductor;
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Serialises scrapes: the store-derived families are cleared and refilled per scrape.
 static SCRAPE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -73,63 +68,18 @@ async fn refresh(conductor: &Conductor) -> Result<(), rivet_store::StoreError> {
     Ok(())
 }
 
-/// Whether the scraper asked for OpenMetrics.
-fn wants_openmetrics(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("application/openmetrics-text"))
-}
-
-/// The exposition of every family, in the format `headers` asks for.
-pub async fn render(conductor: &Conductor, headers: &HeaderMap) -> Response {
+/// The exposition of every family after refreshing the store's: OpenMetrics when
+/// `openmetrics`, else the Prometheus text format; the text and its content type. A store
+/// that cannot be read costs only the store's families (they keep their last values, and
+/// the scrape-error counter goes up); the process families are still worth serving.
+pub async fn exposition(
+    conductor: &Conductor,
+    openmetrics: bool,
+) -> Result<(String, &'static str), std::fmt::Error> {
     let _one = SCRAPE.lock().await;
     if let Err(e) = refresh(conductor).await {
-        // The process families are still worth serving; the store ones keep their last values.
         scrape_failed();
         tracing::warn!(error = %e, "metrics: cannot read node counts from the store");
     }
-    let Ok((text, content_type)) = encode(wants_openmetrics(headers)) else {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "metrics could not be encoded",
-        )
-            .into_response();
-    };
-    let mut resp = text.into_response();
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
-}
-
-async fn scrape_open(State(conductor): State<Arc<Conductor>>, headers: HeaderMap) -> Response {
-    render(&conductor, &headers).await
-}
-
-/// The `[metrics] listen` address: `GET /metrics` without credentials, until shutdown. A
-/// controller-wide loop: an address that cannot be bound stops rivetd at start-up with the
-/// reason, rather than leaving the operator's monitoring silently blind.
-pub async fn serve_listener(conductor: Arc<Conductor>) -> LoopEnd {
-    let Some(addr) = conductor.config.metrics.listen.clone() else {
-        return LoopEnd::NotNeeded;
-    };
-    let listener = match tokio::net::TcpListener::bind(&addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            return LoopEnd::Failed(format!("cannot listen on [metrics] listen = {addr:?}: {e}"))
-        }
-    };
-    tracing::info!(%addr, "metrics listening (GET /metrics, no credentials)");
-    let stop = conductor.shutdown.clone();
-    let app = axum::Router::new()
-        .route("/metrics", axum::routing::get(scrape_open))
-        .with_state(conductor);
-    match axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-    {
-        Ok(()) => LoopEnd::NotNeeded,
-        Err(e) => LoopEnd::Failed(format!("the [metrics] listener on {addr} failed: {e}")),
-    }
+    encode(openmetrics)
 }

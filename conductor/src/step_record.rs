@@ -51,7 +51,7 @@ impl Conductor {
             node_uuid: Some(node.uuid.clone()),
             action: action.into(),
             status: None,
-            detail: Some(super::verbs::truncate_chars(
+            detail: Some(super::text::truncate_chars(
                 &format!("{event}; state: {}", node.provision_state),
                 1000,
             )),

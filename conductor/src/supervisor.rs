@@ -3,9 +3,10 @@
 //! - Node tasks run on a [`TaskTracker`] so shutdown can wait for them. A panic inside one is
 //!   caught, logged with its node, and becomes that node's failure (`clean failed`, `deploy
 //!   failed`… with a `last_error` that says so) instead of a node wedged until restart.
-//! - The controller-wide loops (periodic scan, power sync, membership heartbeat, notices)
-//!   are critical: when one ends or panics the controller stops taking work and rivetd exits
-//!   non-zero, so a service manager restarts it. Serving on without them would mean driving
+//! - The controller-wide loops (periodic scan, power sync, membership heartbeat, notices,
+//!   and those rivetd adds, such as its metrics listener) are critical: when one ends or
+//!   panics the controller stops taking work and rivetd exits non-zero, so a service
+//!   manager restarts it. Serving on without them would mean driving
 //!   nodes whose leases other controllers already consider expired.
 //! - Shutdown (SIGTERM) cancels one [`CancellationToken`]: no new node task starts, held
 //!   agent long polls answer at once, and once the running tasks have ended the node leases
@@ -83,9 +84,10 @@ impl Conductor {
         LoopEnd::Failed("the liveness writer ended".into())
     }
 
-    /// The controller-wide loops, supervised: returns only when one of them stopped (why).
-    pub async fn run_background(self: Arc<Self>) -> String {
-        supervise(vec![
+    /// The controller-wide loops, supervised together with `others` (rivetd's own, such as
+    /// its `[metrics] listen` listener): returns only when one of them stopped (why).
+    pub async fn run_background(self: Arc<Self>, others: Vec<CriticalLoop>) -> String {
+        let mut loops: Vec<CriticalLoop> = vec![
             ("periodic scan", Box::pin(self.clone().run_periodic())),
             ("power sync", Box::pin(self.clone().run_power_sync())),
             (
@@ -98,12 +100,9 @@ impl Conductor {
                 "agent liveness writer",
                 Box::pin(self.clone().run_liveness()),
             ),
-            (
-                "metrics listener",
-                Box::pin(crate::metrics::serve_listener(self.clone())),
-            ),
-        ])
-        .await
+        ];
+        loops.extend(others);
+        supervise(loops).await
     }
 
     /// After a panic in node `uuid`'s task: fail its operation with a message that says so,

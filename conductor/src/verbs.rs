@@ -2,6 +2,7 @@
 //! nothing when it refuses.
 
 use super::steps::{self, PlannedStep, Source};
+use super::text::truncate_chars;
 use super::{Conductor, ConductorError};
 use chrono::Utc;
 use rivet_model::fsm::{self, Event};
@@ -14,11 +15,6 @@ use rivet_protocol::steps::RequestedStep;
 use rivet_store::{AuditEntry, StoreError};
 use serde_json::Value;
 use std::sync::Arc;
-
-/// At most `max` characters of `s`.
-pub(super) fn truncate_chars(s: &str, max: usize) -> String {
-    s.chars().take(max).collect()
-}
 
 /// Check the image fields of `instance_info` a `direct` deploy needs, before anything
 /// changes (Ironic refuses these with a 400 too): an http(s) `image_source` and a way to

@@ -9,4 +9,5 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod metrics_http;
 pub mod server;

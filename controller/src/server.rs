@@ -120,7 +120,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let max_requests = config.api.max_requests_per_connection;
     let admission = rivet_support::http::lean::Admission::new(config.api.max_requests_in_progress);
     let (conductor, app) = build(config).await?;
-    let background = tokio::spawn(conductor.clone().run_background());
+    // rivetd's own controller-wide loop, supervised with the conductor's.
+    let metrics_listener: rivet_conductor::supervisor::CriticalLoop = (
+        "metrics listener",
+        Box::pin(crate::metrics_http::serve_listener(conductor.clone())),
+    );
+    let background = tokio::spawn(conductor.clone().run_background(vec![metrics_listener]));
     tokio::pin!(background);
     let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, tls = tls.is_some(), conductor = conductor.id(), "rivetd listening");

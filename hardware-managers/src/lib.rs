@@ -21,6 +21,10 @@ use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// Lists the machine's disks (the agent's inventory code, or the `--devices` list): what
+/// the managers that pick disks ([`deploy`], [`raid`]) are built with.
+pub type DiskLister = Arc<dyn Fn() -> Vec<rivet_protocol::inventory::Disk> + Send + Sync>;
+
 /// How well a manager supports this machine (IPA's HardwareSupport 0–3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SupportLevel {

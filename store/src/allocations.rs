@@ -1,5 +1,6 @@
 //! Allocations (Ironic 1.52) and step templates — deploy templates (1.55) and runbooks
-//! (1.92) — in the store: their records, listing queries and SQL for both engines.
+//! (1.92) — in the store: their listing queries and SQL for both engines (the records
+//! themselves are in [`super::records`], re-exported here).
 //!
 //! A node holds at most one allocation: `allocations.node_uuid` is unique, so two
 //! allocations that race for one node cannot both record it, whatever the conductor does.
@@ -9,190 +10,13 @@
 use super::queries::SqlStore;
 use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
 use super::{SortDir, StoreError};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde_json::{Map, Value};
 
-/// An allocation: a request for a node of a resource class (and traits).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Allocation {
-    /// UUID.
-    pub uuid: String,
-    /// Unique name.
-    pub name: Option<String>,
-    /// The node it holds, once allocated (or backfilled).
-    pub node_uuid: Option<String>,
-    /// `allocating`, `active` or `error`.
-    pub state: String,
-    /// Why it failed.
-    pub last_error: Option<String>,
-    /// Requested resource class.
-    pub resource_class: Option<String>,
-    /// Node UUIDs the allocation may pick from (empty: any).
-    pub candidate_nodes: Vec<String>,
-    /// Traits the node must have.
-    pub traits: Vec<String>,
-    /// Operator data.
-    pub extra: Map<String, Value>,
-    /// Owning project (1.60).
-    pub owner: Option<String>,
-    /// Creation time.
-    pub created_at: DateTime<Utc>,
-    /// Last write.
-    pub updated_at: Option<DateTime<Utc>>,
-    /// Version (optimistic writes).
-    pub version: i64,
-}
-
-/// Allocation states (Ironic's names).
-pub mod alloc_state {
-    /// Waiting for the conductor to pick a node.
-    pub const ALLOCATING: &str = "allocating";
-    /// Holding a node.
-    pub const ACTIVE: &str = "active";
-    /// No node could be picked (`last_error` says why).
-    pub const ERROR: &str = "error";
-}
-
-/// Columns an allocation listing may sort by.
-pub const ALLOCATION_SORT_KEYS: &[&str] = &[
-    "id",
-    "uuid",
-    "name",
-    "node_uuid",
-    "state",
-    "resource_class",
-    "owner",
-    "last_error",
-    "created_at",
-    "updated_at",
-];
-
-/// An allocation listing request.
-#[derive(Debug, Clone)]
-pub struct AllocationQuery {
-    /// Page size (0: the default page).
-    pub limit: usize,
-    /// UUID of the last allocation of the previous page.
-    pub marker: Option<String>,
-    /// One of [`ALLOCATION_SORT_KEYS`].
-    pub sort_key: String,
-    /// Direction.
-    pub sort_dir: SortDir,
-    /// Filter.
-    pub node_uuid: Option<String>,
-    /// Filter.
-    pub resource_class: Option<String>,
-    /// Filter.
-    pub state: Option<String>,
-    /// Filter.
-    pub owner: Option<String>,
-}
-
-impl Default for AllocationQuery {
-    fn default() -> Self {
-        AllocationQuery {
-            limit: 1000,
-            marker: None,
-            sort_key: "id".into(),
-            sort_dir: SortDir::Asc,
-            node_uuid: None,
-            resource_class: None,
-            state: None,
-            owner: None,
-        }
-    }
-}
-
-/// What a step template is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TemplateKind {
-    /// A deploy template (steps merged into deployments of nodes asking for its trait).
-    Deploy,
-    /// A runbook (steps run by manual cleaning or servicing).
-    Runbook,
-}
-
-impl TemplateKind {
-    /// Stored and shown name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TemplateKind::Deploy => "deploy_template",
-            TemplateKind::Runbook => "runbook",
-        }
-    }
-}
-
-/// A deploy template or runbook.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepTemplate {
-    /// Which.
-    pub kind: TemplateKind,
-    /// UUID.
-    pub uuid: String,
-    /// Unique name (per kind).
-    pub name: String,
-    /// Free text.
-    pub description: Option<String>,
-    /// Traits of a runbook (1.112): a node with one of them may run it.
-    pub traits: Vec<String>,
-    /// Its steps (`interface`, `step`, `args`, `priority`/`order`).
-    pub steps: Vec<Value>,
-    /// Operator data.
-    pub extra: Map<String, Value>,
-    /// Owning project (runbooks).
-    pub owner: Option<String>,
-    /// Visible to every project (runbooks).
-    pub public: bool,
-    /// Run without booting the ramdisk (runbooks).
-    pub disable_ramdisk: bool,
-    /// Creation time.
-    pub created_at: DateTime<Utc>,
-    /// Last write.
-    pub updated_at: Option<DateTime<Utc>>,
-    /// Version.
-    pub version: i64,
-}
-
-/// Columns a template listing may sort by.
-pub const TEMPLATE_SORT_KEYS: &[&str] =
-    &["id", "uuid", "name", "owner", "created_at", "updated_at"];
-
-/// A template listing request.
-#[derive(Debug, Clone)]
-pub struct TemplateQuery {
-    /// Which templates.
-    pub kind: TemplateKind,
-    /// Page size (0: the default page).
-    pub limit: usize,
-    /// UUID of the last one of the previous page.
-    pub marker: Option<String>,
-    /// One of [`TEMPLATE_SORT_KEYS`].
-    pub sort_key: String,
-    /// Direction.
-    pub sort_dir: SortDir,
-    /// Filter: only these names.
-    pub names: Option<Vec<String>>,
-    /// Filter (runbooks).
-    pub owner: Option<String>,
-    /// Filter (runbooks).
-    pub public: Option<bool>,
-}
-
-impl TemplateQuery {
-    /// Every template of `kind`, oldest first.
-    pub fn all(kind: TemplateKind) -> TemplateQuery {
-        TemplateQuery {
-            kind,
-            limit: 1000,
-            marker: None,
-            sort_key: "id".into(),
-            sort_dir: SortDir::Asc,
-            names: None,
-            owner: None,
-            public: None,
-        }
-    }
-}
+pub use super::records::{
+    alloc_state, Allocation, AllocationQuery, StepTemplate, TemplateKind, TemplateQuery,
+    ALLOCATION_SORT_KEYS, TEMPLATE_SORT_KEYS,
+};
 
 const ALLOCATION_SELECT: &str = "uuid, name, node_uuid, state, last_error, resource_class, \
      candidate_nodes, traits, extra, owner, created_at, updated_at, version";

@@ -5,25 +5,8 @@
 use super::queries::SqlStore;
 use super::sql::{Access, Engine, SqlRow};
 use super::StoreError;
-use chrono::{DateTime, Utc};
 
-/// Nodes sharing one combination of the state columns.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeCount {
-    /// Provision state as stored (`available`, `clean wait`…).
-    pub provision_state: String,
-    /// Power state as stored; `None` before the first power read.
-    pub power_state: Option<String>,
-    /// Maintenance flag.
-    pub maintenance: bool,
-    /// The controller holding these nodes' leases, if any.
-    pub reservation: Option<String>,
-    /// How many nodes.
-    pub count: i64,
-    /// The oldest `provision_updated_at` among them: how long the longest-waiting node has
-    /// been in its state.
-    pub oldest_change: Option<DateTime<Utc>>,
-}
+pub use super::records::NodeCount;
 
 impl<E: Engine> SqlStore<E> {
     pub(super) async fn sql_node_counts(&self) -> Result<Vec<NodeCount>, StoreError> {

@@ -19,6 +19,7 @@ pub mod node_resources;
 pub mod ports;
 pub mod postgres;
 pub mod queries;
+pub mod records;
 pub mod sealing;
 pub mod sql;
 pub mod sqlite;

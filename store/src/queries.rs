@@ -3,8 +3,10 @@
 //! fragment from [`Dialect`]; only the lease statement has a form per dialect (PostgreSQL
 //! takes and reports the lease in one round trip, SQLite cannot write inside a `WITH`).
 
-use super::allocations::{Allocation, AllocationQuery, StepTemplate, TemplateKind, TemplateQuery};
 use super::decode::Decoder;
+use super::records::{
+    Allocation, AllocationQuery, NodeCount, StepTemplate, TemplateKind, TemplateQuery,
+};
 use super::sql::{placeholders, Access, Arg, Dialect, Engine, ExecError, SqlRow};
 use super::PortgroupQuery;
 use super::{
@@ -1416,7 +1418,7 @@ impl<E: Engine> Store for SqlStore<E> {
         .await
     }
 
-    async fn node_counts(&self) -> Result<Vec<super::counts::NodeCount>, StoreError> {
+    async fn node_counts(&self) -> Result<Vec<NodeCount>, StoreError> {
         self.sql_node_counts().await
     }
     async fn create_allocation(&self, a: &Allocation) -> Result<Allocation, StoreError> {

@@ -1,6 +1,7 @@
 //! What a database engine gives the store: run one SQL text with typed arguments, hand back
-//! rows. [`super::queries`] holds every query once, written against this interface;
-//! [`super::sqlite`] and [`super::postgres`] implement it.
+//! rows. Backend-agnostic: this module imports neither engine nor the queries. The `queries`
+//! module holds every query once, written against this interface; the `sqlite` and
+//! `postgres` modules implement it, and the crate root picks one when a store is opened.
 //!
 //! Query texts use PostgreSQL's numbered placeholders (`$1`, `$2`…); the SQLite engine reads
 //! them as its own numbered form (`?1`, `?2`…), so one text serves both. The few places where

@@ -2,11 +2,13 @@
 //! legacy salted SHA-256 form older rivetd wrote, still verified), hex, and a comparison that
 //! takes the same time whatever the bytes.
 
+#[cfg(feature = "credentials")]
 use sha2::{Digest, Sha256};
 
 /// Hash a secret (an admin password or API token) for the config: argon2id with a random
 /// salt, as a PHC string (`$argon2id$v=19$m=19456,t=2,p=1$…`), the parameters OWASP names
 /// for argon2id. Slow on purpose; [`verify_secret`] callers cache successes.
+#[cfg(feature = "credentials")]
 pub fn hash_secret(secret: &str) -> Result<String, String> {
     use argon2::password_hash::{PasswordHasher, SaltString};
     use rand::RngCore;
@@ -22,11 +24,12 @@ pub fn hash_secret(secret: &str) -> Result<String, String> {
 
 /// The legacy form, `sha256$SALT$HEX`: still verified (configs written by older rivetd),
 /// never written.
-#[cfg(test)]
+#[cfg(all(test, feature = "credentials"))]
 fn legacy_sha256_hash(secret: &str, salt: &str) -> String {
     format!("sha256${salt}${}", salted_hex(salt, secret))
 }
 
+#[cfg(feature = "credentials")]
 fn salted_hex(salt: &str, secret: &str) -> String {
     let mut h = Sha256::new();
     h.update(salt.as_bytes());
@@ -42,6 +45,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Check a secret against a hash from the config: argon2id (PHC string, what
 /// [`hash_secret`] writes) or the legacy `sha256$SALT$HEX`, in constant time.
+#[cfg(feature = "credentials")]
 pub fn verify_secret(secret: &str, hash: &str) -> bool {
     if hash.starts_with("$argon2") {
         use argon2::password_hash::{PasswordHash, PasswordVerifier};
@@ -67,7 +71,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "credentials"))]
 mod tests {
     use super::*;
 

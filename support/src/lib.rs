@@ -11,13 +11,21 @@
 //! - [`secrets`]: driver_info secrets sealed at rest (AES-256-GCM-SIV), keys, rotation's re-sealing.
 //! - [`metrics`]: the Prometheus registry and its recorders (labels are primitive values).
 //! - [`http`]: the lean HTTP/1.1 server, hyper connections, deferred answers, `PeerAddr`.
+//!
+//! Cargo features keep the heavy parts out of the layers that do not use them: `http`
+//! (the [`http`] module and the metrics middleware), `credentials` (argon2id hashing and
+//! verifying; `credentials::hex` and `constant_time_eq` are always there), `configdrive`
+//! (the ISO writer) and `tls`. All are on by default; the workspace's crates name theirs.
 #![warn(missing_docs)]
 
 pub mod bootiso;
 pub mod cluster;
+#[cfg(feature = "configdrive")]
 pub mod configdrive;
 pub mod credentials;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod metrics;
 pub mod secrets;
+#[cfg(feature = "tls")]
 pub mod tls;

@@ -11,9 +11,13 @@
 
 pub use rivet_model::config::MetricsConfig;
 
+#[cfg(feature = "http")]
 use axum::extract::{MatchedPath, Request};
+#[cfg(feature = "http")]
 use axum::http::Method;
+#[cfg(feature = "http")]
 use axum::middleware::Next;
+#[cfg(feature = "http")]
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -244,6 +248,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics { registry: r, ..m }
 });
 
+#[cfg(feature = "http")]
 fn method_label(m: &Method) -> &'static str {
     match *m {
         Method::GET => "GET",
@@ -258,7 +263,8 @@ fn method_label(m: &Method) -> &'static str {
 }
 
 /// Middleware on the whole router: counts and times every answer by the route template
-/// axum matched (`unmatched` for the fallback's 404s).
+/// axum matched (`unmatched` for the fallback's 404s). With the `http` feature.
+#[cfg(feature = "http")]
 pub async fn http(req: Request, next: Next) -> Response {
     let route = req
         .extensions()

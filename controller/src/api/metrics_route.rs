@@ -8,5 +8,5 @@ use axum::response::Response;
 
 /// `GET /metrics` on the API address (the admin router's auth runs first).
 pub async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    rivet_conductor::metrics::render(&state.conductor, &headers).await
+    crate::metrics_http::render(&state.conductor, &headers).await
 }

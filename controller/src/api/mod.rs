@@ -228,7 +228,7 @@ pub fn routes(state: AppState) -> Router {
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), audit::record))
-        .layer(middleware::from_fn(rivet_conductor::metrics::http))
+        .layer(middleware::from_fn(rivet_support::metrics::http))
         // Outermost: a held long poll waits here, after every layer above has let go.
         .layer(middleware::from_fn(deferred::resolve))
         .with_state(state)

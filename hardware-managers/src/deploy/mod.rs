@@ -70,8 +70,7 @@ pub trait ImageFetcher: Send + Sync {
     fn open(&self, url: &str, ca_pem: Option<&str>, retries: u32) -> Result<Fetched, String>;
 }
 
-/// Lists the machine's disks (the agent's inventory code, or the `--devices` list).
-pub type DiskLister = Arc<dyn Fn() -> Vec<Disk> + Send + Sync>;
+pub use crate::DiskLister;
 
 /// The manager offering `write_image`.
 pub struct DeployManager {

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-pub use crate::deploy::DiskLister;
+pub use crate::DiskLister;
 
 /// Name under which the manager registers.
 pub const NAME: &str = "software_raid";
