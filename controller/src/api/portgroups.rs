@@ -9,7 +9,7 @@ use super::body::{
     Named,
 };
 use super::listing::{check_query_versions, list_param};
-use super::ports::{connectivity_editable, ports_of, refuse_locked, PORTGROUP_SUB_VERSION};
+use super::port_common::{connectivity_editable, ports_of, refuse_locked, PORTGROUP_SUB_VERSION};
 use super::render::{document, links, select};
 use super::resource::{
     self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,

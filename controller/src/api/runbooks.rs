@@ -1,10 +1,10 @@
 //! `/v1/runbooks` (Ironic 1.92): named step lists a node may run when one of its traits is
 //! the runbook's name. `{"target": "clean"|"service", "runbook": X}` is resolved here
 //! ([`resolve`]) into the request's `clean_steps`/`service_steps` before the verb runs.
-//! The handlers are shared with deploy templates (`super::deploy_templates`).
+//! The resource is the one deploy templates use too (`super::step_templates`).
 
-use super::deploy_templates::{self as dt, Spec};
 use super::resource::{self, fetch, Access};
+use super::step_templates::{self as dt, Spec};
 use super::version::{ver, Version};
 use super::{ApiError, ApiResult, AppState};
 use crate::store::{StepTemplate, TemplateKind};

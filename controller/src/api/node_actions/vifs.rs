@@ -10,7 +10,7 @@
 //! accepted and record nothing, as Ironic's `noop` interface does.
 
 use super::refuse_locked;
-use crate::api::ports::ports_of;
+use crate::api::port_common::ports_of;
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::store::{Node, Port, Portgroup, PortgroupQuery, StoreError};
 use axum::extract::{Path, State};
