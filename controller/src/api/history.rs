@@ -364,16 +364,11 @@ async fn list(
     });
     if page.len() == limit {
         if let Some(last) = page.last() {
-            let mut next = format!(
-                "{base}/v1/nodes/{ident}/history?limit={limit}&marker={}",
-                last.uuid
-            );
-            if detail {
-                next.push_str("&detail=True");
-            }
-            if dir == SortDir::Desc {
-                next.push_str("&sort_dir=desc");
-            }
+            let next = listing::NextLink::new(&base, &format!("/v1/nodes/{ident}/history"), limit)
+                .marker(&last.uuid)
+                .param_if("detail", detail.then_some("True"))
+                .param_if("sort_dir", (dir == SortDir::Desc).then_some("desc"))
+                .build();
             body["next"] = Value::from(next);
         }
     }

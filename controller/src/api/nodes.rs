@@ -389,15 +389,10 @@ pub(super) async fn list_inner(
             } else {
                 "/v1/nodes"
             };
-            let mut link = format!("{base}{path}?limit={}&marker={}", q.limit, last.uuid);
-            for k in LIST_PARAMS
-                .iter()
-                .filter(|k| !["limit", "marker"].contains(k))
-            {
-                if let Some(v) = params.get(*k) {
-                    link.push_str(&format!("&{k}={}", query_escape(v)));
-                }
-            }
+            let link = listing::NextLink::new(&base, path, q.limit)
+                .marker(&last.uuid)
+                .params_of(&params, LIST_PARAMS)
+                .build();
             next = Some(link);
         }
     }
@@ -420,19 +415,6 @@ async fn list_page(state: &AppState, q: &NodeQuery) -> ApiResult<Vec<Node>> {
             }
             e => e.into(),
         })
-}
-
-/// A query value for a `next` link: everything but RFC 3986 unreserved characters escaped.
-fn query_escape(v: &str) -> String {
-    v.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~,".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// A node's document as a client at `version` sees it.
