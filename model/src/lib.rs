@@ -14,6 +14,7 @@
 //!   configuration changes on the node.
 //! - [`boot_mode`]: a node's effective boot mode and whether Secure Boot is requested.
 //! - [`config`]: every section of rivetd's configuration file.
+//! - [`microversions`]: the microversion of every API route, resource and provision verb.
 #![warn(missing_docs)]
 
 pub mod boot_mode;
@@ -22,6 +23,7 @@ pub mod fsm;
 pub mod inspection;
 pub mod interfaces;
 pub mod internal_info;
+pub mod microversions;
 pub mod raid;
 pub mod records;
 pub mod runs;

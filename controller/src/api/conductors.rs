@@ -2,12 +2,13 @@
 //! (`hostname` is the conductor id, `alive` whether it heartbeat within `dead_after_s`).
 
 use super::render::base_url;
-use super::{ApiError, ApiResult, AppState};
+use super::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::store::ConductorRecord;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
+use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -85,8 +86,8 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
 }
 
 /// Ironic's `/v1/conductors` (1.49): not found for older clients.
-fn gate(version: &super::version::Version) -> ApiResult<()> {
-    if super::version::ver(version) < (1, 49) {
+fn gate(version: (u32, u32)) -> ApiResult<()> {
+    if version < mv::CONDUCTORS {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "the conductors endpoint needs API version 1.49 or later",
@@ -106,10 +107,10 @@ async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: super::version::Version,
+    ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(&version)?;
+    gate(version)?;
     let q = list_query(&params, state.conductor.config.api.max_limit)?;
     let base = base_url(&headers);
     let mut all = conductors(&state).await?;
@@ -169,10 +170,10 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: super::version::Version,
+    ApiVersion(version): ApiVersion,
     Path(hostname): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(&version)?;
+    gate(version)?;
     let base = base_url(&headers);
     let all = conductors(&state).await?;
     let c = all.iter().find(|c| c.id == hostname).ok_or_else(|| {

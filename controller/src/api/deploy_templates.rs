@@ -7,11 +7,12 @@ use super::step_templates::{Api, Kind, Spec};
 use super::AppState;
 use crate::store::TemplateKind;
 use axum::Router;
+use rivet_model::microversions as mv;
 
 const DEPLOY: Spec = Spec {
     kind: TemplateKind::Deploy,
     collection: "deploy_templates",
-    since: (1, 55),
+    since: mv::DEPLOY_TEMPLATES,
     label: "Deploy template",
     order_key: "priority",
     args_required: true,

@@ -21,7 +21,7 @@ use crate::interfaces::{HardwareType, Iface, HARDWARE_TYPES};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -233,7 +233,7 @@ fn hardware_type(name: &str) -> ApiResult<&'static HardwareType> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     check_params(&params, &["type", "detail", "fields"])?;
@@ -295,7 +295,7 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(name): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {

@@ -7,10 +7,10 @@ use super::{ApiError, ApiResult, ApiVersion, AppState};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::routing::post;
-use axum::{Extension, Router};
+use axum::Router;
+use rivet_model::microversions as mv;
 use serde_json::Value;
 
-const SINCE: (u32, u32) = (1, 54);
 const EVENT_TYPES: &[&str] = &[
     "network.bind_port",
     "network.unbind_port",
@@ -114,11 +114,8 @@ fn validate(body: &Value) -> Result<&Vec<Value>, String> {
     Ok(events)
 }
 
-async fn create(
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    bytes: Bytes,
-) -> ApiResult<StatusCode> {
-    if version < SINCE {
+async fn create(ApiVersion(version): ApiVersion, bytes: Bytes) -> ApiResult<StatusCode> {
+    if version < mv::EVENTS {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "events need API version 1.54 or later",

@@ -1,7 +1,9 @@
 //! Microversion gates of routes, in one place.
 //!
 //! Every route's microversion is its row in [`super::openapi::OPERATIONS`] (`since`), the
-//! table the OpenAPI document is made from and tests/openapi.rs holds equal to the router.
+//! table the OpenAPI document is made from and tests/openapi.rs holds equal to the router;
+//! the rows take their versions from `rivet_model::microversions`, the one table the
+//! resources and the conductor's verbs read too.
 //! [`require`] reads that row for every request the router matched, so a route can neither
 //! be served below its microversion nor be documented at another one. What Ironic answers
 //! below the microversion is [`refusal`]: 404 as if the route did not exist, except where
@@ -13,7 +15,7 @@
 //! and `nodes::FILTER_VERSIONS`), always with 406.
 
 use super::openapi::{operations, Op};
-use super::version::{ver, vstr, Version};
+use super::version::{vstr, ApiVersion};
 use super::ApiError;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{Method, StatusCode};
@@ -84,11 +86,10 @@ pub(super) fn since(method: &Method, path: &str) -> Option<(u32, u32)> {
 }
 
 /// Route middleware: the request's microversion against its route's row.
-pub(super) async fn require(version: Version, req: Request, next: Next) -> Response {
+pub(super) async fn require(ApiVersion(asked): ApiVersion, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str());
     if let Some(path) = route {
         if let Some(need) = since(req.method(), path) {
-            let asked = ver(&version);
             if asked < need {
                 let status = refusal(req.method().as_str(), path);
                 let msg = format!(

@@ -15,12 +15,12 @@ use crate::store::{AuditEntry, AuditQuery, SortDir};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use chrono::{DateTime, Utc};
+use rivet_model::microversions as mv;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
-const SINCE: (u32, u32) = (1, 78);
 const PROJECT_SINCE: (u32, u32) = (1, 113);
 const FIELDS_SINCE: (u32, u32) = (1, 115);
 /// Longest `event` in a listing without `detail` (Ironic cuts to 251 characters + `...`).
@@ -283,7 +283,7 @@ fn render(e: &Entry, node: &str, detail: bool, version: (u32, u32), base: &str) 
 }
 
 fn gate(version: (u32, u32)) -> ApiResult<()> {
-    if version < SINCE {
+    if version < mv::NODE_HISTORY {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "node history needs API version 1.78 or later",
@@ -303,7 +303,7 @@ fn not_found(node: &str, event: &str) -> ApiError {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
@@ -379,7 +379,7 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path((ident, event)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
     gate(version)?;

@@ -5,6 +5,7 @@
 use super::version::not_acceptable;
 use super::ApiError;
 use crate::store::SortDir;
+use rivet_model::microversions as mv;
 
 use std::collections::HashMap;
 
@@ -108,11 +109,11 @@ pub fn check_query_versions(
     params: &HashMap<String, String>,
     version: (u32, u32),
 ) -> Result<(), ApiError> {
-    if params.contains_key("fields") && version < (1, 8) {
-        return Err(not_acceptable("fields", (1, 8)));
+    if params.contains_key("fields") && version < mv::FIELDS {
+        return Err(not_acceptable("fields", mv::FIELDS));
     }
     if let Some(d) = params.get("detail") {
-        if version < (1, 43) {
+        if version < mv::DETAIL_QUERY {
             return Err(ApiError::bad_request(format!(
                 "Invalid query parameter ?detail={d} received."
             )));

@@ -2,7 +2,6 @@
 
 use super::node_json::{JsonBytes, NodeShape};
 use super::render::{base_url, node_full, parse_fields};
-use super::version::{ver, Version};
 use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
 use crate::drivers::DRIVERS;
 use crate::interfaces::{Iface, Interfaces};
@@ -12,6 +11,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
+use rivet_model::microversions as mv;
 use rivet_protocol::api::{
     MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
 };
@@ -427,19 +427,19 @@ fn node_doc(n: &Node, base: &str, version: (u32, u32)) -> Map<String, Value> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<JsonBytes> {
-    list_inner(&state, &headers, ver(&version), params, false).await
+    list_inner(&state, &headers, version, params, false).await
 }
 
 async fn list_detail(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<JsonBytes> {
-    list_inner(&state, &headers, ver(&version), params, true).await
+    list_inner(&state, &headers, version, params, true).await
 }
 
 /// A node name must be usable in URLs and not look like a UUID.
@@ -501,7 +501,7 @@ fn node_response(
 async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     JsonBody(req): JsonBody<NodeCreate>,
 ) -> ApiResult<Response> {
     check_driver(&req.driver)?;
@@ -560,7 +560,7 @@ async fn create(
     node.provision_updated_at = Some(node.created_at);
     // Ironic's contract with clients older than 1.11 (which know no `enroll`): their nodes
     // are created `available`, unverified and uncleaned, as Ironic creates them.
-    if ver(&version) < (1, 11) {
+    if version < (1, 11) {
         node.provision_state = rivet_protocol::states::ProvisionState::Available;
     }
     let mut node = state.conductor.store.create_node(&node).await?;
@@ -570,7 +570,7 @@ async fn create(
         StatusCode::CREATED,
         &node,
         &headers,
-        ver(&version),
+        version,
         &Default::default(),
     );
     if let Ok(loc) =
@@ -584,16 +584,16 @@ async fn create(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(p): Query<super::listing::ShowParams>,
 ) -> ApiResult<Response> {
     let mut node = state.conductor.store.get_node(&ident).await?;
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
     if let Some(f) = &p.fields {
-        super::render::check_node_fields(f.split(',').map(str::trim), ver(&version))?;
+        super::render::check_node_fields(f.split(',').map(str::trim), version)?;
     }
-    let mut full = node_doc(&node, &base_url(&headers), ver(&version));
+    let mut full = node_doc(&node, &base_url(&headers), version);
     let kept = state.conductor.store.node_management(&node.uuid).await?;
     super::node_actions::node_fields::apply(&mut full, &kept);
     let mut resp = match parse_fields(p.fields.as_deref(), &full)? {
@@ -723,13 +723,13 @@ fn patched_field(path: &str) -> String {
 async fn update(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(params): Query<PatchParams>,
     JsonBody(ops): JsonBody<Vec<PatchOp>>,
 ) -> ApiResult<Response> {
     let reset_interfaces = match &params.reset_interfaces {
-        Some(_) if ver(&version) < (1, 45) => {
+        Some(_) if version < (1, 45) => {
             return Err(ApiError::new(
                 StatusCode::NOT_ACCEPTABLE,
                 "reset_interfaces needs API version 1.45 or later",
@@ -751,7 +751,7 @@ async fn update(
         .map(|op| patched_field(&op.path))
         .filter(|f| NODE_PATCHABLE.contains(&f.as_str()))
         .collect();
-    super::render::check_node_fields(newer.iter().map(String::as_str), ver(&version))?;
+    super::render::check_node_fields(newer.iter().map(String::as_str), version)?;
     if ops.iter().any(|op| patched_field(&op.path) == "traits") {
         return Err(ApiError::bad_request(
             "Cannot update node traits via node patch. Node traits should be updated via the node traits API.",
@@ -893,7 +893,7 @@ async fn update(
         resolve_parent(&state, &node, parent).await?
     };
     let chassis = opt_string(&mut doc, "chassis_uuid")?;
-    if node.chassis_uuid.is_some() && chassis.is_none() && ver(&version) < (1, 25) {
+    if node.chassis_uuid.is_some() && chassis.is_none() && version < (1, 25) {
         return Err(ApiError::new(
             StatusCode::NOT_ACCEPTABLE,
             "removing chassis_uuid needs API version 1.25 or later",
@@ -928,7 +928,7 @@ async fn update(
         StatusCode::OK,
         &saved,
         &headers,
-        ver(&version),
+        version,
         &kept,
     ))
 }
@@ -963,7 +963,7 @@ async fn remove(
 
 async fn states(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let n = state.conductor.store.get_node(&ident).await?;
@@ -972,13 +972,13 @@ async fn states(
         "console_enabled": false,
         "last_error": n.last_error,
         "power_state": n.power_state,
-        "provision_state": super::render::provision_state_at(n.provision_state, ver(&version)),
+        "provision_state": super::render::provision_state_at(n.provision_state, version),
         "target_power_state": n.target_power_state,
         "target_provision_state": n.target_provision_state,
         "provision_updated_at": super::render::time(&n.provision_updated_at),
     });
     if let Value::Object(m) = &mut doc {
-        super::node_actions::node_fields::states(m, &kept, ver(&version));
+        super::node_actions::node_fields::states(m, &kept, version);
     }
     Ok(Json(doc))
 }
@@ -998,7 +998,7 @@ fn accepted(headers: &HeaderMap, node: &Node) -> Response {
 async fn provision(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Extension(caller): Extension<super::auth::Caller>,
     Path(ident): Path<String>,
     JsonBody(mut req): JsonBody<ProvisionRequest>,
@@ -1038,14 +1038,14 @@ async fn abort_provision(
 async fn power(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     JsonBody(req): JsonBody<PowerRequest>,
 ) -> ApiResult<Response> {
     use rivet_protocol::states::PowerState;
     // Soft power actions and `timeout` came with 1.27 (`MINOR_27_SOFT_POWER_OFF`).
     let soft = matches!(req.target, PowerState::SoftOff | PowerState::SoftRebooting);
-    if (soft || req.timeout.is_some()) && ver(&version) < (1, 27) {
+    if (soft || req.timeout.is_some()) && version < (1, 27) {
         return Err(ApiError::new(
             StatusCode::NOT_ACCEPTABLE,
             "soft power actions and a power timeout need API version 1.27 or later",
@@ -1090,10 +1090,10 @@ async fn maintenance_off(
 
 async fn inventory(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    if version < (1, 81) {
+    if version < mv::NODE_INVENTORY {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "the inventory endpoint needs API version 1.81 or later",

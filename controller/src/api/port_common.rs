@@ -1,13 +1,9 @@
 //! What the port and port group APIs share, below both: the node lock refusal of their
-//! writes, the states in which connectivity may change, a node's or group's ports, and the
-//! microversion of the port group sub-resources.
+//! writes, the states in which connectivity may change, and a node's or group's ports.
 
 use super::ApiError;
 use super::AppState;
 use crate::store::{Node, Port, PortQuery, StoreError};
-
-/// Port group sub-resources and filters (`MINOR_24_PORTGROUPS_SUBCONTROLLERS`).
-pub(super) const PORTGROUP_SUB_VERSION: (u32, u32) = (1, 24);
 
 /// 409 while another operation holds the node (Ironic's NodeLocked: port and port group
 /// writes take the node's lock).

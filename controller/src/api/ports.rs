@@ -9,7 +9,7 @@ use super::body::{
 };
 use super::listing::{check_query_versions, list_param};
 use super::patch::patched_fields;
-use super::port_common::{connectivity_editable, ports_of, refuse_locked, PORTGROUP_SUB_VERSION};
+use super::port_common::{connectivity_editable, ports_of, refuse_locked};
 use super::portgroups;
 use super::render::{document, select};
 use super::resource::{
@@ -23,6 +23,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
+use rivet_model::microversions as mv;
 use rivet_protocol::api::PatchOp;
 use serde_json::{json, Map, Value};
 
@@ -461,20 +462,23 @@ impl Resource for Api {
         if let Some(Parent::Portgroup(_)) = l.parent {
             resource::gate::<portgroups::Api>(version, Access::Read)?;
             // Port group sub-resources are 1.24 (Ironic answers 404 below).
-            if version < PORTGROUP_SUB_VERSION {
+            if version < mv::PORTGROUP_SUBRESOURCES {
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!(
                         "the resource {path} could not be found (it needs API version {} or \
                          later)",
-                        vstr(PORTGROUP_SUB_VERSION)
+                        vstr(mv::PORTGROUP_SUBRESOURCES)
                     ),
                 ));
             }
         }
         check_query_versions(params, version)?;
-        if params.contains_key("portgroup") && version < PORTGROUP_SUB_VERSION {
-            return Err(not_acceptable("portgroup filter", PORTGROUP_SUB_VERSION));
+        if params.contains_key("portgroup") && version < mv::PORTGROUP_SUBRESOURCES {
+            return Err(not_acceptable(
+                "portgroup filter",
+                mv::PORTGROUP_SUBRESOURCES,
+            ));
         }
         if params.contains_key("shard") && version < SHARD_VERSION {
             return Err(not_acceptable("shard filter", SHARD_VERSION));

@@ -5,10 +5,9 @@ use super::{ApiError, ApiResult, ApiVersion, AppState};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
+use rivet_model::microversions as mv;
 use serde_json::{json, Value};
-
-const SINCE: (u32, u32) = (1, 82);
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -17,7 +16,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 fn gate(version: (u32, u32)) -> ApiResult<()> {
-    if version < SINCE {
+    if version < mv::SHARDS {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "The API version does not allow shards",
@@ -28,7 +27,7 @@ fn gate(version: (u32, u32)) -> ApiResult<()> {
 
 async fn list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
 ) -> ApiResult<Json<Value>> {
     gate(version)?;
     let counts = state.conductor.store.shard_counts().await?;
@@ -43,7 +42,7 @@ async fn list(
 }
 
 /// Ironic does not serve one shard: 404 at any version.
-async fn show(Extension(ApiVersion(version)): Extension<ApiVersion>) -> ApiResult<Json<Value>> {
+async fn show(ApiVersion(version): ApiVersion) -> ApiResult<Json<Value>> {
     gate(version)?;
     Err(ApiError::new(
         StatusCode::NOT_FOUND,

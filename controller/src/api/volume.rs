@@ -11,7 +11,7 @@ use super::render::{base_url, document};
 use super::resource::{
     self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
 };
-use super::version::{ver, Version};
+use super::version::ApiVersion;
 use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::{
     Node, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
@@ -22,6 +22,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
+use rivet_model::microversions as mv;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -43,9 +44,6 @@ pub fn routes() -> Router<AppState> {
             get(resource::list::<Targets, OfNode, false>).post(malformed),
         )
 }
-
-/// `MINOR_32_VOLUME`.
-pub const VOLUME_VERSION: (u32, u32) = (1, 32);
 
 /// Connector types Ironic documents (`api-ref`: iqn, ip, mac, wwnn, wwpn) and the port kinds
 /// its storage interfaces read.
@@ -83,8 +81,8 @@ fn too_old(v: (u32, u32)) -> ApiError {
 }
 
 /// The volume API's gate, for its routes outside the two collections.
-fn gate(version: &Version) -> Result<(), ApiError> {
-    resource::gate::<Connectors>(ver(version), Access::Read)
+fn gate(version: (u32, u32)) -> Result<(), ApiError> {
+    resource::gate::<Connectors>(version, Access::Read)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -203,18 +201,18 @@ fn volume_links(base: &str, prefix: &str) -> Value {
     })
 }
 
-async fn root(version: Version, headers: HeaderMap) -> ApiResult<Json<Value>> {
-    gate(&version)?;
+async fn root(ApiVersion(version): ApiVersion, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    gate(version)?;
     Ok(Json(volume_links(&base_url(&headers), "volume/")))
 }
 
 async fn node_root(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(&version)?;
+    gate(version)?;
     state.conductor.store.get_node(&ident).await?;
     Ok(Json(volume_links(
         &base_url(&headers),
@@ -222,8 +220,8 @@ async fn node_root(
     )))
 }
 
-async fn malformed(version: Version) -> ApiError {
-    if let Err(e) = gate(&version) {
+async fn malformed(ApiVersion(version): ApiVersion) -> ApiError {
+    if let Err(e) = gate(version) {
         return e;
     }
     ApiError::bad_request(
@@ -238,7 +236,7 @@ impl<K: VolumeKind> Resource for Api<K> {
     const NAME: &'static str = kind_text(K::KIND, "Volume connector", "Volume target");
     const IDENT: &'static str = "uuid";
     const DETAIL_ROUTE: bool = false;
-    const SINCE: (u32, u32) = VOLUME_VERSION;
+    const SINCE: (u32, u32) = mv::VOLUME;
     const LIST_FIELDS: &'static [&'static str] = match K::KIND {
         Kind::Connector => CONNECTOR_FIELDS,
         Kind::Target => TARGET_FIELDS,

@@ -12,16 +12,13 @@ use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::store::{BiosSetting, FirmwareComponent};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::{Extension, Json};
+use axum::Json;
+use rivet_model::microversions as mv;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
-/// `MINOR_40_BIOS_INTERFACE`.
-const BIOS_VERSION: (u32, u32) = (1, 40);
 /// `MINOR_74_BIOS_REGISTRY`: registry fields, `detail` and `fields`.
 const BIOS_REGISTRY_VERSION: (u32, u32) = (1, 74);
-/// `MINOR_86_FIRMWARE_INTERFACE`.
-const FIRMWARE_VERSION: (u32, u32) = (1, 86);
 /// `MINOR_114_FIRMWARE_IDENTITY`.
 const FIRMWARE_IDENTITY_VERSION: (u32, u32) = (1, 114);
 
@@ -140,12 +137,12 @@ fn registry_fields() -> Vec<&'static str> {
 /// `GET /v1/nodes/{node}/bios`: `{"bios": [...]}`.
 pub(super) async fn bios_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, BIOS_VERSION, "BIOS settings")?;
+    gate(version, mv::BIOS, "BIOS settings")?;
     let all = registry_fields();
     let (fields, detail) = return_fields(&params, version, BIOS_REGISTRY_VERSION, &all)?;
     let node = state.conductor.store.get_node(&ident).await?;
@@ -170,11 +167,11 @@ pub(super) async fn bios_list(
 /// `GET /v1/nodes/{node}/bios/{name}`: `{name: {...}}`, registry fields from 1.74.
 pub(super) async fn bios_show(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path((ident, name)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, BIOS_VERSION, "BIOS settings")?;
+    gate(version, mv::BIOS, "BIOS settings")?;
     let node = state.conductor.store.get_node(&ident).await?;
     let settings = state.conductor.store.list_bios_settings(&node.uuid).await?;
     let Some(s) = settings.iter().find(|s| s.name == name) else {
@@ -229,11 +226,11 @@ fn firmware_doc(c: &FirmwareComponent, fields: &[&str]) -> Value {
 /// `GET /v1/nodes/{node}/firmware`: `{"firmware": [...]}`.
 pub(super) async fn firmware_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, FIRMWARE_VERSION, "firmware components")?;
+    gate(version, mv::FIRMWARE, "firmware components")?;
     let identity = version >= FIRMWARE_IDENTITY_VERSION;
     let mut valid: Vec<&str> = FIRMWARE_FIELDS.to_vec();
     valid.extend_from_slice(FIRMWARE_IDENTITY);
@@ -254,7 +251,7 @@ pub(super) async fn firmware_list(
             }
         }
     }
-    let (fields, _detail) = return_fields(&params, version, FIRMWARE_VERSION, &valid)?;
+    let (fields, _detail) = return_fields(&params, version, mv::FIRMWARE, &valid)?;
     let defaults: Vec<&str> = if identity {
         valid.clone()
     } else {

@@ -6,24 +6,22 @@ use crate::api::render::base_url;
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::{Extension, Json};
+use axum::Json;
+use rivet_model::microversions as mv;
 use serde_json::{json, Value};
-
-/// `MINOR_83_PARENT_CHILD_NODES`.
-const CHILDREN_VERSION: (u32, u32) = (1, 83);
 
 pub(super) async fn children(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    if version < CHILDREN_VERSION {
+    if version < mv::CHILDREN {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
                 "child nodes need API version {} or later; this request asked for {}",
-                ver(CHILDREN_VERSION),
+                ver(mv::CHILDREN),
                 ver(version)
             ),
         ));

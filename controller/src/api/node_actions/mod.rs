@@ -37,6 +37,7 @@ use axum::body::Bytes;
 use axum::http::{Method, StatusCode};
 use axum::routing::{any, delete, get, put};
 use axum::Router;
+use rivet_model::microversions as mv;
 use rivet_protocol::limits::{parse_strict, Limits};
 use serde_json::Value;
 use std::sync::Arc;
@@ -144,13 +145,6 @@ fn resource_routes() -> Router<AppState> {
 
 // ------------------------------------------------------------------ versions and refusals
 
-/// Node traits (`MINOR_37_NODE_TRAITS`).
-const TRAITS_VERSION: (u32, u32) = (1, 37);
-/// Attaching and detaching virtual media (`MINOR_89_ATTACH_DETACH_VMEDIA`).
-const VMEDIA_VERSION: (u32, u32) = (1, 89);
-/// Listing virtual media (`MINOR_93_GET_VMEDIA`).
-const VMEDIA_GET_VERSION: (u32, u32) = (1, 93);
-
 fn ver(v: (u32, u32)) -> String {
     format!("{}.{}", v.0, v.1)
 }
@@ -159,7 +153,7 @@ fn ver(v: (u32, u32)) -> String {
 /// reads as a node request for the field `traits`, newer than the version (406); a PUT finds
 /// no handler (405); a DELETE no resource (404).
 fn traits_gate(version: (u32, u32), method: &Method) -> Result<(), ApiError> {
-    if version >= TRAITS_VERSION {
+    if version >= mv::TRAITS {
         return Ok(());
     }
     let status = match *method {
@@ -171,7 +165,7 @@ fn traits_gate(version: (u32, u32), method: &Method) -> Result<(), ApiError> {
         status,
         format!(
             "node traits need API version {} or later; this request asked for {}",
-            ver(TRAITS_VERSION),
+            ver(mv::TRAITS),
             ver(version)
         ),
     ))

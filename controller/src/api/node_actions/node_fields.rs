@@ -5,6 +5,7 @@
 //! in a node document and in `/states`.
 
 use crate::store::NodeManagement;
+use rivet_model::microversions as mv;
 use serde_json::{json, Map, Value};
 
 /// `MINOR_75_NODE_BOOT_MODE`.
@@ -41,7 +42,7 @@ pub(in crate::api) fn states(
         let since = if k == "console_enabled" {
             (1, 1)
         } else if k.ends_with("raid_config") {
-            super::raid::RAID_VERSION
+            mv::RAID
         } else {
             BOOT_MODE_FIELDS_VERSION
         };

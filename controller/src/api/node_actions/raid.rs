@@ -17,22 +17,20 @@ use crate::interfaces::Iface;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
+use rivet_model::microversions as mv;
 use rivet_model::raid::LOGICAL_DISK_PROPERTIES;
 use serde_json::{Map, Value};
 
-/// `MINOR_12_RAID_CONFIG`.
-pub(crate) const RAID_VERSION: (u32, u32) = (1, 12);
-
 fn gate(version: (u32, u32)) -> Result<(), ApiError> {
-    if version >= RAID_VERSION {
+    if version >= mv::RAID {
         return Ok(());
     }
     Err(ApiError::new(
         StatusCode::NOT_ACCEPTABLE,
         format!(
             "RAID configuration needs API version {} or later; this request asked for {}",
-            ver(RAID_VERSION),
+            ver(mv::RAID),
             ver(version)
         ),
     ))
@@ -55,7 +53,7 @@ fn no_raid(driver: &str) -> ApiError {
 /// `PUT /v1/nodes/{node}/states/raid` with the target configuration as the body: 204.
 pub(super) async fn raid_set(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
@@ -91,7 +89,7 @@ pub(super) async fn raid_set(
 
 /// `GET /v1/drivers/{driver}/raid/logical_disk_properties`.
 pub(super) async fn logical_disk_properties(
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(driver): Path<String>,
 ) -> ApiResult<Json<Value>> {
     gate(version)?;

@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 
@@ -234,7 +234,7 @@ async fn write_traits(
 
 pub(super) async fn traits_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
     traits_gate(version, &Method::GET)?;
@@ -245,7 +245,7 @@ pub(super) async fn traits_list(
 /// `PUT /v1/nodes/{node}/traits` `{"traits": [...]}`: replace them all (204).
 pub(super) async fn traits_set(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
@@ -267,7 +267,7 @@ pub(super) async fn traits_set(
 /// `PUT /v1/nodes/{node}/traits/{trait}`: add one (204, its URL in Location).
 pub(super) async fn trait_add(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path((ident, name)): Path<(String, String)>,
     body: Bytes,
@@ -316,7 +316,7 @@ fn url_segment(s: &str) -> String {
 /// `DELETE /v1/nodes/{node}/traits/{trait}`: 204, or 404 when the node does not have it.
 pub(super) async fn trait_remove(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path((ident, name)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
     traits_gate(version, &Method::DELETE)?;
@@ -341,7 +341,7 @@ pub(super) async fn trait_remove(
 /// `DELETE /v1/nodes/{node}/traits`: remove them all (204).
 pub(super) async fn traits_clear(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<StatusCode> {
     traits_gate(version, &Method::DELETE)?;

@@ -15,24 +15,24 @@ use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::store::{Node, Port, Portgroup, PortgroupQuery, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
+use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 
-/// VIFs (`MINOR_28_VIFS_SUBCONTROLLER`).
-const VIFS_VERSION: (u32, u32) = (1, 28);
 /// `port_uuid`/`portgroup_uuid` in the attach body (`MINOR_67_NODE_VIF_ATTACH_PORT`).
 const VIF_PORT_VERSION: (u32, u32) = (1, 67);
 /// Where the tenant VIF is kept (Ironic's `NetType.TENANT.vif_key`).
 const VIF_KEY: &str = "tenant_vif_port_id";
 
 fn gate(version: (u32, u32), ident: &str) -> Result<(), ApiError> {
-    if version < VIFS_VERSION {
+    if version < mv::VIFS {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
                 "the resource /v1/nodes/{ident}/vifs could not be found (it needs API version \
                  {}.{} or later)",
-                VIFS_VERSION.0, VIFS_VERSION.1
+                mv::VIFS.0,
+                mv::VIFS.1
             ),
         ));
     }
@@ -60,7 +60,7 @@ fn vif_of(internal_info: &serde_json::Map<String, Value>) -> Option<&str> {
 
 pub(super) async fn vif_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
     gate(version, &ident)?;
@@ -176,7 +176,7 @@ fn choose(
 
 pub(super) async fn vif_attach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<StatusCode> {
@@ -231,7 +231,7 @@ pub(super) async fn vif_attach(
 
 pub(super) async fn vif_detach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path((ident, vif)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
     gate(version, &ident)?;

@@ -5,14 +5,15 @@
 
 use super::{
     driver_error, extras_message, json_body, node_for_bmc, py_repr, py_str, schema_error,
-    vmedia_gate, VMEDIA_GET_VERSION, VMEDIA_VERSION,
+    vmedia_gate,
 };
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::store::Node;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
+use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 
 /// Ironic's `boot_devices.VMEDIA_DEVICES`.
@@ -123,11 +124,11 @@ fn attach_body(body: &Bytes) -> Result<Attach, ApiError> {
 /// `last_error`.
 pub(super) async fn vmedia_attach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    vmedia_gate(version, VMEDIA_VERSION, &ident)?;
+    vmedia_gate(version, mv::VMEDIA, &ident)?;
     let req = attach_body(&body)?;
     let (node, bmc) = node_for_bmc(&state, &ident, true).await?;
     refuse_power_failure(&node, "attach")?;
@@ -198,7 +199,7 @@ async fn detach(
     ident: &str,
     types: Result<Option<Vec<String>>, ApiError>,
 ) -> ApiResult<StatusCode> {
-    vmedia_gate(version, VMEDIA_VERSION, ident)?;
+    vmedia_gate(version, mv::VMEDIA, ident)?;
     let types = types?;
     let (node, bmc) = node_for_bmc(state, ident, true).await?;
     refuse_power_failure(&node, "detach")?;
@@ -218,7 +219,7 @@ async fn detach(
 /// `DELETE /v1/nodes/{node}/vmedia[?device_types=…]` (1.89): eject (204).
 pub(super) async fn vmedia_detach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> ApiResult<StatusCode> {
@@ -228,7 +229,7 @@ pub(super) async fn vmedia_detach(
 /// `DELETE /v1/nodes/{node}/vmedia/{device_type}` (1.89).
 pub(super) async fn vmedia_detach_one(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path((ident, device_type)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
     detach(
@@ -244,10 +245,10 @@ pub(super) async fn vmedia_detach_one(
 /// Ironic answers it.
 pub(super) async fn vmedia_get(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    vmedia_gate(version, VMEDIA_GET_VERSION, &ident)?;
+    vmedia_gate(version, mv::VMEDIA_GET, &ident)?;
     let (node, bmc) = node_for_bmc(&state, &ident, false).await?;
     let media = bmc
         .get_virtual_media(&node.uuid, &node.driver_info)
