@@ -2,13 +2,12 @@
 //! (`hostname` is the conductor id, `alive` whether it heartbeat within `dead_after_s`).
 
 use super::render::base_url;
-use super::{ApiError, ApiResult, ApiVersion, AppState};
+use super::{ApiError, ApiResult, AppState};
 use crate::store::ConductorRecord;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
-use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -85,17 +84,6 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
     v
 }
 
-/// Ironic's `/v1/conductors` (1.49): not found for older clients.
-fn gate(version: (u32, u32)) -> ApiResult<()> {
-    if version < mv::CONDUCTORS {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "the conductors endpoint needs API version 1.49 or later",
-        ));
-    }
-    Ok(())
-}
-
 async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
     Ok(state
         .conductor
@@ -107,10 +95,8 @@ async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version)?;
     let q = list_query(&params, state.conductor.config.api.max_limit)?;
     let base = base_url(&headers);
     let mut all = conductors(&state).await?;
@@ -170,10 +156,8 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    ApiVersion(version): ApiVersion,
     Path(hostname): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(version)?;
     let base = base_url(&headers);
     let all = conductors(&state).await?;
     let c = all.iter().find(|c| c.id == hostname).ok_or_else(|| {

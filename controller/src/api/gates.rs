@@ -5,7 +5,8 @@
 //! the rows take their versions from `rivet_model::microversions`, the one table the
 //! resources and the conductor's verbs read too.
 //! [`require`] reads that row for every request the router matched, so a route can neither
-//! be served below its microversion nor be documented at another one. What Ironic answers
+//! be served below its microversion nor be documented at another one; handlers do not check
+//! their route's version again. What Ironic answers
 //! below the microversion is [`refusal`]: 404 as if the route did not exist, except where
 //! Ironic's controller answers a write with 405 (deploy templates, runbooks, allocations, inspection rules) or a
 //! route answers 406 or 405 ([`ROUTE_REFUSALS`]).

@@ -17,7 +17,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use rivet_model::microversions as mv;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -282,16 +281,6 @@ fn render(e: &Entry, node: &str, detail: bool, version: (u32, u32), base: &str) 
     Value::Object(v)
 }
 
-fn gate(version: (u32, u32)) -> ApiResult<()> {
-    if version < mv::NODE_HISTORY {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "node history needs API version 1.78 or later",
-        ));
-    }
-    Ok(())
-}
-
 fn not_found(node: &str, event: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -307,7 +296,6 @@ async fn list(
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version)?;
     if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
         return Err(ApiError::bad_request(format!(
             "unknown query parameter {bad:?}; supported: {}",
@@ -382,7 +370,6 @@ async fn show(
     ApiVersion(version): ApiVersion,
     Path((ident, event)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    gate(version)?;
     let node = state.conductor.store.get_node(&ident).await?;
     let all = entries(&state, &node.uuid).await?;
     let e = all

@@ -11,7 +11,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
-use rivet_model::microversions as mv;
 use rivet_protocol::api::{
     MaintenanceRequest, NodeCreate, PatchOp, PowerRequest, ProvisionRequest,
 };
@@ -1090,15 +1089,8 @@ async fn maintenance_off(
 
 async fn inventory(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    if version < mv::NODE_INVENTORY {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "the inventory endpoint needs API version 1.81 or later",
-        ));
-    }
     let node = state.conductor.store.get_node(&ident).await?;
     let (inventory, at) = state.conductor.store.get_inventory(&node.uuid).await.map_err(|e| match e {
         crate::store::StoreError::NotFound { .. } => ApiError::new(

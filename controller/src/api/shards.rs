@@ -1,12 +1,11 @@
 //! `GET /v1/shards` (1.82): how many nodes each shard holds, as Ironic counts them — every
 //! distinct `node.shard`, nodes without one under the name `"None"`, most populated first.
 
-use super::{ApiError, ApiResult, ApiVersion, AppState};
+use super::{ApiError, ApiResult, AppState};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
-use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 
 pub fn routes() -> Router<AppState> {
@@ -15,21 +14,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/shards/{name}", get(show))
 }
 
-fn gate(version: (u32, u32)) -> ApiResult<()> {
-    if version < mv::SHARDS {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "The API version does not allow shards",
-        ));
-    }
-    Ok(())
-}
-
-async fn list(
-    State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
-) -> ApiResult<Json<Value>> {
-    gate(version)?;
+async fn list(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let counts = state.conductor.store.shard_counts().await?;
     let shards: Vec<Value> = counts
         .into_iter()
@@ -42,8 +27,7 @@ async fn list(
 }
 
 /// Ironic does not serve one shard: 404 at any version.
-async fn show(ApiVersion(version): ApiVersion) -> ApiResult<Json<Value>> {
-    gate(version)?;
+async fn show() -> ApiResult<Json<Value>> {
     Err(ApiError::new(
         StatusCode::NOT_FOUND,
         "a single shard cannot be shown; list them with GET /v1/shards",

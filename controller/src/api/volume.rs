@@ -11,7 +11,6 @@ use super::render::{base_url, document};
 use super::resource::{
     self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
 };
-use super::version::ApiVersion;
 use super::{listing, ApiError, ApiResult, AppState};
 use crate::store::{
     Node, StoreError, VolumeConnector, VolumeQuery, VolumeTarget, CONNECTOR_SORT_KEYS,
@@ -78,11 +77,6 @@ fn too_old(v: (u32, u32)) -> ApiError {
             v.0, v.1
         ),
     )
-}
-
-/// The volume API's gate, for its routes outside the two collections.
-fn gate(version: (u32, u32)) -> Result<(), ApiError> {
-    resource::gate::<Connectors>(version, Access::Read)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -201,18 +195,15 @@ fn volume_links(base: &str, prefix: &str) -> Value {
     })
 }
 
-async fn root(ApiVersion(version): ApiVersion, headers: HeaderMap) -> ApiResult<Json<Value>> {
-    gate(version)?;
+async fn root(headers: HeaderMap) -> ApiResult<Json<Value>> {
     Ok(Json(volume_links(&base_url(&headers), "volume/")))
 }
 
 async fn node_root(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(version)?;
     state.conductor.store.get_node(&ident).await?;
     Ok(Json(volume_links(
         &base_url(&headers),
@@ -220,10 +211,7 @@ async fn node_root(
     )))
 }
 
-async fn malformed(ApiVersion(version): ApiVersion) -> ApiError {
-    if let Err(e) = gate(version) {
-        return e;
-    }
+async fn malformed() -> ApiError {
     ApiError::bad_request(
         "Malformed request URI. Create volume connectors and targets with POST /v1/volume/connectors or /v1/volume/targets.",
     )

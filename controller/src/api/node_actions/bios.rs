@@ -6,7 +6,6 @@
 //!
 //! `GET /v1/nodes/{node}/bios`, `GET …/bios/{name}`, `GET /v1/nodes/{node}/firmware`.
 
-use super::ver;
 use crate::api::render::{base_url, time};
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::store::{BiosSetting, FirmwareComponent};
@@ -34,20 +33,6 @@ const REGISTRY_FIELDS: &[&str] = &[
     "unique",
     "upper_bound",
 ];
-
-fn gate(version: (u32, u32), need: (u32, u32), what: &str) -> Result<(), ApiError> {
-    if version >= need {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "{what} need API version {} or later; this request asked for {}",
-            ver(need),
-            ver(version)
-        ),
-    ))
-}
 
 /// `fields` and `detail` as Ironic's `get_request_return_fields` reads them: unknown
 /// parameters, both at once, or either below `since` are 400s. `None`: the defaults.
@@ -142,7 +127,6 @@ pub(super) async fn bios_list(
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, mv::BIOS, "BIOS settings")?;
     let all = registry_fields();
     let (fields, detail) = return_fields(&params, version, BIOS_REGISTRY_VERSION, &all)?;
     let node = state.conductor.store.get_node(&ident).await?;
@@ -171,7 +155,6 @@ pub(super) async fn bios_show(
     headers: HeaderMap,
     Path((ident, name)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, mv::BIOS, "BIOS settings")?;
     let node = state.conductor.store.get_node(&ident).await?;
     let settings = state.conductor.store.list_bios_settings(&node.uuid).await?;
     let Some(s) = settings.iter().find(|s| s.name == name) else {
@@ -230,7 +213,6 @@ pub(super) async fn firmware_list(
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, mv::FIRMWARE, "firmware components")?;
     let identity = version >= FIRMWARE_IDENTITY_VERSION;
     let mut valid: Vec<&str> = FIRMWARE_FIELDS.to_vec();
     valid.extend_from_slice(FIRMWARE_IDENTITY);

@@ -1,31 +1,18 @@
 //! `GET /v1/nodes/{node}/children` (API 1.83): the UUIDs of the nodes whose `parent_node`
 //! is this node, and a link to the node listing filtered by it. 404 below 1.83, as Ironic.
 
-use super::ver;
 use crate::api::render::base_url;
-use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
+use crate::api::{ApiResult, AppState};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::Json;
-use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 
 pub(super) async fn children(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    if version < mv::CHILDREN {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "child nodes need API version {} or later; this request asked for {}",
-                ver(mv::CHILDREN),
-                ver(version)
-            ),
-        ));
-    }
     let node = state.conductor.store.get_node(&ident).await?;
     let kids = state.conductor.store.child_nodes(&node.uuid).await?;
     let base = base_url(&headers);

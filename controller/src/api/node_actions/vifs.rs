@@ -16,28 +16,12 @@ use crate::store::{Node, Port, Portgroup, PortgroupQuery, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 
 /// `port_uuid`/`portgroup_uuid` in the attach body (`MINOR_67_NODE_VIF_ATTACH_PORT`).
 const VIF_PORT_VERSION: (u32, u32) = (1, 67);
 /// Where the tenant VIF is kept (Ironic's `NetType.TENANT.vif_key`).
 const VIF_KEY: &str = "tenant_vif_port_id";
-
-fn gate(version: (u32, u32), ident: &str) -> Result<(), ApiError> {
-    if version < mv::VIFS {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "the resource /v1/nodes/{ident}/vifs could not be found (it needs API version \
-                 {}.{} or later)",
-                mv::VIFS.0,
-                mv::VIFS.1
-            ),
-        ));
-    }
-    Ok(())
-}
 
 /// The node, its ports and its port groups.
 async fn load(state: &AppState, ident: &str) -> ApiResult<(Node, Vec<Port>, Vec<Portgroup>)> {
@@ -60,10 +44,8 @@ fn vif_of(internal_info: &serde_json::Map<String, Value>) -> Option<&str> {
 
 pub(super) async fn vif_list(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, &ident)?;
     let (_, ports, groups) = load(&state, &ident).await?;
     let vifs: Vec<Value> = ports
         .iter()
@@ -180,7 +162,6 @@ pub(super) async fn vif_attach(
     Path(ident): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<StatusCode> {
-    gate(version, &ident)?;
     let body = super::json_body(&body)?.unwrap_or(Value::Null);
     let Value::Object(info) = body else {
         return Err(ApiError::bad_request(
@@ -231,10 +212,8 @@ pub(super) async fn vif_attach(
 
 pub(super) async fn vif_detach(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     Path((ident, vif)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    gate(version, &ident)?;
     check_vif_id(&vif)?;
     let (node, ports, groups) = load(&state, &ident).await?;
     node.writable()?;

@@ -3,17 +3,13 @@
 //! (1.93); below those versions the paths are 404, as in Ironic. Bodies are checked as Ironic's
 //! `VMEDIA_ATTACH_VALIDATOR` checks them; Rivet's drivers attach a cdrom from http(s) only.
 
-use super::{
-    driver_error, extras_message, json_body, node_for_bmc, py_repr, py_str, schema_error,
-    vmedia_gate,
-};
-use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
+use super::{driver_error, extras_message, json_body, node_for_bmc, py_repr, py_str, schema_error};
+use crate::api::{ApiError, ApiResult, AppState};
 use crate::store::Node;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use rivet_model::microversions as mv;
 use serde_json::{json, Value};
 
 /// Ironic's `boot_devices.VMEDIA_DEVICES`.
@@ -124,11 +120,9 @@ fn attach_body(body: &Bytes) -> Result<Attach, ApiError> {
 /// `last_error`.
 pub(super) async fn vmedia_attach(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    vmedia_gate(version, mv::VMEDIA, &ident)?;
     let req = attach_body(&body)?;
     let (node, bmc) = node_for_bmc(&state, &ident, true).await?;
     refuse_power_failure(&node, "attach")?;
@@ -195,11 +189,9 @@ fn check_device_types(types: Vec<String>) -> Result<Option<Vec<String>>, ApiErro
 
 async fn detach(
     state: &AppState,
-    version: (u32, u32),
     ident: &str,
     types: Result<Option<Vec<String>>, ApiError>,
 ) -> ApiResult<StatusCode> {
-    vmedia_gate(version, mv::VMEDIA, ident)?;
     let types = types?;
     let (node, bmc) = node_for_bmc(state, ident, true).await?;
     refuse_power_failure(&node, "detach")?;
@@ -219,36 +211,26 @@ async fn detach(
 /// `DELETE /v1/nodes/{node}/vmedia[?device_types=…]` (1.89): eject (204).
 pub(super) async fn vmedia_detach(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> ApiResult<StatusCode> {
-    detach(&state, version, &ident, device_types(&query)).await
+    detach(&state, &ident, device_types(&query)).await
 }
 
 /// `DELETE /v1/nodes/{node}/vmedia/{device_type}` (1.89).
 pub(super) async fn vmedia_detach_one(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     Path((ident, device_type)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    detach(
-        &state,
-        version,
-        &ident,
-        check_device_types(vec![device_type]),
-    )
-    .await
+    detach(&state, &ident, check_device_types(vec![device_type])).await
 }
 
 /// `GET /v1/nodes/{node}/vmedia` (1.93): the BMC's virtual media devices, a bare list as
 /// Ironic answers it.
 pub(super) async fn vmedia_get(
     State(state): State<AppState>,
-    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    vmedia_gate(version, mv::VMEDIA_GET, &ident)?;
     let (node, bmc) = node_for_bmc(&state, &ident, false).await?;
     let media = bmc
         .get_virtual_media(&node.uuid, &node.driver_info)
