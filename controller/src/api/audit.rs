@@ -435,12 +435,7 @@ async fn list(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    listing::only_params(params.keys(), LIST_PARAMS)?;
     let mut q = AuditQuery {
         limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
         ..Default::default()

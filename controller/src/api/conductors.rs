@@ -40,12 +40,7 @@ const SORT_KEYS: &[&str] = &["id", "hostname", "created_at", "updated_at"];
 /// 400 for a parameter Ironic does not take; `detail` is a boolean as Ironic parses one
 /// (`True` from Python clients too), not together with `fields`.
 fn list_query(params: &HashMap<String, String>, max_limit: usize) -> ApiResult<ListQuery> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    super::listing::only_params(params.keys(), LIST_PARAMS)?;
     let sort_key = params
         .get("sort_key")
         .cloned()

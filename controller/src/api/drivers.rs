@@ -199,13 +199,7 @@ fn select(doc: Map<String, Value>, fields: &[String]) -> Map<String, Value> {
 }
 
 fn check_params(params: &HashMap<String, String>, allowed: &[&str]) -> ApiResult<()> {
-    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(bad) => Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            allowed.join(", ")
-        ))),
-        None => Ok(()),
-    }
+    super::listing::only_params(params.keys(), allowed)
 }
 
 fn unknown_driver(name: &str) -> ApiError {

@@ -296,12 +296,7 @@ async fn list(
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    listing::only_params(params.keys(), LIST_PARAMS)?;
     let detail = match params.get("detail").map(String::as_str) {
         None => false,
         Some(d) => match d.to_ascii_lowercase().as_str() {

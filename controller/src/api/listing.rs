@@ -9,6 +9,25 @@ use rivet_model::microversions as mv;
 
 use std::collections::HashMap;
 
+/// 400 for a query parameter the request's handler does not take, naming the ones it does.
+pub fn unknown_param(bad: &str, allowed: &[&str]) -> ApiError {
+    ApiError::bad_request(format!(
+        "unknown query parameter {bad:?}; supported: {}",
+        allowed.join(", ")
+    ))
+}
+
+/// [`unknown_param`] for the first key of `keys` that is not in `allowed`.
+pub fn only_params<'a>(
+    keys: impl IntoIterator<Item = &'a String>,
+    allowed: &[&str],
+) -> Result<(), ApiError> {
+    match keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
+        Some(bad) => Err(unknown_param(bad, allowed)),
+        None => Ok(()),
+    }
+}
+
 /// The page size asked for by `limit`: at most `max`; absent or 0 means `max` (as Ironic).
 pub fn page_limit(params: &HashMap<String, String>, max: usize) -> Result<usize, ApiError> {
     let Some(l) = params.get("limit") else {

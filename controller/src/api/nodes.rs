@@ -103,12 +103,7 @@ fn node_query(
     max_limit: usize,
     version: (u32, u32),
 ) -> Result<NodeQuery, ApiError> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    listing::only_params(params.keys(), LIST_PARAMS)?;
     for (name, since) in FILTER_VERSIONS {
         if params.contains_key(*name) && version < *since {
             return Err(ApiError::new(

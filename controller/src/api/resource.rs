@@ -281,10 +281,7 @@ pub(super) trait Resource: Send + Sync + 'static {
 
     /// A listing's unknown query parameter.
     fn unknown_param(bad: &str, allowed: &[&str]) -> ApiError {
-        ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            allowed.join(", ")
-        ))
+        listing::unknown_param(bad, allowed)
     }
 
     /// A `sort_key` that is not one of [`Resource::SORT_KEYS`].

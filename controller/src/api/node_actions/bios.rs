@@ -42,14 +42,7 @@ fn return_fields(
     since: (u32, u32),
     valid: &[&str],
 ) -> Result<(Option<Vec<String>>, bool), ApiError> {
-    if let Some(bad) = params
-        .keys()
-        .find(|k| !["fields", "detail"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: fields, detail"
-        )));
-    }
+    crate::api::listing::only_params(params.keys(), &["fields", "detail"])?;
     let detail = match params.get("detail") {
         Some(d) if version < since => {
             return Err(ApiError::bad_request(format!(

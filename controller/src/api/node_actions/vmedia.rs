@@ -153,11 +153,7 @@ pub(super) async fn vmedia_attach(
 /// `?device_types=cdrom,disk` (comma separated and/or repeated), checked against Ironic's
 /// list.
 fn device_types(query: &[(String, String)]) -> Result<Option<Vec<String>>, ApiError> {
-    if let Some((k, _)) = query.iter().find(|(k, _)| k != "device_types") {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {k:?}; supported: device_types"
-        )));
-    }
+    crate::api::listing::only_params(query.iter().map(|(k, _)| k), &["device_types"])?;
     let types: Vec<String> = query
         .iter()
         .flat_map(|(_, v)| v.split(','))
