@@ -170,16 +170,7 @@ fn selectable(version: (u32, u32)) -> Vec<String> {
 /// `fields=a,b`: checked against what `version` has (400 naming the bad ones, as Ironic).
 fn parse_fields(raw: &str, version: (u32, u32)) -> ApiResult<Vec<String>> {
     let valid = selectable(version);
-    let names: Vec<String> = raw
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let bad: Vec<&str> = names
-        .iter()
-        .filter(|n| !valid.contains(n))
-        .map(String::as_str)
-        .collect();
+    let (names, bad) = super::listing::field_names(raw, |n| valid.iter().any(|v| v == n));
     if !bad.is_empty() {
         return Err(ApiError::bad_request(format!(
             "Field(s) \"{}\" are not valid at API version {}; valid fields: {}",

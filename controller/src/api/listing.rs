@@ -112,15 +112,22 @@ pub fn detail_param(params: &HashMap<String, String>, from_detail: bool) -> Resu
 
 /// A comma-separated list parameter.
 pub fn list_param(params: &HashMap<String, String>, key: &str) -> Vec<String> {
-    params
-        .get(key)
-        .map(|v| {
-            v.split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .unwrap_or_default()
+    params.get(key).map(|v| split_list(v)).unwrap_or_default()
+}
+
+/// The items of a comma-separated value, trimmed, empty ones dropped.
+pub fn split_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The names of a `fields=a,b` value, and those of them `valid` refuses.
+pub fn field_names(raw: &str, valid: impl Fn(&str) -> bool) -> (Vec<String>, Vec<String>) {
+    let names = split_list(raw);
+    let bad = names.iter().filter(|n| !valid(n)).cloned().collect();
+    (names, bad)
 }
 
 /// `fields` (1.8, 406 below) and `detail` (1.43, 400 below) as Ironic gates them.
