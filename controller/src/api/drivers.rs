@@ -15,7 +15,7 @@
 //! live with the node's RAID routes (`node_actions::raid`); driver vendor passthru has no
 //! methods (Rivet's drivers offer none).
 
-use super::render::base_url;
+use super::render::{base_url, links};
 use super::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::interfaces::{HardwareType, Iface, HARDWARE_TYPES};
 use axum::extract::{Path, Query, State};
@@ -123,21 +123,10 @@ fn render(
     let mut d = Map::new();
     d.insert("name".into(), json!(name));
     d.insert("hosts".into(), json!(hosts));
-    d.insert(
-        "links".into(),
-        json!([
-            {"href": format!("{base}/v1/drivers/{name}"), "rel": "self"},
-            {"href": format!("{base}/drivers/{name}"), "rel": "bookmark"},
-        ]),
-    );
+    d.insert("links".into(), links(base, "drivers", name));
     if version >= LINKS_SINCE {
-        d.insert(
-            "properties".into(),
-            json!([
-                {"href": format!("{base}/v1/drivers/{name}/properties"), "rel": "self"},
-                {"href": format!("{base}/drivers/{name}/properties"), "rel": "bookmark"},
-            ]),
-        );
+        let properties = links(base, "drivers", &format!("{name}/properties"));
+        d.insert("properties".into(), properties);
     }
     if version >= DYNAMIC_SINCE {
         d.insert("type".into(), json!("dynamic"));

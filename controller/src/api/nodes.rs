@@ -147,12 +147,7 @@ fn node_query(
     q.lessee = params.get("lessee").cloned();
     q.conductor_group = params.get("conductor_group").map(|g| g.to_lowercase());
     if let Some(s) = params.get("shard") {
-        q.shards = s
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
+        q.shards = listing::split_list(s);
     }
     if let Some(s) = params.get("sharded") {
         q.sharded = Some(super::listing::bool_value("sharded", s)?);
