@@ -138,9 +138,7 @@ fn node_query(
             ApiError::bad_request(format!("provision_state {s:?} is not a known state"))
         })?);
     }
-    if let Some(m) = params.get("maintenance") {
-        q.maintenance = Some(super::listing::bool_value("maintenance", m)?);
-    }
+    q.maintenance = listing::bool_param(params, "maintenance")?;
     q.driver = params.get("driver").cloned();
     q.resource_class = params.get("resource_class").cloned();
     q.owner = params.get("owner").cloned();
@@ -149,9 +147,7 @@ fn node_query(
     if let Some(s) = params.get("shard") {
         q.shards = listing::split_list(s);
     }
-    if let Some(s) = params.get("sharded") {
-        q.sharded = Some(super::listing::bool_value("sharded", s)?);
-    }
+    q.sharded = listing::bool_param(params, "sharded")?;
     q.instance_name = params.get("instance_name").cloned();
     q.project = params.get("project").cloned();
     q.description_contains = params.get("description_contains").cloned();
@@ -166,12 +162,8 @@ fn node_query(
         }
     }
     q.chassis_uuid = params.get("chassis_uuid").cloned();
-    if let Some(r) = params.get("retired") {
-        q.retired = Some(super::listing::bool_value("retired", r)?);
-    }
-    if let Some(a) = params.get("associated") {
-        q.associated = Some(super::listing::bool_value("associated", a)?);
-    }
+    q.retired = listing::bool_param(params, "retired")?;
+    q.associated = listing::bool_param(params, "associated")?;
     // Ironic lists child nodes only when asked: `include_children` (then `parent_node` is
     // not read) or `parent_node`.
     let include_children = match params.get("include_children") {

@@ -6,12 +6,13 @@
 //!
 //! `GET /v1/nodes/{node}/bios`, `GET …/bios/{name}`, `GET /v1/nodes/{node}/firmware`.
 
-use crate::api::render::{base_url, time};
+use crate::api::render::{base_url, links, time};
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use crate::store::{BiosSetting, FirmwareComponent};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
+use chrono::{DateTime, Utc};
 use rivet_model::microversions as mv;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -84,26 +85,31 @@ fn return_fields(
 
 /// A BIOS setting as Ironic's `object_to_dict` builds it: the times, the fields, the links.
 fn bios_doc(s: &BiosSetting, node: &str, base: &str, fields: &[&str]) -> Value {
-    let mut m = Map::new();
-    m.insert("created_at".into(), time(&Some(s.created_at)));
-    m.insert("updated_at".into(), time(&s.updated_at));
-    for f in fields {
-        let v = match *f {
-            "name" => json!(s.name),
-            "value" => json!(s.value),
-            other => s.registry.get(other).cloned().unwrap_or(Value::Null),
-        };
-        m.insert((*f).to_string(), v);
-    }
+    let mut m = timestamped_doc(s.created_at, s.updated_at, fields, |f| match f {
+        "name" => json!(s.name),
+        "value" => json!(s.value),
+        other => s.registry.get(other).cloned().unwrap_or(Value::Null),
+    });
     let path = format!("{node}/bios/{}", s.name);
-    m.insert(
-        "links".into(),
-        json!([
-            {"href": format!("{base}/v1/nodes/{path}"), "rel": "self"},
-            {"href": format!("{base}/nodes/{path}"), "rel": "bookmark"},
-        ]),
-    );
+    m.insert("links".into(), links(base, "nodes", &path));
     Value::Object(m)
+}
+
+/// A node sub-record's document as Ironic's `object_to_dict` builds it: its times and the
+/// `fields` asked for, each as `value` gives it.
+fn timestamped_doc(
+    created_at: DateTime<Utc>,
+    updated_at: Option<DateTime<Utc>>,
+    fields: &[&str],
+    value: impl Fn(&str) -> Value,
+) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("created_at".into(), time(&Some(created_at)));
+    m.insert("updated_at".into(), time(&updated_at));
+    for f in fields {
+        m.insert((*f).to_string(), value(f));
+    }
+    m
 }
 
 fn registry_fields() -> Vec<&'static str> {
@@ -180,11 +186,11 @@ const FIRMWARE_FIELDS: &[&str] = &[
 const FIRMWARE_IDENTITY: &[&str] = &["vendor", "model", "serial_number"];
 
 fn firmware_doc(c: &FirmwareComponent, fields: &[&str]) -> Value {
-    let mut m = Map::new();
-    m.insert("created_at".into(), time(&Some(c.created_at)));
-    m.insert("updated_at".into(), time(&c.updated_at));
-    for f in fields {
-        let v = match *f {
+    Value::Object(timestamped_doc(
+        c.created_at,
+        c.updated_at,
+        fields,
+        |f| match f {
             "component" => json!(c.component),
             "initial_version" => json!(c.initial_version),
             "current_version" => json!(c.current_version),
@@ -193,10 +199,8 @@ fn firmware_doc(c: &FirmwareComponent, fields: &[&str]) -> Value {
             "model" => json!(c.model),
             "serial_number" => json!(c.serial_number),
             _ => Value::Null,
-        };
-        m.insert((*f).to_string(), v);
-    }
-    Value::Object(m)
+        },
+    ))
 }
 
 /// `GET /v1/nodes/{node}/firmware`: `{"firmware": [...]}`.
