@@ -20,9 +20,9 @@ use std::collections::HashMap;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/v1/nodes", get(list).post(create))
-        .route("/v1/nodes/", get(list).post(create))
-        .route("/v1/nodes/detail", get(list_detail))
+        .route("/v1/nodes", get(list::<false>).post(create))
+        .route("/v1/nodes/", get(list::<false>).post(create))
+        .route("/v1/nodes/detail", get(list::<true>))
         .route("/v1/nodes/{ident}", get(show).patch(update).delete(remove))
         .route("/v1/nodes/{ident}/states", get(states))
         .route("/v1/nodes/{ident}/states/provision", put(provision))
@@ -405,22 +405,14 @@ fn node_doc(n: &Node, base: &str, version: (u32, u32)) -> Map<String, Value> {
     doc
 }
 
-async fn list(
+/// `GET /v1/nodes` (`DETAIL`: `/v1/nodes/detail`).
+async fn list<const DETAIL: bool>(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<JsonBytes> {
-    list_inner(&state, &headers, version, params, false).await
-}
-
-async fn list_detail(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    ApiVersion(version): ApiVersion,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<JsonBytes> {
-    list_inner(&state, &headers, version, params, true).await
+    list_inner(&state, &headers, version, params, DETAIL).await
 }
 
 /// A node name must be usable in URLs and not look like a UUID.
