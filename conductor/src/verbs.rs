@@ -102,21 +102,22 @@ fn prepare_configdrive(cd: &Value, node: &Node) -> Result<String, String> {
 }
 
 /// Microversion a verb needs (Ironic's `MIN_VERB_VERSIONS` and the state-bound ones: 406
-/// below it).
+/// below it), from the one table of microversions.
 fn min_version(verb: Verb, state: ProvisionState) -> (u32, u32) {
+    use rivet_model::microversions as mv;
     match verb {
-        Verb::Abort if state == ProvisionState::InspectWait => (1, 41),
-        Verb::Abort if state == ProvisionState::WaitCallBack => (1, 110),
-        Verb::Abort => (1, 13),
-        Verb::Clean => (1, 15),
-        Verb::Unhold => (1, 85),
-        Verb::Adopt => (1, 17),
-        Verb::Rescue | Verb::Unrescue => (1, 38),
-        Verb::Service => (1, 87),
-        Verb::Manage | Verb::Provide => (1, 4),
-        Verb::Inspect => (1, 6),
-        Verb::Deploy | Verb::Undeploy => (1, 73),
-        _ => (1, 1),
+        Verb::Abort if state == ProvisionState::InspectWait => mv::VERB_ABORT_INSPECT_WAIT,
+        Verb::Abort if state == ProvisionState::WaitCallBack => mv::VERB_ABORT_WAIT_CALLBACK,
+        Verb::Abort => mv::VERB_ABORT,
+        Verb::Clean => mv::VERB_CLEAN,
+        Verb::Unhold => mv::VERB_UNHOLD,
+        Verb::Adopt => mv::VERB_ADOPT,
+        Verb::Rescue | Verb::Unrescue => mv::VERB_RESCUE,
+        Verb::Service => mv::VERB_SERVICE,
+        Verb::Manage | Verb::Provide => mv::VERB_MANAGE_PROVIDE,
+        Verb::Inspect => mv::VERB_INSPECT,
+        Verb::Deploy | Verb::Undeploy => mv::VERB_DEPLOY_UNDEPLOY,
+        _ => mv::BASE,
     }
 }
 

@@ -16,6 +16,7 @@
 //!   configuration changes on the node.
 //! - [`boot_mode`]: a node's effective boot mode and whether Secure Boot is requested.
 //! - [`config`]: every section of rivetd's configuration file.
+//! - [`microversions`]: the microversion of every API route, resource and provision verb.
 #![warn(missing_docs)]
 
 pub mod boot_mode;
@@ -24,6 +25,7 @@ pub mod fsm;
 pub mod inspection;
 pub mod interfaces;
 pub mod internal_info;
+pub mod microversions;
 pub mod node;
 pub mod port;
 pub mod raid;

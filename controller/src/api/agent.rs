@@ -9,10 +9,10 @@
 //! ([`PeerAddr`], set by the server for every connection); a router driven in-process (tests)
 //! has no peer and is not limited.
 
-use super::ratelimit::{Decision, RateLimiter, SourceKey};
+use super::ratelimit::RateLimiter;
 use super::{ApiError, AppState, JsonBody};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
@@ -21,7 +21,6 @@ use rivet_model::config::AgentSettings;
 use rivet_protocol::agent::{HeartbeatRequest, LookupRequest};
 use rivet_support::http::PeerAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The per-source limits of the agent endpoints.
 struct AgentLimits {
@@ -38,45 +37,6 @@ pub fn routes(settings: &AgentSettings) -> Router<AppState> {
         .route("/agent/v1/lookup", post(lookup))
         .route("/agent/v1/heartbeat/{node}", post(heartbeat))
         .layer(Extension(limits))
-}
-
-/// Take one unit of `limiter` for the request's source; the 429 to answer when over.
-fn over_limit(
-    limiter: &RateLimiter,
-    peer: Option<&PeerAddr>,
-    key: &str,
-    what: &str,
-) -> Option<Response> {
-    let ip = peer?.0.ip();
-    let Decision::Limited { retry_after, warn } = limiter.take(ip) else {
-        return None;
-    };
-    let per_minute = limiter.per_minute();
-    if warn {
-        tracing::warn!(
-            source = %SourceKey::of(ip),
-            limit = key,
-            per_minute,
-            "{what} from this source are over the limit; answering 429 (logged once a minute per source)"
-        );
-    }
-    Some(too_many(key, per_minute, what, retry_after))
-}
-
-/// 429 with `Retry-After`, naming the limit and nothing about nodes.
-fn too_many(key: &str, per_minute: u32, what: &str, retry_after: Duration) -> Response {
-    let secs = retry_after.as_secs().max(1);
-    let mut resp = ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        format!(
-            "too many {what} from this address: the limit is {per_minute} per minute \
-             ([agent] {key}); retry after {secs} s"
-        ),
-    )
-    .into_response();
-    resp.headers_mut()
-        .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
-    resp
 }
 
 impl From<AgentError> for ApiError {
@@ -98,13 +58,11 @@ async fn lookup(
     peer: Option<Extension<PeerAddr>>,
     JsonBody(req): JsonBody<LookupRequest>,
 ) -> Response {
-    let peer = peer.map(|Extension(p)| p);
-    if let Some(refused) = over_limit(
-        &limits.lookup,
-        peer.as_ref(),
-        "lookup_per_minute",
-        "agent lookups",
-    ) {
+    if let Some(refused) =
+        limits
+            .lookup
+            .refuse(peer.as_ref(), "[agent] lookup_per_minute", "agent lookups")
+    {
         return refused;
     }
     match state.conductor.lookup(&req).await {
@@ -159,11 +117,9 @@ async fn heartbeat(
         e => e,
     };
     if matches!(err, AgentError::Unauthorized | AgentError::OtherBoot) {
-        let peer = peer.map(|Extension(p)| p);
-        if let Some(refused) = over_limit(
-            &limits.failed_auth,
+        if let Some(refused) = limits.failed_auth.refuse(
             peer.as_ref(),
-            "failed_auth_per_minute",
+            "[agent] failed_auth_per_minute",
             "failed agent token checks",
         ) {
             return refused;

@@ -5,13 +5,14 @@
 use super::body::{at_most, is_logical_name, object_body, object_in, string_in, Named};
 use super::render::{base_url, document, parse_fields};
 use super::resource::{self, fetch, page_of, paged, Access, Listing, Page, Patched, Resource};
-use super::version::{ver, Version};
+use super::version::ApiVersion;
 use super::{listing, ApiError, ApiResult, AppState};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
+use rivet_model::microversions as mv;
 use rivet_store::allocations::alloc_state;
 use rivet_store::{Allocation, AllocationQuery, StoreError, ALLOCATION_SORT_KEYS};
 use serde_json::{json, Map, Value};
@@ -24,8 +25,6 @@ pub fn routes() -> Router<AppState> {
     )
 }
 
-const SINCE: (u32, u32) = (1, 52);
-const UPDATE_SINCE: (u32, u32) = (1, 57);
 const BACKFILL_SINCE: (u32, u32) = (1, 58);
 const OWNER_SINCE: (u32, u32) = (1, 60);
 
@@ -135,7 +134,7 @@ impl Resource for Api {
     const PATH: &'static str = "allocations";
     const NAME: &'static str = "Allocation";
     const DETAIL_ROUTE: bool = false;
-    const SINCE: (u32, u32) = SINCE;
+    const SINCE: (u32, u32) = mv::ALLOCATIONS;
     // A listing shows whole documents (see `detail`).
     const LIST_FIELDS: &'static [&'static str] = &[];
     const FILTERS: &'static [&'static str] = &["node", "resource_class", "state", "owner"];
@@ -195,8 +194,8 @@ impl Resource for Api {
 
     fn since(access: Access) -> (u32, u32) {
         match access {
-            Access::Update => UPDATE_SINCE,
-            _ => SINCE,
+            Access::Update => mv::ALLOCATION_UPDATE,
+            _ => mv::ALLOCATIONS,
         }
     }
 
@@ -391,11 +390,10 @@ async fn of_node(
 async fn node_show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(p): Query<listing::ShowParams>,
 ) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
     let a = of_node(&state, &ident, version, StatusCode::BAD_REQUEST).await?;
     let base = base_url(&headers);
     let fields = resource::fields_of::<Api>(p.fields.as_deref(), &base, version)?;
@@ -408,10 +406,10 @@ async fn node_show(
 
 async fn node_remove(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let a = of_node(&state, &ident, ver(&version), StatusCode::NOT_FOUND).await?;
+    let a = of_node(&state, &ident, version, StatusCode::NOT_FOUND).await?;
     destroy(&state, &a).await
 }
 

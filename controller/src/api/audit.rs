@@ -435,12 +435,7 @@ async fn list(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    listing::only_params(params.keys(), LIST_PARAMS)?;
     let mut q = AuditQuery {
         limit: listing::page_limit(&params, state.conductor.config.api.max_limit)?,
         ..Default::default()
@@ -474,18 +469,11 @@ async fn list(
     });
     if rows.len() == q.limit {
         if let Some(last) = rows.last() {
-            let mut next = format!(
-                "{}/v1/audit?limit={}&marker={}",
-                base_url(&headers),
-                q.limit,
-                last.seq
-            );
-            if let Some(n) = params.get("node") {
-                next.push_str(&format!("&node={}", query_escape(n)));
-            }
-            if q.sort_dir == SortDir::Asc {
-                next.push_str("&sort_dir=asc");
-            }
+            let next = listing::NextLink::new(&base_url(&headers), "/v1/audit", q.limit)
+                .marker(&last.seq.to_string())
+                .param_if("node", params.get("node").map(String::as_str))
+                .param_if("sort_dir", (q.sort_dir == SortDir::Asc).then_some("asc"))
+                .build();
             body["next"] = Value::from(next);
         }
     }
@@ -505,19 +493,6 @@ fn entry_json(e: &AuditEntry) -> Value {
         "status": e.status,
         "detail": e.detail,
     })
-}
-
-/// Percent-encode a query value (everything but RFC 3986 unreserved characters).
-fn query_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -589,6 +564,6 @@ mod tests {
 
     #[test]
     fn query_values_are_escaped() {
-        assert_eq!(query_escape("n 1&x"), "n%201%26x");
+        assert_eq!(listing::query_escape("n 1&x"), "n%201%26x");
     }
 }

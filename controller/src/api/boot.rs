@@ -76,14 +76,7 @@ async fn artefact(
         }
     };
     tracing::info!(file = %file, bytes = len, "serving boot artefact");
-    let mut resp = Body::from_stream(file_stream(f)).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    Ok(resp)
+    Ok(octet_stream(Body::from_stream(file_stream(f)), len))
 }
 
 async fn node_iso(
@@ -144,14 +137,19 @@ async fn node_iso(
             Bytes::from(c)
         })
     });
-    let mut resp = Body::from_stream(body).into_response();
+    Ok(octet_stream(Body::from_stream(body), len))
+}
+
+/// A binary download of `len` bytes.
+fn octet_stream(body: Body, len: u64) -> Response {
+    let mut resp = body.into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    Ok(resp)
+    resp
 }
 
 /// The file as a stream of chunks, each read on the blocking pool.

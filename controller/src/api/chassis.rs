@@ -6,7 +6,7 @@ use super::render::{document, links};
 use super::resource::{
     self, fetch, found, page_of, paged, Access, Listing, Page, Patched, Resource,
 };
-use super::version::{ver, Version};
+use super::version::ApiVersion;
 use super::{ApiError, ApiResult, AppState};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
@@ -147,7 +147,7 @@ impl Resource for Api {
 async fn chassis_nodes<const DETAIL: bool>(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(uuid): Path<String>,
     Query(mut params): Query<HashMap<String, String>>,
 ) -> ApiResult<super::node_json::JsonBytes> {
@@ -158,7 +158,7 @@ async fn chassis_nodes<const DETAIL: bool>(
         ));
     }
     params.insert("chassis_uuid".into(), chassis.uuid);
-    nodes::list_inner(&state, &headers, ver(&version), params, DETAIL).await
+    nodes::list_inner(&state, &headers, version, params, DETAIL).await
 }
 
 /// Nodes are not deleted through their chassis (Ironic: 400).

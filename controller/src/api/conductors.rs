@@ -40,12 +40,7 @@ const SORT_KEYS: &[&str] = &["id", "hostname", "created_at", "updated_at"];
 /// 400 for a parameter Ironic does not take; `detail` is a boolean as Ironic parses one
 /// (`True` from Python clients too), not together with `fields`.
 fn list_query(params: &HashMap<String, String>, max_limit: usize) -> ApiResult<ListQuery> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    super::listing::only_params(params.keys(), LIST_PARAMS)?;
     let sort_key = params
         .get("sort_key")
         .cloned()
@@ -84,17 +79,6 @@ fn render(c: &ConductorRecord, detail: bool, base: &str) -> Value {
     v
 }
 
-/// Ironic's `/v1/conductors` (1.49): not found for older clients.
-fn gate(version: &super::version::Version) -> ApiResult<()> {
-    if super::version::ver(version) < (1, 49) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "the conductors endpoint needs API version 1.49 or later",
-        ));
-    }
-    Ok(())
-}
-
 async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
     Ok(state
         .conductor
@@ -106,10 +90,8 @@ async fn conductors(state: &AppState) -> ApiResult<Vec<ConductorRecord>> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: super::version::Version,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(&version)?;
     let q = list_query(&params, state.conductor.config.api.max_limit)?;
     let base = base_url(&headers);
     let mut all = conductors(&state).await?;
@@ -169,10 +151,8 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: super::version::Version,
     Path(hostname): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(&version)?;
     let base = base_url(&headers);
     let all = conductors(&state).await?;
     let c = all.iter().find(|c| c.id == hostname).ok_or_else(|| {

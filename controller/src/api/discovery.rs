@@ -3,10 +3,10 @@
 //! refused with 403 unless `[discovery] enabled = true`, and rate-limited per source address
 //! (`[discovery] per_minute`) before any work is done.
 
-use super::ratelimit::{Decision, RateLimiter, SourceKey};
+use super::ratelimit::RateLimiter;
 use super::{ApiError, AppState, JsonBody};
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
@@ -41,25 +41,12 @@ async fn discover(
     peer: Option<Extension<PeerAddr>>,
     JsonBody(req): JsonBody<DiscoverRequest>,
 ) -> Response {
-    if let Some(Extension(PeerAddr(addr))) = peer {
-        if let Decision::Limited { retry_after, warn } = limit.0.take(addr.ip()) {
-            let per_minute = limit.0.per_minute();
-            if warn {
-                tracing::warn!(source = %SourceKey::of(addr.ip()), per_minute, "discovery requests from this source are over the limit; answering 429");
-            }
-            let secs = retry_after.as_secs().max(1);
-            let mut resp = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "too many discovery requests from this address: the limit is {per_minute} per \
-                     minute ([discovery] per_minute); retry after {secs} s"
-                ),
-            )
-            .into_response();
-            resp.headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
-            return resp;
-        }
+    if let Some(refused) = limit.0.refuse(
+        peer.as_ref(),
+        "[discovery] per_minute",
+        "discovery requests",
+    ) {
+        return refused;
     }
     match state.conductor.discover(&req).await {
         Ok(resp) => {

@@ -15,12 +15,12 @@
 //! live with the node's RAID routes (`node_actions::raid`); driver vendor passthru has no
 //! methods (Rivet's drivers offer none).
 
-use super::render::base_url;
+use super::render::{base_url, links};
 use super::{ApiError, ApiResult, ApiVersion, AppState};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use rivet_model::interfaces::{HardwareType, Iface, HARDWARE_TYPES};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -123,21 +123,10 @@ fn render(
     let mut d = Map::new();
     d.insert("name".into(), json!(name));
     d.insert("hosts".into(), json!(hosts));
-    d.insert(
-        "links".into(),
-        json!([
-            {"href": format!("{base}/v1/drivers/{name}"), "rel": "self"},
-            {"href": format!("{base}/drivers/{name}"), "rel": "bookmark"},
-        ]),
-    );
+    d.insert("links".into(), links(base, "drivers", name));
     if version >= LINKS_SINCE {
-        d.insert(
-            "properties".into(),
-            json!([
-                {"href": format!("{base}/v1/drivers/{name}/properties"), "rel": "self"},
-                {"href": format!("{base}/drivers/{name}/properties"), "rel": "bookmark"},
-            ]),
-        );
+        let properties = links(base, "drivers", &format!("{name}/properties"));
+        d.insert("properties".into(), properties);
     }
     if version >= DYNAMIC_SINCE {
         d.insert("type".into(), json!("dynamic"));
@@ -170,16 +159,7 @@ fn selectable(version: (u32, u32)) -> Vec<String> {
 /// `fields=a,b`: checked against what `version` has (400 naming the bad ones, as Ironic).
 fn parse_fields(raw: &str, version: (u32, u32)) -> ApiResult<Vec<String>> {
     let valid = selectable(version);
-    let names: Vec<String> = raw
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let bad: Vec<&str> = names
-        .iter()
-        .filter(|n| !valid.contains(n))
-        .map(String::as_str)
-        .collect();
+    let (names, bad) = super::listing::field_names(raw, |n| valid.iter().any(|v| v == n));
     if !bad.is_empty() {
         return Err(ApiError::bad_request(format!(
             "Field(s) \"{}\" are not valid at API version {}; valid fields: {}",
@@ -199,13 +179,7 @@ fn select(doc: Map<String, Value>, fields: &[String]) -> Map<String, Value> {
 }
 
 fn check_params(params: &HashMap<String, String>, allowed: &[&str]) -> ApiResult<()> {
-    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(bad) => Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            allowed.join(", ")
-        ))),
-        None => Ok(()),
-    }
+    super::listing::only_params(params.keys(), allowed)
 }
 
 fn unknown_driver(name: &str) -> ApiError {
@@ -233,7 +207,7 @@ fn hardware_type(name: &str) -> ApiResult<&'static HardwareType> {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     check_params(&params, &["type", "detail", "fields"])?;
@@ -295,7 +269,7 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(name): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {

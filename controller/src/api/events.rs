@@ -3,14 +3,13 @@
 //! event is logged; nothing else acts on them yet. 204 on success, 400 for a body the
 //! schema refuses, 404 below 1.54.
 
-use super::{ApiError, ApiResult, ApiVersion, AppState};
+use super::{ApiError, ApiResult, AppState};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::routing::post;
-use axum::{Extension, Router};
+use axum::Router;
 use serde_json::Value;
 
-const SINCE: (u32, u32) = (1, 54);
 const EVENT_TYPES: &[&str] = &[
     "network.bind_port",
     "network.unbind_port",
@@ -114,16 +113,7 @@ fn validate(body: &Value) -> Result<&Vec<Value>, String> {
     Ok(events)
 }
 
-async fn create(
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    bytes: Bytes,
-) -> ApiResult<StatusCode> {
-    if version < SINCE {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "events need API version 1.54 or later",
-        ));
-    }
+async fn create(bytes: Bytes) -> ApiResult<StatusCode> {
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
     let events = validate(&body).map_err(ApiError::bad_request)?;

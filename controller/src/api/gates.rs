@@ -1,9 +1,12 @@
 //! Microversion gates of routes, in one place.
 //!
 //! Every route's microversion is its row in [`super::openapi::OPERATIONS`] (`since`), the
-//! table the OpenAPI document is made from and tests/openapi.rs holds equal to the router.
+//! table the OpenAPI document is made from and tests/openapi.rs holds equal to the router;
+//! the rows take their versions from `rivet_model::microversions`, the one table the
+//! resources and the conductor's verbs read too.
 //! [`require`] reads that row for every request the router matched, so a route can neither
-//! be served below its microversion nor be documented at another one. What Ironic answers
+//! be served below its microversion nor be documented at another one; handlers do not check
+//! their route's version again. What Ironic answers
 //! below the microversion is [`refusal`]: 404 as if the route did not exist, except where
 //! Ironic's controller answers a write with 405 (deploy templates, runbooks, allocations, inspection rules) or a
 //! route answers 406 or 405 ([`ROUTE_REFUSALS`]).
@@ -13,7 +16,7 @@
 //! and `nodes::FILTER_VERSIONS`), always with 406.
 
 use super::openapi::{operations, Op};
-use super::version::{ver, vstr, Version};
+use super::version::{vstr, ApiVersion};
 use super::ApiError;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{Method, StatusCode};
@@ -84,11 +87,10 @@ pub(super) fn since(method: &Method, path: &str) -> Option<(u32, u32)> {
 }
 
 /// Route middleware: the request's microversion against its route's row.
-pub(super) async fn require(version: Version, req: Request, next: Next) -> Response {
+pub(super) async fn require(ApiVersion(asked): ApiVersion, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str());
     if let Some(path) = route {
         if let Some(need) = since(req.method(), path) {
-            let asked = ver(&version);
             if asked < need {
                 let status = refusal(req.method().as_str(), path);
                 let msg = format!(

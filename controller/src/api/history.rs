@@ -14,13 +14,12 @@ use super::{listing, ApiError, ApiResult, ApiVersion, AppState};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use rivet_store::{AuditEntry, AuditQuery, SortDir};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
-const SINCE: (u32, u32) = (1, 78);
 const PROJECT_SINCE: (u32, u32) = (1, 113);
 const FIELDS_SINCE: (u32, u32) = (1, 115);
 /// Longest `event` in a listing without `detail` (Ironic cuts to 251 characters + `...`).
@@ -156,11 +155,31 @@ fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Op
 /// `monitoring` entry; its duration is the time in the provision state so far.
 fn health_entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Option<Entry> {
     let (event, state) = row.detail.as_deref()?.rsplit_once("; state: ")?;
-    Some(Entry {
+    Some(within_state_entry(
+        node,
+        row,
+        previous,
+        ("INFO", "monitoring"),
+        event,
+        state,
+    ))
+}
+
+/// An entry the conductor wrote within provision state `state` (no user, no target):
+/// the pair is its severity and event type; its duration is the time in the state so far.
+fn within_state_entry(
+    node: &str,
+    row: &AuditEntry,
+    previous: Option<DateTime<Utc>>,
+    (severity, event_type): (&'static str, &'static str),
+    event: &str,
+    state: &str,
+) -> Entry {
+    Entry {
         uuid: entry_uuid(node, row.seq),
         created_at: row.created_at,
-        severity: "INFO",
-        event_type: "monitoring",
+        severity,
+        event_type,
         event: event.to_string(),
         conductor: row.actor.strip_prefix("conductor:").map(str::to_string),
         user: None,
@@ -168,7 +187,7 @@ fn health_entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>
         target: None,
         duration_seconds: previous.map(|p| (row.created_at - p).num_seconds().max(0)),
         within_state: true,
-    })
+    }
 }
 
 /// A finished clean step, a step report or the power off after a deploy failure
@@ -182,19 +201,8 @@ fn step_entry_of(
     severity: &'static str,
 ) -> Option<Entry> {
     let (event, state) = rivet_conductor::step_record::parse_detail(row.detail.as_deref()?)?;
-    Some(Entry {
-        uuid: entry_uuid(node, row.seq),
-        created_at: row.created_at,
-        severity,
-        event_type: activity(state).unwrap_or("cleaning"),
-        event: event.to_string(),
-        conductor: row.actor.strip_prefix("conductor:").map(str::to_string),
-        user: None,
-        state: state.to_string(),
-        target: None,
-        duration_seconds: previous.map(|p| (row.created_at - p).num_seconds().max(0)),
-        within_state: true,
-    })
+    let kind = (severity, activity(state).unwrap_or("cleaning"));
+    Some(within_state_entry(node, row, previous, kind, event, state))
 }
 
 /// Every history entry of node `uuid`, oldest first.
@@ -282,16 +290,6 @@ fn render(e: &Entry, node: &str, detail: bool, version: (u32, u32), base: &str) 
     Value::Object(v)
 }
 
-fn gate(version: (u32, u32)) -> ApiResult<()> {
-    if version < SINCE {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "node history needs API version 1.78 or later",
-        ));
-    }
-    Ok(())
-}
-
 fn not_found(node: &str, event: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -303,17 +301,11 @@ fn not_found(node: &str, event: &str) -> ApiError {
 async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version)?;
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    listing::only_params(params.keys(), LIST_PARAMS)?;
     let detail = match params.get("detail").map(String::as_str) {
         None => false,
         Some(d) => match d.to_ascii_lowercase().as_str() {
@@ -364,16 +356,11 @@ async fn list(
     });
     if page.len() == limit {
         if let Some(last) = page.last() {
-            let mut next = format!(
-                "{base}/v1/nodes/{ident}/history?limit={limit}&marker={}",
-                last.uuid
-            );
-            if detail {
-                next.push_str("&detail=True");
-            }
-            if dir == SortDir::Desc {
-                next.push_str("&sort_dir=desc");
-            }
+            let next = listing::NextLink::new(&base, &format!("/v1/nodes/{ident}/history"), limit)
+                .marker(&last.uuid)
+                .param_if("detail", detail.then_some("True"))
+                .param_if("sort_dir", (dir == SortDir::Desc).then_some("desc"))
+                .build();
             body["next"] = Value::from(next);
         }
     }
@@ -384,10 +371,9 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path((ident, event)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    gate(version)?;
     let node = state.conductor.store.get_node(&ident).await?;
     let all = entries(&state, &node.uuid).await?;
     let e = all
@@ -422,17 +408,14 @@ mod tests {
         }
     }
 
+    /// The history entry of audit row `seq` of node `n`.
+    fn entry(seq: i64, detail: &str) -> Entry {
+        entry_of("n", &row(seq, detail), None).expect("entry")
+    }
+
     #[test]
     fn transitions_become_entries() {
-        let e = entry_of(
-            "n",
-            &row(
-                3,
-                "enroll -> verifying (verb: manage; target: manageable; cause: manage by admin (role admin))",
-            ),
-            None,
-        )
-        .expect("entry");
+        let e = entry(3, "enroll -> verifying (verb: manage; target: manageable; cause: manage by admin (role admin))");
         assert_eq!(e.severity, "INFO");
         assert_eq!(e.event_type, "verifying");
         assert_eq!(e.event, "enroll -> verifying (verb: manage)");
@@ -442,26 +425,13 @@ mod tests {
         assert_eq!(e.uuid, entry_uuid("n", 3));
         assert_ne!(e.uuid, entry_uuid("n", 4));
 
-        let e = entry_of(
-            "n",
-            &row(
-                4,
-                "verifying -> enroll (event: fail; cause: BMC unreachable; x; during manage by anonymous (--no-auth))",
-            ),
-            None,
-        )
-        .expect("entry");
+        let e = entry(4, "verifying -> enroll (event: fail; cause: BMC unreachable; x; during manage by anonymous (--no-auth))");
         assert_eq!(e.severity, "ERROR");
         assert_eq!(e.event, "BMC unreachable; x");
         assert_eq!(e.user.as_deref(), Some("anonymous"));
         assert_eq!(e.target, None);
 
-        let e = entry_of(
-            "n",
-            &row(5, "cleaning -> available (event: done; cause: conductor)"),
-            None,
-        )
-        .expect("entry");
+        let e = entry(5, "cleaning -> available (event: done; cause: conductor)");
         assert_eq!((e.event_type, e.user), ("cleaning", None));
         let mut other = row(6, "x");
         other.action = "node:create".into();
@@ -470,21 +440,8 @@ mod tests {
 
     #[test]
     fn entries_within_a_state_carry_the_user_of_their_operation() {
-        let started = entry_of(
-            "n",
-            &row(
-                1,
-                "manageable -> cleaning (verb: clean; target: manageable; cause: clean by alice (role admin))",
-            ),
-            None,
-        )
-        .expect("entry");
-        let waiting = entry_of(
-            "n",
-            &row(2, "cleaning -> clean wait (event: wait; cause: conductor)"),
-            None,
-        )
-        .expect("entry");
+        let started = entry(1, "manageable -> cleaning (verb: clean; target: manageable; cause: clean by alice (role admin))");
+        let waiting = entry(2, "cleaning -> clean wait (event: wait; cause: conductor)");
         assert_eq!(operation_user(&[]), None);
         assert_eq!(
             operation_user(std::slice::from_ref(&started)).as_deref(),

@@ -1,12 +1,32 @@
 //! Query parameters that every listing reads the same way (nodes, ports, portgroups, chassis,
-//! allocations, templates, volume, history, the audit trail…), and the one rule for a full
-//! page's `next` link.
+//! allocations, templates, volume, history, the audit trail…), and the one builder of a full
+//! page's `next` link ([`NextLink`]), which every listing uses.
 
 use super::version::not_acceptable;
 use super::ApiError;
+use rivet_model::microversions as mv;
 use rivet_store::SortDir;
 
 use std::collections::HashMap;
+
+/// 400 for a query parameter the request's handler does not take, naming the ones it does.
+pub fn unknown_param(bad: &str, allowed: &[&str]) -> ApiError {
+    ApiError::bad_request(format!(
+        "unknown query parameter {bad:?}; supported: {}",
+        allowed.join(", ")
+    ))
+}
+
+/// [`unknown_param`] for the first key of `keys` that is not in `allowed`.
+pub fn only_params<'a>(
+    keys: impl IntoIterator<Item = &'a String>,
+    allowed: &[&str],
+) -> Result<(), ApiError> {
+    match keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
+        Some(bad) => Err(unknown_param(bad, allowed)),
+        None => Ok(()),
+    }
+}
 
 /// The page size asked for by `limit`: at most `max`; absent or 0 means `max` (as Ironic).
 pub fn page_limit(params: &HashMap<String, String>, max: usize) -> Result<usize, ApiError> {
@@ -92,15 +112,22 @@ pub fn detail_param(params: &HashMap<String, String>, from_detail: bool) -> Resu
 
 /// A comma-separated list parameter.
 pub fn list_param(params: &HashMap<String, String>, key: &str) -> Vec<String> {
-    params
-        .get(key)
-        .map(|v| {
-            v.split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .unwrap_or_default()
+    params.get(key).map(|v| split_list(v)).unwrap_or_default()
+}
+
+/// The items of a comma-separated value, trimmed, empty ones dropped.
+pub fn split_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The names of a `fields=a,b` value, and those of them `valid` refuses.
+pub fn field_names(raw: &str, valid: impl Fn(&str) -> bool) -> (Vec<String>, Vec<String>) {
+    let names = split_list(raw);
+    let bad = names.iter().filter(|n| !valid(n)).cloned().collect();
+    (names, bad)
 }
 
 /// `fields` (1.8, 406 below) and `detail` (1.43, 400 below) as Ironic gates them.
@@ -108,11 +135,11 @@ pub fn check_query_versions(
     params: &HashMap<String, String>,
     version: (u32, u32),
 ) -> Result<(), ApiError> {
-    if params.contains_key("fields") && version < (1, 8) {
-        return Err(not_acceptable("fields", (1, 8)));
+    if params.contains_key("fields") && version < mv::FIELDS {
+        return Err(not_acceptable("fields", mv::FIELDS));
     }
     if let Some(d) = params.get("detail") {
-        if version < (1, 43) {
+        if version < mv::DETAIL_QUERY {
             return Err(ApiError::bad_request(format!(
                 "Invalid query parameter ?detail={d} received."
             )));
@@ -121,7 +148,68 @@ pub fn check_query_versions(
     Ok(())
 }
 
-/// The `next` link of a full page.
+/// A full page's `next` link, the one builder of every listing's (the resources', nodes',
+/// conductors', a node's history, the audit trail): `{base}{path}?limit=N`, then the query
+/// parameters the listing carries over and the marker, in the order the listing adds them.
+/// Every key and value is percent-encoded ([`query_escape`]), so a filter value with `&`,
+/// `+`, `=`, `%`, `#`, a space or non-ASCII text reads back the same on the next page.
+#[must_use]
+pub struct NextLink(String);
+
+impl NextLink {
+    /// `{base}{path}?limit={limit}`.
+    pub fn new(base: &str, path: &str, limit: usize) -> Self {
+        NextLink(format!("{base}{path}?limit={limit}"))
+    }
+
+    /// `&key=value`, both escaped.
+    pub fn param(mut self, key: &str, value: &str) -> Self {
+        self.0.push('&');
+        self.0.push_str(&query_escape(key));
+        self.0.push('=');
+        self.0.push_str(&query_escape(value));
+        self
+    }
+
+    /// `&key=value` when the value is there.
+    pub fn param_if(self, key: &str, value: Option<&str>) -> Self {
+        match value {
+            Some(v) => self.param(key, v),
+            None => self,
+        }
+    }
+
+    /// The request's parameters named in `keys`, in that order, except `limit` and
+    /// `marker` (the link sets its own).
+    pub fn params_of(mut self, params: &HashMap<String, String>, keys: &[&str]) -> Self {
+        for k in keys.iter().filter(|k| !matches!(**k, "limit" | "marker")) {
+            if let Some(v) = params.get(*k) {
+                self = self.param(k, v);
+            }
+        }
+        self
+    }
+
+    /// Every parameter of the request but `limit` and `marker`, sorted by key.
+    pub fn all_params(self, params: &HashMap<String, String>) -> Self {
+        let mut keys: Vec<&str> = params.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        self.params_of(params, &keys)
+    }
+
+    /// `&marker={last}`.
+    pub fn marker(self, last: &str) -> Self {
+        self.param("marker", last)
+    }
+
+    /// The link.
+    pub fn build(self) -> String {
+        self.0
+    }
+}
+
+/// The `next` link of a full page that carries every other parameter of the request over
+/// (sorted by key), its marker last.
 pub fn next_link(
     base: &str,
     path: &str,
@@ -129,17 +217,107 @@ pub fn next_link(
     limit: usize,
     last: &str,
 ) -> String {
-    let mut next = format!("{base}{path}?limit={limit}");
-    let mut keys: Vec<&String> = params
-        .keys()
-        .filter(|k| *k != "limit" && *k != "marker")
-        .collect();
-    keys.sort();
-    for k in keys {
-        if let Some(v) = params.get(k) {
-            next.push_str(&format!("&{k}={v}"));
+    NextLink::new(base, path, limit)
+        .all_params(params)
+        .marker(last)
+        .build()
+}
+
+/// A query key or value percent-encoded: everything but RFC 3986's unreserved characters
+/// and `,` (a list's separator, which no query parser reads specially) becomes `%XX` of its
+/// UTF-8 bytes.
+pub fn query_escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~,".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
         }
     }
-    next.push_str(&format!("&marker={last}"));
-    next
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::Query;
+    use axum::http::Uri;
+
+    /// The query of a link as a handler's `Query` reads it.
+    fn parsed(link: &str) -> HashMap<String, String> {
+        let uri: Uri = link.parse().expect("a URI");
+        Query::<HashMap<String, String>>::try_from_uri(&uri)
+            .expect("a query")
+            .0
+    }
+
+    const AWKWARD: &[&str] = &[
+        "a&b",
+        "a+b",
+        "50%",
+        "x=y",
+        "two words",
+        " lead",
+        "ünïcödé ☃",
+        "#frag",
+        "a,b",
+        "%41",
+        "?q",
+        "a/b",
+        "",
+    ];
+
+    #[test]
+    fn every_awkward_value_reads_back_from_the_next_link() {
+        for v in AWKWARD {
+            let params = HashMap::from([
+                ("name".to_string(), v.to_string()),
+                ("limit".to_string(), "99".to_string()),
+                ("marker".to_string(), "old".to_string()),
+                (format!("k{v}"), v.to_string()),
+            ]);
+            let link = next_link("http://h:1", "/v1/ports", &params, 2, "last&one");
+            assert!(!link.contains('#') && !link.contains(' '), "{link}");
+            let back = parsed(&link);
+            assert_eq!(back.get("name").map(String::as_str), Some(*v), "{link}");
+            assert_eq!(
+                back.get(&format!("k{v}")).map(String::as_str),
+                Some(*v),
+                "{link}"
+            );
+            assert_eq!(back.get("limit").map(String::as_str), Some("2"), "{link}");
+            assert_eq!(
+                back.get("marker").map(String::as_str),
+                Some("last&one"),
+                "{link}"
+            );
+            assert_eq!(back.len(), 4, "{link}");
+        }
+    }
+
+    #[test]
+    fn the_builder_keeps_the_order_it_is_given() {
+        let params = HashMap::from([
+            ("b".to_string(), "1".to_string()),
+            ("a".to_string(), "x y".to_string()),
+            ("limit".to_string(), "5".to_string()),
+        ]);
+        let link = NextLink::new("http://h", "/v1/nodes", 5)
+            .marker("m")
+            .params_of(&params, &["limit", "b", "a", "c"])
+            .param_if("detail", Some("True"))
+            .param_if("none", None)
+            .build();
+        assert_eq!(
+            link,
+            "http://h/v1/nodes?limit=5&marker=m&b=1&a=x%20y&detail=True"
+        );
+        assert_eq!(
+            next_link("http://h", "/v1/x", &params, 5, "m"),
+            "http://h/v1/x?limit=5&a=x%20y&b=1&marker=m"
+        );
+        assert_eq!(query_escape("a&b+c=d%e#f g"), "a%26b%2Bc%3Dd%25e%23f%20g");
+        assert_eq!(query_escape("é"), "%C3%A9");
+    }
 }

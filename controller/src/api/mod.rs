@@ -30,6 +30,7 @@ mod nodes;
 pub mod openapi;
 mod patch;
 mod paths;
+mod port_common;
 mod portgroups;
 mod ports;
 pub mod ratelimit;
@@ -38,6 +39,7 @@ mod resource;
 mod rules;
 mod runbooks;
 mod shards;
+mod step_templates;
 mod version;
 mod volume;
 

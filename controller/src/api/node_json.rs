@@ -578,53 +578,60 @@ mod tests {
         }
     }
 
-    /// The listing as the `Value` tree path builds it (nodes.rs before this module).
-    fn reference(
-        nodes: &[Node],
-        kept: &HashMap<String, NodeManagement>,
-        base: &str,
+    /// One listing to render: the nodes and how the request asked for them.
+    struct Case<'a> {
+        nodes: &'a [Node],
+        kept: &'a HashMap<String, NodeManagement>,
+        base: &'a str,
         version: (u32, u32),
-        fields: Option<&[String]>,
+        fields: Option<&'a [String]>,
         detail: bool,
-        next: Option<&str>,
-    ) -> Vec<u8> {
-        let docs: Vec<Value> = nodes
-            .iter()
-            .map(|n| {
-                let mut full = super::super::render::node_full(n, base);
-                super::super::render::gate_node(&mut full, version);
-                if let Some(m) = kept.get(&n.uuid) {
-                    super::super::node_actions::node_fields::apply(&mut full, m);
-                }
-                match (fields, detail) {
-                    (Some(f), _) => super::super::render::sanitized(full, f),
-                    (None, true) => Value::Object(full),
-                    (None, false) => super::super::render::select(full, NODE_LIST_FIELDS),
-                }
-            })
-            .collect();
-        let mut body = Value::Object(Map::from_iter([("nodes".to_string(), Value::Array(docs))]));
-        if let Some(next) = next {
-            body["next"] = Value::from(next);
-        }
-        serde_json::to_vec(&body).expect("serialize")
+        next: Option<&'a str>,
     }
 
-    fn fast(
-        nodes: &[Node],
-        kept: &HashMap<String, NodeManagement>,
-        base: &str,
-        version: (u32, u32),
-        fields: Option<&[String]>,
-        detail: bool,
-        next: Option<&str>,
-    ) -> Vec<u8> {
-        NodeShape::new(base, version, fields, detail)
-            .map_err(|e| e.message)
-            .expect("shape")
-            .listing(nodes, kept, next)
-            .map_err(|e| e.message)
-            .expect("listing")
+    impl Case<'_> {
+        /// The listing as the `Value` tree path builds it (nodes.rs before this module).
+        fn reference(&self) -> Vec<u8> {
+            let Case {
+                nodes,
+                kept,
+                base,
+                version,
+                fields,
+                detail,
+                next,
+            } = *self;
+            let docs: Vec<Value> = nodes
+                .iter()
+                .map(|n| {
+                    let mut full = super::super::render::node_full(n, base);
+                    super::super::render::gate_node(&mut full, version);
+                    if let Some(m) = kept.get(&n.uuid) {
+                        super::super::node_actions::node_fields::apply(&mut full, m);
+                    }
+                    match (fields, detail) {
+                        (Some(f), _) => super::super::render::sanitized(full, f),
+                        (None, true) => Value::Object(full),
+                        (None, false) => super::super::render::select(full, NODE_LIST_FIELDS),
+                    }
+                })
+                .collect();
+            let mut body =
+                Value::Object(Map::from_iter([("nodes".to_string(), Value::Array(docs))]));
+            if let Some(next) = next {
+                body["next"] = Value::from(next);
+            }
+            serde_json::to_vec(&body).expect("serialize")
+        }
+
+        fn fast(&self) -> Vec<u8> {
+            NodeShape::new(self.base, self.version, self.fields, self.detail)
+                .map_err(|e| e.message)
+                .expect("shape")
+                .listing(self.nodes, self.kept, self.next)
+                .map_err(|e| e.message)
+                .expect("listing")
+        }
     }
 
     #[test]
@@ -685,8 +692,16 @@ mod tests {
                     (Some(&[][..]), true),
                 ] {
                     for next in [None, Some(next)] {
-                        let want = reference(&nodes, &kept, base, version, fields, detail, next);
-                        let got = fast(&nodes, &kept, base, version, fields, detail, next);
+                        let case = Case {
+                            nodes: &nodes,
+                            kept: &kept,
+                            base,
+                            version,
+                            fields,
+                            detail,
+                            next,
+                        };
+                        let (want, got) = (case.reference(), case.fast());
                         assert_eq!(
                             String::from_utf8_lossy(&got),
                             String::from_utf8_lossy(&want),
@@ -697,7 +712,16 @@ mod tests {
             }
         }
         // The reference itself masks: no secret value appears in either.
-        let got = fast(&nodes, &kept, "http://h", MAX_VERSION, None, true, None);
+        let got = Case {
+            nodes: &nodes,
+            kept: &kept,
+            base: "http://h",
+            version: MAX_VERSION,
+            fields: None,
+            detail: true,
+            next: None,
+        }
+        .fast();
         let text = String::from_utf8_lossy(&got);
         assert!(!text.contains("s3cret"), "{text}");
         assert!(text.contains(r#""redfish_password":"******""#), "{text}");
@@ -709,10 +733,16 @@ mod tests {
     fn empty_listing() {
         let kept = HashMap::new();
         for detail in [true, false] {
-            assert_eq!(
-                fast(&[], &kept, "http://h", MAX_VERSION, None, detail, None),
-                reference(&[], &kept, "http://h", MAX_VERSION, None, detail, None)
-            );
+            let case = Case {
+                nodes: &[],
+                kept: &kept,
+                base: "http://h",
+                version: MAX_VERSION,
+                fields: None,
+                detail,
+                next: None,
+            };
+            assert_eq!(case.fast(), case.reference());
         }
     }
 }

@@ -2,7 +2,6 @@
 
 use super::node_json::{JsonBytes, NodeShape};
 use super::render::{base_url, node_full, parse_fields};
-use super::version::{ver, Version};
 use super::{listing, patch, ApiError, ApiResult, ApiVersion, AppState, JsonBody};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -23,9 +22,9 @@ use std::collections::HashMap;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/v1/nodes", get(list).post(create))
-        .route("/v1/nodes/", get(list).post(create))
-        .route("/v1/nodes/detail", get(list_detail))
+        .route("/v1/nodes", get(list::<false>).post(create))
+        .route("/v1/nodes/", get(list::<false>).post(create))
+        .route("/v1/nodes/detail", get(list::<true>))
         .route("/v1/nodes/{ident}", get(show).patch(update).delete(remove))
         .route("/v1/nodes/{ident}/states", get(states))
         .route("/v1/nodes/{ident}/states/provision", put(provision))
@@ -106,12 +105,7 @@ fn node_query(
     max_limit: usize,
     version: (u32, u32),
 ) -> Result<NodeQuery, ApiError> {
-    if let Some(bad) = params.keys().find(|k| !LIST_PARAMS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            LIST_PARAMS.join(", ")
-        )));
-    }
+    listing::only_params(params.keys(), LIST_PARAMS)?;
     for (name, since) in FILTER_VERSIONS {
         if params.contains_key(*name) && version < *since {
             return Err(ApiError::new(
@@ -146,25 +140,16 @@ fn node_query(
             ApiError::bad_request(format!("provision_state {s:?} is not a known state"))
         })?);
     }
-    if let Some(m) = params.get("maintenance") {
-        q.maintenance = Some(super::listing::bool_value("maintenance", m)?);
-    }
+    q.maintenance = listing::bool_param(params, "maintenance")?;
     q.driver = params.get("driver").cloned();
     q.resource_class = params.get("resource_class").cloned();
     q.owner = params.get("owner").cloned();
     q.lessee = params.get("lessee").cloned();
     q.conductor_group = params.get("conductor_group").map(|g| g.to_lowercase());
     if let Some(s) = params.get("shard") {
-        q.shards = s
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
+        q.shards = listing::split_list(s);
     }
-    if let Some(s) = params.get("sharded") {
-        q.sharded = Some(super::listing::bool_value("sharded", s)?);
-    }
+    q.sharded = listing::bool_param(params, "sharded")?;
     q.instance_name = params.get("instance_name").cloned();
     q.project = params.get("project").cloned();
     q.description_contains = params.get("description_contains").cloned();
@@ -179,12 +164,8 @@ fn node_query(
         }
     }
     q.chassis_uuid = params.get("chassis_uuid").cloned();
-    if let Some(r) = params.get("retired") {
-        q.retired = Some(super::listing::bool_value("retired", r)?);
-    }
-    if let Some(a) = params.get("associated") {
-        q.associated = Some(super::listing::bool_value("associated", a)?);
-    }
+    q.retired = listing::bool_param(params, "retired")?;
+    q.associated = listing::bool_param(params, "associated")?;
     // Ironic lists child nodes only when asked: `include_children` (then `parent_node` is
     // not read) or `parent_node`.
     let include_children = match params.get("include_children") {
@@ -391,15 +372,10 @@ pub(super) async fn list_inner(
             } else {
                 "/v1/nodes"
             };
-            let mut link = format!("{base}{path}?limit={}&marker={}", q.limit, last.uuid);
-            for k in LIST_PARAMS
-                .iter()
-                .filter(|k| !["limit", "marker"].contains(k))
-            {
-                if let Some(v) = params.get(*k) {
-                    link.push_str(&format!("&{k}={}", query_escape(v)));
-                }
-            }
+            let link = listing::NextLink::new(&base, path, q.limit)
+                .marker(&last.uuid)
+                .params_of(&params, LIST_PARAMS)
+                .build();
             next = Some(link);
         }
     }
@@ -424,19 +400,6 @@ async fn list_page(state: &AppState, q: &NodeQuery) -> ApiResult<Vec<Node>> {
         })
 }
 
-/// A query value for a `next` link: everything but RFC 3986 unreserved characters escaped.
-fn query_escape(v: &str) -> String {
-    v.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~,".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 /// A node's document as a client at `version` sees it.
 fn node_doc(n: &Node, base: &str, version: (u32, u32)) -> Map<String, Value> {
     let mut doc = node_full(n, base);
@@ -444,22 +407,14 @@ fn node_doc(n: &Node, base: &str, version: (u32, u32)) -> Map<String, Value> {
     doc
 }
 
-async fn list(
+/// `GET /v1/nodes` (`DETAIL`: `/v1/nodes/detail`).
+async fn list<const DETAIL: bool>(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<JsonBytes> {
-    list_inner(&state, &headers, ver(&version), params, false).await
-}
-
-async fn list_detail(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    version: Version,
-    Query(params): Query<HashMap<String, String>>,
-) -> ApiResult<JsonBytes> {
-    list_inner(&state, &headers, ver(&version), params, true).await
+    list_inner(&state, &headers, version, params, DETAIL).await
 }
 
 /// A node name must be usable in URLs and not look like a UUID.
@@ -521,7 +476,7 @@ fn node_response(
 async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     JsonBody(req): JsonBody<NodeCreate>,
 ) -> ApiResult<Response> {
     check_driver(&req.driver)?;
@@ -580,7 +535,7 @@ async fn create(
     node.provision_updated_at = Some(node.created_at);
     // Ironic's contract with clients older than 1.11 (which know no `enroll`): their nodes
     // are created `available`, unverified and uncleaned, as Ironic creates them.
-    if ver(&version) < (1, 11) {
+    if version < (1, 11) {
         node.provision_state = rivet_protocol::states::ProvisionState::Available;
     }
     let mut node = state.conductor.store.create_node(&node).await?;
@@ -590,7 +545,7 @@ async fn create(
         StatusCode::CREATED,
         &node,
         &headers,
-        ver(&version),
+        version,
         &Default::default(),
     );
     if let Ok(loc) =
@@ -604,16 +559,16 @@ async fn create(
 async fn show(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(p): Query<super::listing::ShowParams>,
 ) -> ApiResult<Response> {
     let mut node = state.conductor.store.get_node(&ident).await?;
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
     if let Some(f) = &p.fields {
-        super::render::check_node_fields(f.split(',').map(str::trim), ver(&version))?;
+        super::render::check_node_fields(f.split(',').map(str::trim), version)?;
     }
-    let mut full = node_doc(&node, &base_url(&headers), ver(&version));
+    let mut full = node_doc(&node, &base_url(&headers), version);
     let kept = state.conductor.store.node_management(&node.uuid).await?;
     super::node_actions::node_fields::apply(&mut full, &kept);
     let mut resp = match parse_fields(p.fields.as_deref(), &full)? {
@@ -743,13 +698,13 @@ fn patched_field(path: &str) -> String {
 async fn update(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(params): Query<PatchParams>,
     JsonBody(ops): JsonBody<Vec<PatchOp>>,
 ) -> ApiResult<Response> {
     let reset_interfaces = match &params.reset_interfaces {
-        Some(_) if ver(&version) < (1, 45) => {
+        Some(_) if version < (1, 45) => {
             return Err(ApiError::new(
                 StatusCode::NOT_ACCEPTABLE,
                 "reset_interfaces needs API version 1.45 or later",
@@ -771,7 +726,7 @@ async fn update(
         .map(|op| patched_field(&op.path))
         .filter(|f| NODE_PATCHABLE.contains(&f.as_str()))
         .collect();
-    super::render::check_node_fields(newer.iter().map(String::as_str), ver(&version))?;
+    super::render::check_node_fields(newer.iter().map(String::as_str), version)?;
     if ops.iter().any(|op| patched_field(&op.path) == "traits") {
         return Err(ApiError::bad_request(
             "Cannot update node traits via node patch. Node traits should be updated via the node traits API.",
@@ -913,7 +868,7 @@ async fn update(
         resolve_parent(&state, &node, parent).await?
     };
     let chassis = opt_string(&mut doc, "chassis_uuid")?;
-    if node.chassis_uuid.is_some() && chassis.is_none() && ver(&version) < (1, 25) {
+    if node.chassis_uuid.is_some() && chassis.is_none() && version < (1, 25) {
         return Err(ApiError::new(
             StatusCode::NOT_ACCEPTABLE,
             "removing chassis_uuid needs API version 1.25 or later",
@@ -948,7 +903,7 @@ async fn update(
         StatusCode::OK,
         &saved,
         &headers,
-        ver(&version),
+        version,
         &kept,
     ))
 }
@@ -983,7 +938,7 @@ async fn remove(
 
 async fn states(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let n = state.conductor.store.get_node(&ident).await?;
@@ -992,13 +947,13 @@ async fn states(
         "console_enabled": false,
         "last_error": n.last_error,
         "power_state": n.power_state,
-        "provision_state": super::render::provision_state_at(n.provision_state, ver(&version)),
+        "provision_state": super::render::provision_state_at(n.provision_state, version),
         "target_power_state": n.target_power_state,
         "target_provision_state": n.target_provision_state,
         "provision_updated_at": super::render::time(&n.provision_updated_at),
     });
     if let Value::Object(m) = &mut doc {
-        super::node_actions::node_fields::states(m, &kept, ver(&version));
+        super::node_actions::node_fields::states(m, &kept, version);
     }
     Ok(Json(doc))
 }
@@ -1018,7 +973,7 @@ fn accepted(headers: &HeaderMap, node: &Node) -> Response {
 async fn provision(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Extension(caller): Extension<super::auth::Caller>,
     Path(ident): Path<String>,
     JsonBody(mut req): JsonBody<ProvisionRequest>,
@@ -1058,14 +1013,14 @@ async fn abort_provision(
 async fn power(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     JsonBody(req): JsonBody<PowerRequest>,
 ) -> ApiResult<Response> {
     use rivet_protocol::states::PowerState;
     // Soft power actions and `timeout` came with 1.27 (`MINOR_27_SOFT_POWER_OFF`).
     let soft = matches!(req.target, PowerState::SoftOff | PowerState::SoftRebooting);
-    if (soft || req.timeout.is_some()) && ver(&version) < (1, 27) {
+    if (soft || req.timeout.is_some()) && version < (1, 27) {
         return Err(ApiError::new(
             StatusCode::NOT_ACCEPTABLE,
             "soft power actions and a power timeout need API version 1.27 or later",
@@ -1110,15 +1065,8 @@ async fn maintenance_off(
 
 async fn inventory(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    if version < (1, 81) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "the inventory endpoint needs API version 1.81 or later",
-        ));
-    }
     let node = state.conductor.store.get_node(&ident).await?;
     let (inventory, at) = state.conductor.store.get_inventory(&node.uuid).await.map_err(|e| match e {
         rivet_store::StoreError::NotFound { .. } => ApiError::new(

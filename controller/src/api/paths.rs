@@ -13,9 +13,10 @@
 //! - **A node identifier that is neither a UUID nor a valid name** is a 400 on every node
 //!   route (Ironic's `args.uuid_or_name` on `node_ident`), never a lookup.
 
-use super::deploy_templates::{Api as Templates, Deploy};
+use super::deploy_templates::Deploy;
 use super::resource::Resource;
 use super::runbooks::Runbook;
+use super::step_templates::Api as Templates;
 use super::{allocations, body, portgroups, ApiError, AppState};
 use axum::extract::{Request, State};
 use axum::http::Uri;

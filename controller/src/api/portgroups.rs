@@ -9,7 +9,7 @@ use super::body::{
     Named,
 };
 use super::listing::{check_query_versions, list_param};
-use super::ports::{connectivity_editable, ports_of, refuse_locked, PORTGROUP_SUB_VERSION};
+use super::port_common::{connectivity_editable, ports_of, refuse_locked};
 use super::render::{document, links, select};
 use super::resource::{
     self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
@@ -20,6 +20,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
+use rivet_model::microversions as mv;
 use rivet_model::node::Node;
 use rivet_model::port::Portgroup;
 use rivet_store::{PortgroupQuery, StoreError, PORTGROUP_SORT_KEYS};
@@ -37,8 +38,6 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-/// Port groups (`MINOR_23_PORTGROUPS`).
-const PORTGROUP_VERSION: (u32, u32) = (1, 23);
 /// `physical_network` of a port group (`MINOR_102_PORTGROUP_PHYSICAL_NETWORK`).
 pub(super) const PHYSNET_VERSION: (u32, u32) = (1, 102);
 /// Port group shard filter (`MINOR_106_PORTGROUP_SHARD`).
@@ -170,7 +169,7 @@ impl Resource for Api {
     type Record = Portgroup;
     const PATH: &'static str = "portgroups";
     const NAME: &'static str = "Portgroup";
-    const SINCE: (u32, u32) = PORTGROUP_VERSION;
+    const SINCE: (u32, u32) = mv::PORTGROUPS;
     const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = FIELD_VERSIONS;
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
     const FILTERS: &'static [&'static str] = &["node", "address", "shard", "conductor_groups"];
@@ -220,7 +219,7 @@ impl Resource for Api {
             StatusCode::NOT_FOUND,
             format!(
                 "The resource could not be found: port groups need API version {} or later",
-                vstr(PORTGROUP_VERSION)
+                vstr(mv::PORTGROUPS)
             ),
         )
     }
@@ -229,13 +228,13 @@ impl Resource for Api {
         let params = l.params;
         let version = l.version;
         // `/v1/nodes/{node}/portgroups` is 1.24 (Ironic: 404 below).
-        if l.parent.is_some() && version < PORTGROUP_SUB_VERSION {
+        if l.parent.is_some() && version < mv::PORTGROUP_SUBRESOURCES {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(
                     "The resource could not be found: a node's port groups need API version {} \
                      or later",
-                    vstr(PORTGROUP_SUB_VERSION)
+                    vstr(mv::PORTGROUP_SUBRESOURCES)
                 ),
             ));
         }

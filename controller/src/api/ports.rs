@@ -1,7 +1,7 @@
 //! `/v1/ports`: a node's NICs, found by MAC at lookup, with every port field of Ironic's
 //! `port.py` and its microversion gate (internal_info 1.18 … available_for_dynamic_portgroup
 //! 1.111), the listings under `/v1/nodes/{node}/ports` and `/v1/portgroups/{pg}/ports`
-//! (1.24), and the helpers the port group API shares (gates, Ironic's body checks).
+//! (1.24). What the port group API shares with it is in `super::port_common`.
 
 use super::body::{
     boolean, check_logical_name, check_uuid, mac, object_body, opt_object, opt_string, uuid_in,
@@ -9,6 +9,7 @@ use super::body::{
 };
 use super::listing::{check_query_versions, list_param};
 use super::patch::patched_fields;
+use super::port_common::{connectivity_editable, ports_of, refuse_locked};
 use super::portgroups;
 use super::render::{document, select};
 use super::resource::{
@@ -21,7 +22,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use chrono::Utc;
-use rivet_model::node::Node;
+use rivet_model::microversions as mv;
 use rivet_model::port::{Port, PortAttrs};
 use rivet_protocol::api::PatchOp;
 use rivet_store::{normalize_mac, PortQuery, StoreError, PORT_SORT_KEYS};
@@ -70,8 +71,6 @@ const OVN_VTEP_REMOVED: (u32, u32) = (1, 105);
 const OVN_KEYS: &[&str] = &["vtep-logical-switch", "vtep-physical-switch"];
 /// Creating a port with `node_ident` (`MINOR_94_PORT_NODENAME`).
 const NODE_IDENT_VERSION: (u32, u32) = (1, 94);
-/// Port group sub-resources and filters (`MINOR_24_PORTGROUPS_SUBCONTROLLERS`).
-pub(super) const PORTGROUP_SUB_VERSION: (u32, u32) = (1, 24);
 /// Filtering by shard (`MINOR_82_NODE_SHARD`).
 pub(super) const SHARD_VERSION: (u32, u32) = (1, 82);
 
@@ -364,44 +363,6 @@ fn check_standalone(pg: &rivet_model::port::Portgroup, pxe: bool) -> Result<(), 
     Ok(())
 }
 
-/// 409 while another operation holds the node (Ironic's NodeLocked: port and port group
-/// writes take the node's lock).
-pub(super) fn refuse_locked(node: &Node) -> Result<(), ApiError> {
-    match &node.reservation {
-        Some(by) => Err(rivet_conductor::ConductorError::Locked {
-            node: node.ident().to_string(),
-            by: by.clone(),
-            state: node.provision_state,
-        }
-        .into()),
-        None => Ok(()),
-    }
-}
-
-/// States in which a port's connectivity or a group's node may change (or in maintenance).
-pub(super) fn connectivity_editable(node: &Node) -> bool {
-    use rivet_protocol::states::ProvisionState as S;
-    node.maintenance
-        || matches!(
-            node.provision_state,
-            S::Enroll | S::Inspecting | S::InspectWait | S::Manageable
-        )
-}
-
-/// Every port of a node, or of a port group (no page).
-pub(super) async fn ports_of(
-    state: &AppState,
-    node: Option<&str>,
-    group: Option<&str>,
-) -> Result<Vec<Port>, StoreError> {
-    let q = PortQuery {
-        node_uuid: node.map(str::to_string),
-        portgroup_uuid: group.map(str::to_string),
-        ..Default::default()
-    };
-    state.conductor.store.list_ports(&q).await
-}
-
 /// Ironic's `validate_port_physnet`: a port in a group has the physical network of the
 /// group's other ports (or, with none, the group's own).
 async fn check_physnet(
@@ -502,20 +463,23 @@ impl Resource for Api {
         if let Some(Parent::Portgroup(_)) = l.parent {
             resource::gate::<portgroups::Api>(version, Access::Read)?;
             // Port group sub-resources are 1.24 (Ironic answers 404 below).
-            if version < PORTGROUP_SUB_VERSION {
+            if version < mv::PORTGROUP_SUBRESOURCES {
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!(
                         "the resource {path} could not be found (it needs API version {} or \
                          later)",
-                        vstr(PORTGROUP_SUB_VERSION)
+                        vstr(mv::PORTGROUP_SUBRESOURCES)
                     ),
                 ));
             }
         }
         check_query_versions(params, version)?;
-        if params.contains_key("portgroup") && version < PORTGROUP_SUB_VERSION {
-            return Err(not_acceptable("portgroup filter", PORTGROUP_SUB_VERSION));
+        if params.contains_key("portgroup") && version < mv::PORTGROUP_SUBRESOURCES {
+            return Err(not_acceptable(
+                "portgroup filter",
+                mv::PORTGROUP_SUBRESOURCES,
+            ));
         }
         if params.contains_key("shard") && version < SHARD_VERSION {
             return Err(not_acceptable("shard filter", SHARD_VERSION));

@@ -12,7 +12,14 @@
 //! sweep; when the table is full of sources that are all still draining, further new
 //! sources share one overflow bucket instead of evicting a limited one (evicting would hand
 //! an attacker with many addresses a fresh budget).
+//!
+//! [`RateLimiter::refuse`] is the one 429 (with `Retry-After`) every limited endpoint answers.
 
+use super::ApiError;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use rivet_support::http::PeerAddr;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
@@ -95,6 +102,42 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
+    /// Takes one unit for the request's source (`peer`, absent for a router driven
+    /// in-process); the 429 to answer when it is over, naming `what` and the `setting` that
+    /// limits it and nothing about nodes. The first refusal of a source in a minute is logged.
+    pub(super) fn refuse(
+        &self,
+        peer: Option<&Extension<PeerAddr>>,
+        setting: &str,
+        what: &str,
+    ) -> Option<Response> {
+        let ip = peer?.0 .0.ip();
+        let Decision::Limited { retry_after, warn } = self.take(ip) else {
+            return None;
+        };
+        let per_minute = self.per_minute();
+        if warn {
+            tracing::warn!(
+                source = %SourceKey::of(ip),
+                limit = setting,
+                per_minute,
+                "{what} from this source are over the limit; answering 429 (logged once a minute per source)"
+            );
+        }
+        let secs = retry_after.as_secs().max(1);
+        let mut resp = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many {what} from this address: the limit is {per_minute} per minute \
+                 ({setting}); retry after {secs} s"
+            ),
+        )
+        .into_response();
+        resp.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+        Some(resp)
+    }
+
     /// A limiter allowing `per_minute` per source (0: unlimited).
     pub fn new(per_minute: u32) -> RateLimiter {
         Self::with_capacity(per_minute, MAX_SOURCES)

@@ -347,16 +347,7 @@ pub fn parse_fields(
     valid: &Map<String, Value>,
 ) -> Result<Option<Vec<String>>, ApiError> {
     let Some(f) = fields else { return Ok(None) };
-    let names: Vec<String> = f
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let bad: Vec<&str> = names
-        .iter()
-        .filter(|n| !valid.contains_key(n.as_str()))
-        .map(String::as_str)
-        .collect();
+    let (names, bad) = super::listing::field_names(f, |n| valid.contains_key(n));
     if !bad.is_empty() {
         return Err(ApiError::bad_request(format!(
             "field(s) {} are not valid; valid fields: {}",

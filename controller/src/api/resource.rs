@@ -11,7 +11,7 @@
 use super::body::check_uuid;
 use super::listing;
 use super::render::{base_url, created, parse_fields, select};
-use super::version::{check_gated, ver, Version};
+use super::version::{check_gated, ApiVersion};
 use super::{patch, ApiError, ApiResult, AppState, JsonBody};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -151,8 +151,8 @@ pub(super) trait Resource: Send + Sync + 'static {
     const SHOW_TAKES_DETAIL: bool = false;
     /// Whether the collection has a `/detail` listing.
     const DETAIL_ROUTE: bool = true;
-    /// The microversion that adds the resource.
-    const SINCE: (u32, u32) = (1, 1);
+    /// The microversion that adds the resource (a constant of `rivet_model::microversions`).
+    const SINCE: (u32, u32) = rivet_model::microversions::BASE;
     /// Fields that appeared after the resource, with the microversion of each: a client
     /// below it is refused them in `fields`, PATCH paths and `sort_key` (406).
     const FIELD_VERSIONS: &'static [(&'static str, (u32, u32))] = &[];
@@ -281,10 +281,7 @@ pub(super) trait Resource: Send + Sync + 'static {
 
     /// A listing's unknown query parameter.
     fn unknown_param(bad: &str, allowed: &[&str]) -> ApiError {
-        ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: {}",
-            allowed.join(", ")
-        ))
+        listing::unknown_param(bad, allowed)
     }
 
     /// A `sort_key` that is not one of [`Resource::SORT_KEYS`].
@@ -503,23 +500,22 @@ impl At for OfPortgroup {
 pub(super) async fn list<R: Resource, A: At, const DETAIL: bool>(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     ident: Option<Path<String>>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     let parent = ident.and_then(|Path(i)| A::parent(i));
-    list_at::<R>(&state, &headers, ver(&version), params, DETAIL, parent).await
+    list_at::<R>(&state, &headers, version, params, DETAIL, parent).await
 }
 
 /// `GET /v1/{collection}/{ident}`.
 pub(super) async fn show<R: Resource, Q: DeserializeOwned + ShowFields + Send>(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(p): Query<Q>,
 ) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
     gate::<R>(version, Access::Read)?;
     if let Some(f) = p.fields() {
         R::check_fields(f, version)?;
@@ -536,10 +532,9 @@ pub(super) async fn show<R: Resource, Q: DeserializeOwned + ShowFields + Send>(
 pub(super) async fn create<R: Resource>(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     JsonBody(body): JsonBody<R::Body>,
 ) -> ApiResult<Response> {
-    let version = ver(&version);
     gate::<R>(version, Access::Create)?;
     let r = R::create(&state, body, version).await?;
     let base = base_url(&headers);
@@ -556,11 +551,10 @@ pub(super) async fn create<R: Resource>(
 pub(super) async fn update<R: Resource>(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     JsonBody(ops): JsonBody<Vec<PatchOp>>,
 ) -> ApiResult<Json<Value>> {
-    let version = ver(&version);
     gate::<R>(version, Access::Update)?;
     R::check_patch(&ops, version)?;
     let r = fetch::<R>(&state, &ident, Access::Update).await?;
@@ -588,10 +582,10 @@ pub(super) async fn update<R: Resource>(
 /// `DELETE /v1/{collection}/{ident}`.
 pub(super) async fn remove<R: Resource>(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<StatusCode> {
-    gate::<R>(ver(&version), Access::Delete)?;
+    gate::<R>(version, Access::Delete)?;
     let r = fetch::<R>(&state, &ident, Access::Delete).await?;
     R::delete(&state, r).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -9,17 +9,15 @@ use super::{body, ApiError, ApiResult, ApiVersion, AppState};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::delete;
-use axum::{Extension, Router};
+use axum::Router;
 use chrono::Utc;
 use rivet_conductor::inspection_rules::load_rules;
 use rivet_model::inspection::rules::{validate, Rule};
+use rivet_model::microversions as mv;
 use rivet_protocol::api::PatchOp;
 use rivet_store::{SortDir, StoreError};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
-
-/// The microversion that adds inspection rules.
-pub const SINCE: (u32, u32) = (1, 96);
 
 /// Fields a listing shows without `detail` (Ironic's DEFAULT_RETURN_FIELDS, and links).
 const LIST_FIELDS: &[&str] = &["uuid", "priority", "phase", "description", "links"];
@@ -275,7 +273,7 @@ fn cmp_json(a: &Value, b: &Value) -> std::cmp::Ordering {
 /// built-in ones).
 async fn remove_all(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
 ) -> ApiResult<StatusCode> {
     resource::gate::<Api>(version, Access::Delete)?;
     for s in all(&state).await? {
@@ -298,7 +296,7 @@ impl Resource for Api {
     const NAME: &'static str = "Inspection rule";
     const IDENT: &'static str = "uuid";
     const DETAIL_ROUTE: bool = false;
-    const SINCE: (u32, u32) = SINCE;
+    const SINCE: (u32, u32) = mv::INSPECTION_RULES;
     const LIST_FIELDS: &'static [&'static str] = LIST_FIELDS;
     const FILTERS: &'static [&'static str] = &["phase"];
     // The fields of a rule's document, and `id` (creation order).

@@ -1,11 +1,11 @@
 //! `/v1/runbooks` (Ironic 1.92): named step lists a node may run when one of its traits is
 //! the runbook's name. `{"target": "clean"|"service", "runbook": X}` is resolved here
 //! ([`resolve`]) into the request's `clean_steps`/`service_steps` before the verb runs.
-//! The handlers are shared with deploy templates (`super::deploy_templates`).
+//! The resource is the one deploy templates use too (`super::step_templates`).
 
-use super::deploy_templates::{self as dt, Spec};
 use super::resource::{self, fetch, Access};
-use super::version::{ver, Version};
+use super::step_templates::{self as dt, Spec};
+use super::version::ApiVersion;
 use super::{ApiError, ApiResult, AppState};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -13,6 +13,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
+use rivet_model::microversions as mv;
 use rivet_protocol::api::ProvisionRequest;
 use rivet_protocol::states::Verb;
 use rivet_protocol::steps::RequestedStep;
@@ -22,7 +23,7 @@ use serde_json::{json, Map, Value};
 const RUNBOOK: Spec = Spec {
     kind: TemplateKind::Runbook,
     collection: "runbooks",
-    since: (1, 92),
+    since: mv::RUNBOOKS,
     label: "Runbook",
     order_key: "order",
     args_required: false,
@@ -36,7 +37,7 @@ const RUNBOOK: Spec = Spec {
         "owner",
     ],
     filters: &["owner", "public"],
-    traits_since: Some(TRAITS_SINCE),
+    traits_since: Some(mv::RUNBOOK_TRAITS),
 };
 
 /// Runbooks.
@@ -48,9 +49,6 @@ impl dt::Kind for Runbook {
 
 /// The runbook collection.
 type Api = dt::Api<Runbook>;
-
-/// Runbook traits, descriptions and free names (Ironic 1.112).
-const TRAITS_SINCE: (u32, u32) = (1, 112);
 
 pub fn routes() -> Router<AppState> {
     resource::routes::<Api>()
@@ -65,9 +63,8 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// The runbook for a traits request; 404 below 1.112 as Ironic.
-async fn traits_of(state: &AppState, version: &Version, ident: &str) -> ApiResult<StepTemplate> {
-    let version = ver(version);
-    if version < TRAITS_SINCE {
+async fn traits_of(state: &AppState, version: (u32, u32), ident: &str) -> ApiResult<StepTemplate> {
+    if version < mv::RUNBOOK_TRAITS {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "The API version does not allow runbook traits (send X-OpenStack-Ironic-API-Version: 1.112 or later)",
@@ -96,10 +93,10 @@ async fn save_traits(state: &AppState, mut r: StepTemplate, traits: Vec<String>)
 
 async fn traits_list(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let r = traits_of(&state, &version, &ident).await?;
+    let r = traits_of(&state, version, &ident).await?;
     Ok(Json(json!({ "traits": r.traits })))
 }
 
@@ -107,11 +104,11 @@ const ONE_OR_ALL: &str = "A single runbook trait may be added via PUT /v1/runboo
 
 async fn traits_set(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let r = traits_of(&state, &version, &ident).await?;
+    let r = traits_of(&state, version, &ident).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(ONE_OR_ALL));
     }
@@ -140,11 +137,11 @@ async fn traits_set(
 async fn trait_add(
     State(state): State<AppState>,
     headers: HeaderMap,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path((ident, name)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let r = traits_of(&state, &version, &ident).await?;
+    let r = traits_of(&state, version, &ident).await?;
     check_trait(&Value::from(name.clone()))?;
     if !body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(
@@ -166,20 +163,20 @@ async fn trait_add(
 
 async fn traits_clear(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let r = traits_of(&state, &version, &ident).await?;
+    let r = traits_of(&state, version, &ident).await?;
     save_traits(&state, r, Vec::new()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn trait_remove(
     State(state): State<AppState>,
-    version: Version,
+    ApiVersion(version): ApiVersion,
     Path((ident, name)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let r = traits_of(&state, &version, &ident).await?;
+    let r = traits_of(&state, version, &ident).await?;
     // Removing a trait the runbook does not have is a no-op, as in Ironic.
     let traits = r.traits.iter().filter(|t| **t != name).cloned().collect();
     save_traits(&state, r, traits).await?;
@@ -211,7 +208,7 @@ pub(super) async fn resolve(
     }
     let runbook = fetch::<Api>(state, &ident, Access::Read).await?;
     let node = state.conductor.store.get_node(node_ident).await?;
-    if version >= TRAITS_SINCE {
+    if version >= mv::RUNBOOK_TRAITS {
         // 1.112: one of the runbook's traits must be the node's.
         if runbook.traits.is_empty() {
             return Err(ApiError::bad_request(format!(

@@ -1,14 +1,12 @@
 //! `GET /v1/shards` (1.82): how many nodes each shard holds, as Ironic counts them — every
 //! distinct `node.shard`, nodes without one under the name `"None"`, most populated first.
 
-use super::{ApiError, ApiResult, ApiVersion, AppState};
+use super::{ApiError, ApiResult, AppState};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use serde_json::{json, Value};
-
-const SINCE: (u32, u32) = (1, 82);
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -16,21 +14,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/shards/{name}", get(show))
 }
 
-fn gate(version: (u32, u32)) -> ApiResult<()> {
-    if version < SINCE {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "The API version does not allow shards",
-        ));
-    }
-    Ok(())
-}
-
-async fn list(
-    State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-) -> ApiResult<Json<Value>> {
-    gate(version)?;
+async fn list(State(state): State<AppState>) -> ApiResult<Json<Value>> {
     let counts = state.conductor.store.shard_counts().await?;
     let shards: Vec<Value> = counts
         .into_iter()
@@ -43,8 +27,7 @@ async fn list(
 }
 
 /// Ironic does not serve one shard: 404 at any version.
-async fn show(Extension(ApiVersion(version)): Extension<ApiVersion>) -> ApiResult<Json<Value>> {
-    gate(version)?;
+async fn show() -> ApiResult<Json<Value>> {
     Err(ApiError::new(
         StatusCode::NOT_FOUND,
         "a single shard cannot be shown; list them with GET /v1/shards",

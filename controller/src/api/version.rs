@@ -1,29 +1,36 @@
 //! Microversion negotiation (`X-OpenStack-Ironic-API-Version`), the version documents, the
-//! request's [`Version`] as handlers extract it, and the field gates (406 for a field a
+//! request's [`ApiVersion`] as handlers extract it, and the field gates (406 for a field a
 //! client's version does not have, fields hidden from older clients).
 
 use super::ApiError;
-use axum::extract::Request;
+use axum::extract::{FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use rivet_model::microversions as mv;
 use rivet_protocol::api::{
     MAX_VERSION, MAX_VERSION_HEADER, MIN_VERSION, MIN_VERSION_HEADER, VERSION_HEADER,
 };
 use serde_json::json;
 
-/// The microversion a request is served at.
+/// The microversion a request is served at, and how every handler reads it: as an
+/// extractor, `ApiVersion(version): ApiVersion` ([`negotiate`] sets it for every request a
+/// handler sees; the minimum when absent, as Ironic reads no header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiVersion(pub (u32, u32));
 
-/// The request's microversion as a handler extracts it (set by [`negotiate`]; the minimum
-/// when absent).
-pub(super) type Version = Option<axum::Extension<ApiVersion>>;
+impl<S: Send + Sync> FromRequestParts<S> for ApiVersion {
+    type Rejection = std::convert::Infallible;
 
-/// The `(major, minor)` of a request's [`Version`].
-pub(super) fn ver(v: &Version) -> (u32, u32) {
-    v.as_ref().map_or(MIN_VERSION, |e| e.0 .0)
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<ApiVersion>()
+            .copied()
+            .unwrap_or(ApiVersion(MIN_VERSION)))
+    }
 }
 
 /// Drops the fields `table` gates above `version` from a document (Ironic's
@@ -230,19 +237,19 @@ pub async fn root(headers: HeaderMap) -> impl IntoResponse {
 /// `continue_inspection`) are not linked: rivetd answers them only with a 404 that says to
 /// boot Rivet's ramdisk (docs/ironic-compatibility.md).
 const VERSIONED_COLLECTIONS: &[(&str, (u32, u32))] = &[
-    ("portgroups", (1, 23)),
-    ("volume", (1, 32)),
-    ("conductors", (1, 49)),
-    ("allocations", (1, 52)),
-    ("events", (1, 54)),
-    ("deploy_templates", (1, 55)),
-    ("shards", (1, 82)),
-    ("runbooks", (1, 92)),
-    ("inspection_rules", (1, 96)),
+    ("portgroups", mv::PORTGROUPS),
+    ("volume", mv::VOLUME),
+    ("conductors", mv::CONDUCTORS),
+    ("allocations", mv::ALLOCATIONS),
+    ("events", mv::EVENTS),
+    ("deploy_templates", mv::DEPLOY_TEMPLATES),
+    ("shards", mv::SHARDS),
+    ("runbooks", mv::RUNBOOKS),
+    ("inspection_rules", mv::INSPECTION_RULES),
 ];
 
 /// `GET /v1`: Ironic's v1 document at the request's microversion.
-pub async fn v1(headers: HeaderMap, version: Version) -> impl IntoResponse {
+pub async fn v1(headers: HeaderMap, ApiVersion(version): ApiVersion) -> impl IntoResponse {
     let host = host(&headers);
     let link = |p: &str| {
         json!([
@@ -263,9 +270,8 @@ pub async fn v1(headers: HeaderMap, version: Version) -> impl IntoResponse {
         "ports": link("ports"),
         "drivers": link("drivers"),
     });
-    let asked = ver(&version);
     for (name, since) in VERSIONED_COLLECTIONS {
-        if asked >= *since {
+        if version >= *since {
             doc[*name] = link(name);
         }
     }

@@ -11,13 +11,13 @@ use super::render::{base_url, document};
 use super::resource::{
     self, found, page_of, paged, Access, Listing, OfNode, Page, Patched, Resource,
 };
-use super::version::{ver, Version};
 use super::{listing, ApiError, ApiResult, AppState};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::Utc;
+use rivet_model::microversions as mv;
 use rivet_model::node::Node;
 use rivet_protocol::states::{PowerState, ProvisionState};
 use rivet_store::{
@@ -43,9 +43,6 @@ pub fn routes() -> Router<AppState> {
             get(resource::list::<Targets, OfNode, false>).post(malformed),
         )
 }
-
-/// `MINOR_32_VOLUME`.
-pub const VOLUME_VERSION: (u32, u32) = (1, 32);
 
 /// Connector types Ironic documents (`api-ref`: iqn, ip, mac, wwnn, wwpn) and the port kinds
 /// its storage interfaces read.
@@ -80,11 +77,6 @@ fn too_old(v: (u32, u32)) -> ApiError {
             v.0, v.1
         ),
     )
-}
-
-/// The volume API's gate, for its routes outside the two collections.
-fn gate(version: &Version) -> Result<(), ApiError> {
-    resource::gate::<Connectors>(ver(version), Access::Read)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -203,18 +195,15 @@ fn volume_links(base: &str, prefix: &str) -> Value {
     })
 }
 
-async fn root(version: Version, headers: HeaderMap) -> ApiResult<Json<Value>> {
-    gate(&version)?;
+async fn root(headers: HeaderMap) -> ApiResult<Json<Value>> {
     Ok(Json(volume_links(&base_url(&headers), "volume/")))
 }
 
 async fn node_root(
     State(state): State<AppState>,
-    version: Version,
     headers: HeaderMap,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(&version)?;
     state.conductor.store.get_node(&ident).await?;
     Ok(Json(volume_links(
         &base_url(&headers),
@@ -222,10 +211,7 @@ async fn node_root(
     )))
 }
 
-async fn malformed(version: Version) -> ApiError {
-    if let Err(e) = gate(&version) {
-        return e;
-    }
+async fn malformed() -> ApiError {
     ApiError::bad_request(
         "Malformed request URI. Create volume connectors and targets with POST /v1/volume/connectors or /v1/volume/targets.",
     )
@@ -238,7 +224,7 @@ impl<K: VolumeKind> Resource for Api<K> {
     const NAME: &'static str = kind_text(K::KIND, "Volume connector", "Volume target");
     const IDENT: &'static str = "uuid";
     const DETAIL_ROUTE: bool = false;
-    const SINCE: (u32, u32) = VOLUME_VERSION;
+    const SINCE: (u32, u32) = mv::VOLUME;
     const LIST_FIELDS: &'static [&'static str] = match K::KIND {
         Kind::Connector => CONNECTOR_FIELDS,
         Kind::Target => TARGET_FIELDS,

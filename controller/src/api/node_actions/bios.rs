@@ -6,22 +6,19 @@
 //!
 //! `GET /v1/nodes/{node}/bios`, `GET …/bios/{name}`, `GET /v1/nodes/{node}/firmware`.
 
-use super::ver;
-use crate::api::render::{base_url, time};
+use crate::api::render::{base_url, links, time};
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::{Extension, Json};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use rivet_model::microversions as mv;
 use rivet_store::{BiosSetting, FirmwareComponent};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
-/// `MINOR_40_BIOS_INTERFACE`.
-const BIOS_VERSION: (u32, u32) = (1, 40);
 /// `MINOR_74_BIOS_REGISTRY`: registry fields, `detail` and `fields`.
 const BIOS_REGISTRY_VERSION: (u32, u32) = (1, 74);
-/// `MINOR_86_FIRMWARE_INTERFACE`.
-const FIRMWARE_VERSION: (u32, u32) = (1, 86);
 /// `MINOR_114_FIRMWARE_IDENTITY`.
 const FIRMWARE_IDENTITY_VERSION: (u32, u32) = (1, 114);
 
@@ -38,20 +35,6 @@ const REGISTRY_FIELDS: &[&str] = &[
     "upper_bound",
 ];
 
-fn gate(version: (u32, u32), need: (u32, u32), what: &str) -> Result<(), ApiError> {
-    if version >= need {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "{what} need API version {} or later; this request asked for {}",
-            ver(need),
-            ver(version)
-        ),
-    ))
-}
-
 /// `fields` and `detail` as Ironic's `get_request_return_fields` reads them: unknown
 /// parameters, both at once, or either below `since` are 400s. `None`: the defaults.
 fn return_fields(
@@ -60,14 +43,7 @@ fn return_fields(
     since: (u32, u32),
     valid: &[&str],
 ) -> Result<(Option<Vec<String>>, bool), ApiError> {
-    if let Some(bad) = params
-        .keys()
-        .find(|k| !["fields", "detail"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {bad:?}; supported: fields, detail"
-        )));
-    }
+    crate::api::listing::only_params(params.keys(), &["fields", "detail"])?;
     let detail = match params.get("detail") {
         Some(d) if version < since => {
             return Err(ApiError::bad_request(format!(
@@ -109,26 +85,31 @@ fn return_fields(
 
 /// A BIOS setting as Ironic's `object_to_dict` builds it: the times, the fields, the links.
 fn bios_doc(s: &BiosSetting, node: &str, base: &str, fields: &[&str]) -> Value {
-    let mut m = Map::new();
-    m.insert("created_at".into(), time(&Some(s.created_at)));
-    m.insert("updated_at".into(), time(&s.updated_at));
-    for f in fields {
-        let v = match *f {
-            "name" => json!(s.name),
-            "value" => json!(s.value),
-            other => s.registry.get(other).cloned().unwrap_or(Value::Null),
-        };
-        m.insert((*f).to_string(), v);
-    }
+    let mut m = timestamped_doc(s.created_at, s.updated_at, fields, |f| match f {
+        "name" => json!(s.name),
+        "value" => json!(s.value),
+        other => s.registry.get(other).cloned().unwrap_or(Value::Null),
+    });
     let path = format!("{node}/bios/{}", s.name);
-    m.insert(
-        "links".into(),
-        json!([
-            {"href": format!("{base}/v1/nodes/{path}"), "rel": "self"},
-            {"href": format!("{base}/nodes/{path}"), "rel": "bookmark"},
-        ]),
-    );
+    m.insert("links".into(), links(base, "nodes", &path));
     Value::Object(m)
+}
+
+/// A node sub-record's document as Ironic's `object_to_dict` builds it: its times and the
+/// `fields` asked for, each as `value` gives it.
+fn timestamped_doc(
+    created_at: DateTime<Utc>,
+    updated_at: Option<DateTime<Utc>>,
+    fields: &[&str],
+    value: impl Fn(&str) -> Value,
+) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("created_at".into(), time(&Some(created_at)));
+    m.insert("updated_at".into(), time(&updated_at));
+    for f in fields {
+        m.insert((*f).to_string(), value(f));
+    }
+    m
 }
 
 fn registry_fields() -> Vec<&'static str> {
@@ -140,12 +121,11 @@ fn registry_fields() -> Vec<&'static str> {
 /// `GET /v1/nodes/{node}/bios`: `{"bios": [...]}`.
 pub(super) async fn bios_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, BIOS_VERSION, "BIOS settings")?;
     let all = registry_fields();
     let (fields, detail) = return_fields(&params, version, BIOS_REGISTRY_VERSION, &all)?;
     let node = state.conductor.store.get_node(&ident).await?;
@@ -170,11 +150,10 @@ pub(super) async fn bios_list(
 /// `GET /v1/nodes/{node}/bios/{name}`: `{name: {...}}`, registry fields from 1.74.
 pub(super) async fn bios_show(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     headers: HeaderMap,
     Path((ident, name)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, BIOS_VERSION, "BIOS settings")?;
     let node = state.conductor.store.get_node(&ident).await?;
     let settings = state.conductor.store.list_bios_settings(&node.uuid).await?;
     let Some(s) = settings.iter().find(|s| s.name == name) else {
@@ -207,11 +186,11 @@ const FIRMWARE_FIELDS: &[&str] = &[
 const FIRMWARE_IDENTITY: &[&str] = &["vendor", "model", "serial_number"];
 
 fn firmware_doc(c: &FirmwareComponent, fields: &[&str]) -> Value {
-    let mut m = Map::new();
-    m.insert("created_at".into(), time(&Some(c.created_at)));
-    m.insert("updated_at".into(), time(&c.updated_at));
-    for f in fields {
-        let v = match *f {
+    Value::Object(timestamped_doc(
+        c.created_at,
+        c.updated_at,
+        fields,
+        |f| match f {
             "component" => json!(c.component),
             "initial_version" => json!(c.initial_version),
             "current_version" => json!(c.current_version),
@@ -220,20 +199,17 @@ fn firmware_doc(c: &FirmwareComponent, fields: &[&str]) -> Value {
             "model" => json!(c.model),
             "serial_number" => json!(c.serial_number),
             _ => Value::Null,
-        };
-        m.insert((*f).to_string(), v);
-    }
-    Value::Object(m)
+        },
+    ))
 }
 
 /// `GET /v1/nodes/{node}/firmware`: `{"firmware": [...]}`.
 pub(super) async fn firmware_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, FIRMWARE_VERSION, "firmware components")?;
     let identity = version >= FIRMWARE_IDENTITY_VERSION;
     let mut valid: Vec<&str> = FIRMWARE_FIELDS.to_vec();
     valid.extend_from_slice(FIRMWARE_IDENTITY);
@@ -254,7 +230,7 @@ pub(super) async fn firmware_list(
             }
         }
     }
-    let (fields, _detail) = return_fields(&params, version, FIRMWARE_VERSION, &valid)?;
+    let (fields, _detail) = return_fields(&params, version, mv::FIRMWARE, &valid)?;
     let defaults: Vec<&str> = if identity {
         valid.clone()
     } else {

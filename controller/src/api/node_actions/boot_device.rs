@@ -72,11 +72,7 @@ fn boot_device_request(
     query: &HashMap<String, String>,
     body: &Bytes,
 ) -> Result<(String, bool), ApiError> {
-    if let Some(k) = query.keys().find(|k| *k != "persistent") {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {k:?}; supported: persistent"
-        )));
-    }
+    crate::api::listing::only_params(query.keys(), &["persistent"])?;
     let m = match json_body(body)? {
         Some(Value::Object(m)) => m,
         Some(other) => {

@@ -9,37 +9,16 @@
 //!
 //! A driver without the call answers 400, as Ironic's unsupported driver extension.
 
-use super::{driver_error, json_body, node_for_bmc, ver};
+use super::{driver_error, json_body, node_for_bmc};
 use crate::api::render::base_url;
-use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
+use crate::api::{ApiError, ApiResult, AppState};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::{Extension, Json};
+use axum::Json;
 use rivet_drivers::management::{BOOT_MODES, INDICATOR_STATES};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-
-/// `MINOR_63_INDICATORS`.
-const INDICATORS_VERSION: (u32, u32) = (1, 63);
-/// `MINOR_29_INJECT_NMI`.
-const NMI_VERSION: (u32, u32) = (1, 29);
-/// `MINOR_76_NODE_CHANGE_BOOT_MODE`.
-const BOOT_MODE_VERSION: (u32, u32) = (1, 76);
-
-fn gate(version: (u32, u32), need: (u32, u32), what: &str) -> Result<(), ApiError> {
-    if version >= need {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "{what} is supported starting with API version {}; this request asked for {}",
-            ver(need),
-            ver(version)
-        ),
-    ))
-}
 
 /// `name@component` (Ironic's `IndicatorAtComponent`).
 fn split_indicator(unique: &str) -> Result<(&str, &str), ApiError> {
@@ -51,11 +30,9 @@ fn split_indicator(unique: &str) -> Result<(&str, &str), ApiError> {
 /// `GET …/management/indicators`.
 pub(super) async fn indicators_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     headers: HeaderMap,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, INDICATORS_VERSION, "Indicators")?;
     let (node, bmc) = node_for_bmc(&state, &ident, false).await?;
     let found = bmc
         .indicators(&node.uuid, &node.driver_info)
@@ -85,10 +62,8 @@ pub(super) async fn indicators_list(
 /// `GET …/management/indicators/{name@component}`: `{"state": …}`.
 pub(super) async fn indicator_get(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path((ident, indicator)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, INDICATORS_VERSION, "Indicators")?;
     let (name, component) = split_indicator(&indicator)?;
     let (node, bmc) = node_for_bmc(&state, &ident, false).await?;
     let s = bmc
@@ -101,12 +76,10 @@ pub(super) async fn indicator_get(
 /// `PUT …/management/indicators/{name@component}` with `state` in the body or the query.
 pub(super) async fn indicator_set(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path((ident, indicator)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    gate(version, INDICATORS_VERSION, "Indicators")?;
     let (name, component) = split_indicator(&indicator)?;
     super::only_args(&body, &["state"])?;
     let from_body =
@@ -131,11 +104,9 @@ pub(super) async fn indicator_set(
 /// `PUT …/management/inject_nmi` (an empty body or `{}`).
 pub(super) async fn inject_nmi(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    gate(version, NMI_VERSION, "Injecting an NMI")?;
     if let Some(b) = json_body(&body)? {
         if b.as_object().is_none_or(|m| !m.is_empty()) {
             return Err(ApiError::bad_request(
@@ -191,11 +162,9 @@ fn target_of(body: &Bytes) -> Result<Value, ApiError> {
 /// `PUT …/states/boot_mode` `{"target": "bios"|"uefi"}`: 202.
 pub(super) async fn boot_mode_set(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    gate(version, BOOT_MODE_VERSION, "Changing the boot mode")?;
     let target = target_of(&body)?;
     let mode = target.as_str().unwrap_or_default();
     if !BOOT_MODES.contains(&mode) {
@@ -217,11 +186,9 @@ pub(super) async fn boot_mode_set(
 /// `PUT …/states/secure_boot` `{"target": true|false}`: 202.
 pub(super) async fn secure_boot_set(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    gate(version, BOOT_MODE_VERSION, "Changing secure boot")?;
     let target = target_of(&body)?;
     let on = match &target {
         Value::Bool(b) => *b,

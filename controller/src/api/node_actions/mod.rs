@@ -13,8 +13,9 @@
 //! validate, supported devices, the vmedia list) are not refused. A record that does not
 //! decode is never acted on (409, as for every write of it).
 //!
-//! This module holds their routes and what they share: the microversion gates, the refusals,
-//! and Ironic's wording of schema errors.
+//! The microversion of each route (404, or Ironic's 406/405 for traits and RAID) is its row's,
+//! checked by `api::gates` before a handler runs. This module holds their routes and what they
+//! share: the refusals and Ironic's wording of schema errors.
 
 mod bios;
 mod boot_device;
@@ -31,7 +32,7 @@ mod vmedia;
 
 use super::{ApiError, AppState};
 use axum::body::Bytes;
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::{any, delete, get, put};
 use axum::Router;
 use rivet_conductor::ConductorError;
@@ -143,55 +144,7 @@ fn resource_routes() -> Router<AppState> {
         )
 }
 
-// ------------------------------------------------------------------ versions and refusals
-
-/// Node traits (`MINOR_37_NODE_TRAITS`).
-const TRAITS_VERSION: (u32, u32) = (1, 37);
-/// Attaching and detaching virtual media (`MINOR_89_ATTACH_DETACH_VMEDIA`).
-const VMEDIA_VERSION: (u32, u32) = (1, 89);
-/// Listing virtual media (`MINOR_93_GET_VMEDIA`).
-const VMEDIA_GET_VERSION: (u32, u32) = (1, 93);
-
-fn ver(v: (u32, u32)) -> String {
-    format!("{}.{}", v.0, v.1)
-}
-
-/// Below 1.37 Ironic routes these paths elsewhere, and its tests pin what that gives: a GET
-/// reads as a node request for the field `traits`, newer than the version (406); a PUT finds
-/// no handler (405); a DELETE no resource (404).
-fn traits_gate(version: (u32, u32), method: &Method) -> Result<(), ApiError> {
-    if version >= TRAITS_VERSION {
-        return Ok(());
-    }
-    let status = match *method {
-        Method::GET => StatusCode::NOT_ACCEPTABLE,
-        Method::PUT => StatusCode::METHOD_NOT_ALLOWED,
-        _ => StatusCode::NOT_FOUND,
-    };
-    Err(ApiError::new(
-        status,
-        format!(
-            "node traits need API version {} or later; this request asked for {}",
-            ver(TRAITS_VERSION),
-            ver(version)
-        ),
-    ))
-}
-
-/// Virtual media is 404 below its version, as in Ironic.
-fn vmedia_gate(version: (u32, u32), need: (u32, u32), ident: &str) -> Result<(), ApiError> {
-    if version >= need {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "the resource /v1/nodes/{ident}/vmedia is not served at API version {}: this request needs {} or later",
-            ver(version),
-            ver(need)
-        ),
-    ))
-}
+// ------------------------------------------------------------------ refusals
 
 /// 409 while another operation holds the node: its reservation (a provision operation, the
 /// conductor's lease) and, with `power_too`, a power action still running (Ironic's power

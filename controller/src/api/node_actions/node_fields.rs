@@ -4,6 +4,7 @@
 //! and the version gates treat them as node fields); these functions put the stored values
 //! in a node document and in `/states`.
 
+use rivet_model::microversions as mv;
 use rivet_store::NodeManagement;
 use serde_json::{json, Map, Value};
 
@@ -41,7 +42,7 @@ pub(in crate::api) fn states(
         let since = if k == "console_enabled" {
             (1, 1)
         } else if k.ends_with("raid_config") {
-            super::raid::RAID_VERSION
+            mv::RAID
         } else {
             BOOT_MODE_FIELDS_VERSION
         };

@@ -11,32 +11,15 @@
 //! clean step builds the target and `raid_config` records what it built
 //! (`rivet_conductor::raid_steps`); the `fake` interface builds nothing.
 
-use super::{json_body, ver};
-use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
+use super::json_body;
+use crate::api::{ApiError, ApiResult, AppState};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
 use rivet_model::interfaces::Iface;
 use rivet_model::raid::LOGICAL_DISK_PROPERTIES;
 use serde_json::{Map, Value};
-
-/// `MINOR_12_RAID_CONFIG`.
-pub(crate) const RAID_VERSION: (u32, u32) = (1, 12);
-
-fn gate(version: (u32, u32)) -> Result<(), ApiError> {
-    if version >= RAID_VERSION {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::NOT_ACCEPTABLE,
-        format!(
-            "RAID configuration needs API version {} or later; this request asked for {}",
-            ver(RAID_VERSION),
-            ver(version)
-        ),
-    ))
-}
 
 /// A target RAID configuration checked as Ironic's schema and `validate_configuration`
 /// check it (`rivet_model::raid`, shared with the `raid.apply_configuration` deploy step).
@@ -55,12 +38,10 @@ fn no_raid(driver: &str) -> ApiError {
 /// `PUT /v1/nodes/{node}/states/raid` with the target configuration as the body: 204.
 pub(super) async fn raid_set(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let node = state.conductor.store.get_node(&ident).await?;
-    gate(version)?;
     let cfg = match json_body(&body)? {
         Some(Value::Object(m)) => m,
         Some(other) => {
@@ -90,11 +71,7 @@ pub(super) async fn raid_set(
 }
 
 /// `GET /v1/drivers/{driver}/raid/logical_disk_properties`.
-pub(super) async fn logical_disk_properties(
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
-    Path(driver): Path<String>,
-) -> ApiResult<Json<Value>> {
-    gate(version)?;
+pub(super) async fn logical_disk_properties(Path(driver): Path<String>) -> ApiResult<Json<Value>> {
     let Some(hw) = rivet_model::interfaces::hardware_type(&driver) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -3,14 +3,14 @@
 //! Ironic's `TRAITS_SCHEMA` checks them (a standard os-traits name or `CUSTOM_[A-Z0-9_]+`, at
 //! most 255 characters), at most 50 per node; below 1.37 the paths answer as Ironic's do.
 
-use super::{extras_message, json_body, py_repr, py_str, refuse_locked, schema_error, traits_gate};
+use super::{extras_message, json_body, py_repr, py_str, refuse_locked, schema_error};
 use crate::api::render::base_url;
-use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
+use crate::api::{ApiError, ApiResult, AppState};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use rivet_model::node::Node;
 use rivet_store::NodeExt;
 use rivet_store::StoreError;
@@ -236,10 +236,8 @@ async fn write_traits(
 
 pub(super) async fn traits_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    traits_gate(version, &Method::GET)?;
     let node = state.conductor.store.get_node(&ident).await?;
     Ok(Json(json!({ "traits": node.traits })))
 }
@@ -247,11 +245,9 @@ pub(super) async fn traits_list(
 /// `PUT /v1/nodes/{node}/traits` `{"traits": [...]}`: replace them all (204).
 pub(super) async fn traits_set(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    traits_gate(version, &Method::PUT)?;
     let body = traits_body(&body)?;
     state.conductor.store.get_node(&ident).await?;
     let Some(Value::Array(items)) = body.as_ref().and_then(|b| b.get("traits")) else {
@@ -269,12 +265,10 @@ pub(super) async fn traits_set(
 /// `PUT /v1/nodes/{node}/traits/{trait}`: add one (204, its URL in Location).
 pub(super) async fn trait_add(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     headers: HeaderMap,
     Path((ident, name)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    traits_gate(version, &Method::PUT)?;
     if let Some(e) = trait_error(&Value::from(name.as_str())) {
         return Err(schema_error("trait", e));
     }
@@ -318,10 +312,8 @@ fn url_segment(s: &str) -> String {
 /// `DELETE /v1/nodes/{node}/traits/{trait}`: 204, or 404 when the node does not have it.
 pub(super) async fn trait_remove(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path((ident, name)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    traits_gate(version, &Method::DELETE)?;
     write_traits(&state, &ident, |node| {
         if !node.traits.contains(&name) {
             return Err(ApiError::new(
@@ -343,10 +335,8 @@ pub(super) async fn trait_remove(
 /// `DELETE /v1/nodes/{node}/traits`: remove them all (204).
 pub(super) async fn traits_clear(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
 ) -> ApiResult<StatusCode> {
-    traits_gate(version, &Method::DELETE)?;
     write_traits(&state, &ident, |_| Ok(BTreeSet::new())).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -3,7 +3,7 @@
 //! boot and deploy verdicts check what a deploy would need: PXE ports and boot artefacts or the
 //! virtual-media ISO, the image fields and the root device hints.
 
-use crate::api::ports::ports_of;
+use crate::api::port_common::ports_of;
 use crate::api::{ApiResult, AppState};
 use axum::extract::{Path, State};
 use axum::Json;

@@ -10,37 +10,21 @@
 //! accepted and record nothing, as Ironic's `noop` interface does.
 
 use super::refuse_locked;
-use crate::api::ports::ports_of;
+use crate::api::port_common::ports_of;
 use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
 use rivet_model::node::Node;
 use rivet_model::port::{Port, Portgroup};
 use rivet_store::NodeExt;
 use rivet_store::{PortgroupQuery, StoreError};
 use serde_json::{json, Value};
 
-/// VIFs (`MINOR_28_VIFS_SUBCONTROLLER`).
-const VIFS_VERSION: (u32, u32) = (1, 28);
 /// `port_uuid`/`portgroup_uuid` in the attach body (`MINOR_67_NODE_VIF_ATTACH_PORT`).
 const VIF_PORT_VERSION: (u32, u32) = (1, 67);
 /// Where the tenant VIF is kept (Ironic's `NetType.TENANT.vif_key`).
 const VIF_KEY: &str = "tenant_vif_port_id";
-
-fn gate(version: (u32, u32), ident: &str) -> Result<(), ApiError> {
-    if version < VIFS_VERSION {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "the resource /v1/nodes/{ident}/vifs could not be found (it needs API version \
-                 {}.{} or later)",
-                VIFS_VERSION.0, VIFS_VERSION.1
-            ),
-        ));
-    }
-    Ok(())
-}
 
 /// The node, its ports and its port groups.
 async fn load(state: &AppState, ident: &str) -> ApiResult<(Node, Vec<Port>, Vec<Portgroup>)> {
@@ -63,10 +47,8 @@ fn vif_of(internal_info: &serde_json::Map<String, Value>) -> Option<&str> {
 
 pub(super) async fn vif_list(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    gate(version, &ident)?;
     let (_, ports, groups) = load(&state, &ident).await?;
     let vifs: Vec<Value> = ports
         .iter()
@@ -179,11 +161,10 @@ fn choose(
 
 pub(super) async fn vif_attach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
+    ApiVersion(version): ApiVersion,
     Path(ident): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<StatusCode> {
-    gate(version, &ident)?;
     let body = super::json_body(&body)?.unwrap_or(Value::Null);
     let Value::Object(info) = body else {
         return Err(ApiError::bad_request(
@@ -234,10 +215,8 @@ pub(super) async fn vif_attach(
 
 pub(super) async fn vif_detach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path((ident, vif)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    gate(version, &ident)?;
     check_vif_id(&vif)?;
     let (node, ports, groups) = load(&state, &ident).await?;
     node.writable()?;

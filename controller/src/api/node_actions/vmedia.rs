@@ -3,15 +3,12 @@
 //! (1.93); below those versions the paths are 404, as in Ironic. Bodies are checked as Ironic's
 //! `VMEDIA_ATTACH_VALIDATOR` checks them; Rivet's drivers attach a cdrom from http(s) only.
 
-use super::{
-    driver_error, extras_message, json_body, node_for_bmc, py_repr, py_str, schema_error,
-    vmedia_gate, VMEDIA_GET_VERSION, VMEDIA_VERSION,
-};
-use crate::api::{ApiError, ApiResult, ApiVersion, AppState};
+use super::{driver_error, extras_message, json_body, node_for_bmc, py_repr, py_str, schema_error};
+use crate::api::{ApiError, ApiResult, AppState};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::{Extension, Json};
+use axum::Json;
 use rivet_model::node::Node;
 use serde_json::{json, Value};
 
@@ -123,11 +120,9 @@ fn attach_body(body: &Bytes) -> Result<Attach, ApiError> {
 /// `last_error`.
 pub(super) async fn vmedia_attach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    vmedia_gate(version, VMEDIA_VERSION, &ident)?;
     let req = attach_body(&body)?;
     let (node, bmc) = node_for_bmc(&state, &ident, true).await?;
     refuse_power_failure(&node, "attach")?;
@@ -158,11 +153,7 @@ pub(super) async fn vmedia_attach(
 /// `?device_types=cdrom,disk` (comma separated and/or repeated), checked against Ironic's
 /// list.
 fn device_types(query: &[(String, String)]) -> Result<Option<Vec<String>>, ApiError> {
-    if let Some((k, _)) = query.iter().find(|(k, _)| k != "device_types") {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter {k:?}; supported: device_types"
-        )));
-    }
+    crate::api::listing::only_params(query.iter().map(|(k, _)| k), &["device_types"])?;
     let types: Vec<String> = query
         .iter()
         .flat_map(|(_, v)| v.split(','))
@@ -194,11 +185,9 @@ fn check_device_types(types: Vec<String>) -> Result<Option<Vec<String>>, ApiErro
 
 async fn detach(
     state: &AppState,
-    version: (u32, u32),
     ident: &str,
     types: Result<Option<Vec<String>>, ApiError>,
 ) -> ApiResult<StatusCode> {
-    vmedia_gate(version, VMEDIA_VERSION, ident)?;
     let types = types?;
     let (node, bmc) = node_for_bmc(state, ident, true).await?;
     refuse_power_failure(&node, "detach")?;
@@ -218,36 +207,26 @@ async fn detach(
 /// `DELETE /v1/nodes/{node}/vmedia[?device_types=…]` (1.89): eject (204).
 pub(super) async fn vmedia_detach(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> ApiResult<StatusCode> {
-    detach(&state, version, &ident, device_types(&query)).await
+    detach(&state, &ident, device_types(&query)).await
 }
 
 /// `DELETE /v1/nodes/{node}/vmedia/{device_type}` (1.89).
 pub(super) async fn vmedia_detach_one(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path((ident, device_type)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    detach(
-        &state,
-        version,
-        &ident,
-        check_device_types(vec![device_type]),
-    )
-    .await
+    detach(&state, &ident, check_device_types(vec![device_type])).await
 }
 
 /// `GET /v1/nodes/{node}/vmedia` (1.93): the BMC's virtual media devices, a bare list as
 /// Ironic answers it.
 pub(super) async fn vmedia_get(
     State(state): State<AppState>,
-    Extension(ApiVersion(version)): Extension<ApiVersion>,
     Path(ident): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    vmedia_gate(version, VMEDIA_GET_VERSION, &ident)?;
     let (node, bmc) = node_for_bmc(&state, &ident, false).await?;
     let media = bmc
         .get_virtual_media(&node.uuid, &node.driver_info)
