@@ -304,6 +304,14 @@ netns_exists() { ip netns list 2>/dev/null | matches "^$NETNS( |\$)"; }
 
 # sushy-tools' InsertMedia uploads the ISO into the pool named `default`.
 pool_up() {
+    local target
+    target="$(virsh_q pool-dumpxml default 2>/dev/null | sed -n 's:.*<path>\(.*\)</path>.*:\1:p' | head -n 1)"
+    if [ -n "$target" ] && [ ! -d "$target" ]; then
+        # A pool left by a lab whose checkout is gone: it cannot start; make ours.
+        log "the storage pool 'default' points at $target, which is gone: redefining it"
+        virsh_q pool-destroy default >/dev/null 2>&1 || true
+        virsh_q pool-undefine default >/dev/null 2>&1 || die "cannot undefine the stale pool 'default'"
+    fi
     if virsh_q pool-info default >/dev/null 2>&1; then
         if ! pool_running; then
             log "starting the inactive storage pool 'default'"
@@ -594,6 +602,13 @@ guests_up() {
         name="$(domain_name "$i")"
         fw="$(firmware_of "$i")"
         tap_up "$i"
+        if virsh_q dominfo "$name" >/dev/null 2>&1 && [ ! -e "$LAB/disks/$name.raw" ]; then
+            # Ours by its tag, but its disk is not in this checkout: another clone's lab (a run
+            # that stopped before `down`). Start this guest afresh here.
+            is_lab_domain "$name" || die "a domain $name exists that scripts/lab.sh did not define; remove or rename it"
+            log "$name was defined by another checkout; defining it afresh here"
+            remove_guest "$name"
+        fi
         if virsh_q dominfo "$name" >/dev/null 2>&1; then
             is_lab_domain "$name" || die "a domain $name exists that scripts/lab.sh did not define; remove or rename it"
             # Disks from an older, smaller lab grow (sparse; the next deploy or clean redoes
