@@ -1,7 +1,9 @@
 //! rivetd, the agent and real peers end to end: each file of this folder that is not part of
 //! the harness library (harness.rs) is one module here, linked into one test binary. Tests of
 //! different files share the process: what must not overlap across files takes a lock from the
-//! harness (`rivet_tests::libvirt_lock`).
+//! harness (`rivet_tests::libvirt_lock`). libtest starts tests in the order of their names, two at
+//! a time: `cleaning_merged` (seconds) runs long before `lab` (minutes), which both drive libvirtd,
+//! so the lock rarely holds a thread idle.
 
 mod agent_controller;
 mod agent_limits;
@@ -12,6 +14,7 @@ mod bios_steps;
 mod bmc_faults;
 mod boot_mode;
 mod cleaning;
+mod cleaning_merged;
 mod demo_bare;
 mod deploy;
 mod deploy_integrity;
@@ -29,7 +32,6 @@ mod ironic_diff;
 mod ironicclient;
 mod lab;
 mod lifecycle;
-mod merged_cleaning;
 mod metrics;
 mod node_actions_api;
 mod node_health;

@@ -109,18 +109,27 @@ struct OwnDaemons {
 
 impl Libvirt {
     fn up() -> Result<Libvirt> {
-        if virsh_ok() {
-            return Ok(Libvirt { ours: None });
+        // A libvirtd that runs but does not answer yet is starting or stopping (another
+        // scenario's lab coming up or going down): give it 20 s to settle either way.
+        let settle = Instant::now() + Duration::from_secs(20);
+        loop {
+            if virsh_ok() {
+                return Ok(Libvirt { ours: None });
+            }
+            let running = Command::new("pgrep")
+                .args(["-x", "libvirtd"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !running {
+                break;
+            }
+            ensure!(
+                Instant::now() < settle,
+                "a libvirtd runs but `virsh -c {VIRSH_URI} list` does not answer (waited 20 s)"
+            );
+            std::thread::sleep(Duration::from_millis(500));
         }
-        let running = Command::new("pgrep")
-            .args(["-x", "libvirtd"])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        ensure!(
-            !running,
-            "a libvirtd runs but `virsh -c {VIRSH_URI} list` does not answer"
-        );
         let dir = tempfile::tempdir()?;
         let conf = Path::new("/etc/libvirt/qemu.conf");
         let original = std::fs::read_to_string(conf).ok();
@@ -142,14 +151,14 @@ impl Libvirt {
                         .is_some_and(|r| r.trim_start().starts_with('='))
                 });
                 if set {
-                    format!("# (tests/merged_cleaning.rs) {l}\n")
+                    format!("# (tests/cleaning_merged.rs) {l}\n")
                 } else {
                     format!("{l}\n")
                 }
             })
             .collect();
         patched.push_str(
-            "# --- added by tests/merged_cleaning.rs (restored when the test ends) ---\n\
+            "# --- added by tests/cleaning_merged.rs (restored when the test ends) ---\n\
              security_driver = \"none\"\nuser = \"root\"\ngroup = \"root\"\n\
              cgroup_controllers = [ ]\nremember_owner = 0\n",
         );
@@ -220,7 +229,7 @@ impl Drop for Libvirt {
             .map(|s| s.lines().any(|l| !l.trim().is_empty()))
             .unwrap_or(false);
         if others {
-            eprintln!("merged_cleaning: other libvirt domains exist; leaving libvirtd running");
+            eprintln!("cleaning_merged: other libvirt domains exist; leaving libvirtd running");
             return;
         }
         let mut pids: Vec<i32> = pid_in(&own.dir.path().join("libvirtd.pid"))
@@ -698,7 +707,7 @@ fn manual_and_automated_cleaning_merge_in_band_and_redfish_steps() -> Result<()>
     let vendor = std::fs::read_to_string(dir.path().join("vendor")).unwrap_or_default();
     assert_eq!(vendor.lines().collect::<Vec<_>>(), ["manual", "automated"]);
     eprintln!(
-        "merged_cleaning: manual clean {manual_secs:.1} s, automated clean {auto_secs:.1} s, \
+        "cleaning_merged: manual clean {manual_secs:.1} s, automated clean {auto_secs:.1} s, \
          whole test {:.1} s; {} abort(s) refused, e.g. {:?}",
         started.elapsed().as_secs_f64(),
         refusals.len(),
