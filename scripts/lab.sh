@@ -305,7 +305,8 @@ netns_exists() { ip netns list 2>/dev/null | matches "^$NETNS( |\$)"; }
 # sushy-tools' InsertMedia uploads the ISO into the pool named `default`.
 pool_up() {
     local target
-    target="$(virsh_q pool-dumpxml default 2>/dev/null | sed -n 's:.*<path>\(.*\)</path>.*:\1:p' | head -n 1)"
+    # (no pool yet: virsh fails, and under pipefail the assignment would end the script)
+    target="$( (virsh_q pool-dumpxml default 2>/dev/null || true) | sed -n '/<path>/{s:.*<path>\(.*\)</path>.*:\1:p;q;}')"
     if [ -n "$target" ] && [ ! -d "$target" ]; then
         # A pool left by a lab whose checkout is gone: it cannot start; make ours.
         log "the storage pool 'default' points at $target, which is gone: redefining it"

@@ -312,35 +312,14 @@ async fn paging_keeps_a_filter_value_with_query_characters(db: TestDb) {
             }
         })
         .collect();
-    let mut path = format!("/v1/nodes?limit=2&owner={escaped}");
-    let mut seen = Vec::new();
-    for _ in 0..10 {
-        let r = app
-            .server
-            .request(reqwest::Method::GET, &path)
-            .header("X-OpenStack-Ironic-API-Version", "1.50")
-            .send()
-            .await
-            .expect("get");
-        assert_eq!(r.status(), StatusCode::OK, "{path}");
-        let page: Value = r.json().await.expect("json");
-        for n in page["nodes"].as_array().expect("nodes") {
-            seen.push(n["uuid"].as_str().expect("uuid").to_string());
-        }
-        let Some(next) = page["next"].as_str() else {
-            break;
-        };
-        path = next
-            .split_once("/v1/")
-            .map(|(_, p)| format!("/v1/{p}"))
-            .expect("path");
-    }
-    let mut sorted = seen.clone();
-    sorted.sort();
-    sorted.dedup();
-    assert_eq!(sorted.len(), seen.len(), "a node listed twice: {seen:?}");
-    want.sort();
-    assert_eq!(sorted, want);
+    let seen = page_all(
+        &app.server,
+        format!("/v1/nodes?limit=2&owner={escaped}"),
+        "1.50",
+        "nodes",
+    )
+    .await;
+    assert_each_once(seen, want, "node");
 
     // The same through the resources' listing (allocations by resource_class).
     let mut want = Vec::new();
@@ -358,18 +337,29 @@ async fn paging_keeps_a_filter_value_with_query_characters(db: TestDb) {
             want.push(v["uuid"].as_str().expect("uuid").to_string());
         }
     }
-    let mut path = format!("/v1/allocations?limit=2&resource_class={escaped}");
+    let seen = page_all(
+        &app.server,
+        format!("/v1/allocations?limit=2&resource_class={escaped}"),
+        "1.52",
+        "allocations",
+    )
+    .await;
+    assert_each_once(seen, want, "allocation");
+}
+
+/// Every uuid of a collection, following its `next` links from `path` (at most 10 pages).
+async fn page_all(server: &Server, mut path: String, version: &str, key: &str) -> Vec<String> {
     let mut seen = Vec::new();
     for _ in 0..10 {
         let (s, page) = answer(
-            app.server
+            server
                 .request(reqwest::Method::GET, &path)
-                .header("X-OpenStack-Ironic-API-Version", "1.52"),
+                .header("X-OpenStack-Ironic-API-Version", version),
         )
         .await;
         assert_eq!(s, StatusCode::OK, "{path}: {page}");
-        for a in page["allocations"].as_array().expect("allocations") {
-            seen.push(a["uuid"].as_str().expect("uuid").to_string());
+        for item in page[key].as_array().expect("a collection") {
+            seen.push(item["uuid"].as_str().expect("uuid").to_string());
         }
         let Some(next) = page["next"].as_str() else {
             break;
@@ -379,14 +369,15 @@ async fn paging_keeps_a_filter_value_with_query_characters(db: TestDb) {
             .map(|(_, p)| format!("/v1/{p}"))
             .expect("path");
     }
+    seen
+}
+
+/// `seen` holds each of `want` exactly once and nothing else.
+fn assert_each_once(seen: Vec<String>, mut want: Vec<String>, what: &str) {
     let mut sorted = seen.clone();
     sorted.sort();
     sorted.dedup();
-    assert_eq!(
-        sorted.len(),
-        seen.len(),
-        "an allocation listed twice: {seen:?}"
-    );
+    assert_eq!(sorted.len(), seen.len(), "a {what} listed twice: {seen:?}");
     want.sort();
     assert_eq!(sorted, want);
 }
