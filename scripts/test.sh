@@ -60,7 +60,7 @@ phase ""
 
 echo "== the ten slowest tests"
 awk '/^     Running /{bin=$NF; gsub(/[()]/,"",bin)} /^test .* <[0-9.]+s>$/{t=$NF; gsub(/[<>s]/,"",t); sub(/.*\//,"",bin); sub(/-[0-9a-f]+$/,"",bin); printf "%9.1f s  %s %s\n", t, bin, $2}' "$log" \
-  | sort -rn | head -10
+  | sort -rn | awk "NR <= 10"
 echo "== phases"
 printf '%s\n' "${phases[@]}"
 printf '%6d s  total\n' $(( $(date +%s) - t0 ))
