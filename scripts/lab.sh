@@ -28,6 +28,11 @@
 # (Debian 12; scripts/setup-lab.sh installs the tools). Each booting TCG guest keeps a core
 # busy; an idle lab uses almost no CPU.
 set -euo pipefail
+# scripts/test-runner.sh gives test processes RUSTC_BOOTSTRAP=1 (for libtest's per-test times)
+# and the lab is started from a test: cargo would take it for a new build configuration and
+# rebuild every dependency (build scripts watch it) — twice, since the next cargo call
+# without it rebuilds them back.
+unset RUSTC_BOOTSTRAP
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LAB="$ROOT/target/lab"

@@ -94,6 +94,11 @@ fn bare(cmd: &mut Command, bin: &Path) {
         "RUSTUP_TOOLCHAIN",
         "CARGO_TARGET_DIR",
         "TMPDIR",
+        // scripts/test.sh builds with clippy-driver as the workspace's compiler; the same two
+        // variables here keep the script's build a no-op on those artefacts instead of a
+        // rebuild of every workspace crate. Both are unset outside test.sh.
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CLIPPY_ARGS",
     ] {
         if let Some(v) = std::env::var_os(var) {
             cmd.env(var, v);

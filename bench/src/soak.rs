@@ -16,7 +16,8 @@
 //! - no command id was executed twice (a ledger on the agent side, shared by every agent
 //!   incarnation, so a command re-sent to a rebooted or restarted agent shows);
 //! - rivetd's RSS did not grow by more than `--rss-limit-pct` within one controller lifetime
-//!   after `--rss-warmup-s` (sampled every 5 s; no restart comes in the last
+//!   after `--rss-warmup-s` (sampled every 5 s; the median of the first three samples against
+//!   the median of the last three, so one sample in a burst does not decide; no restart comes in the last
 //!   warm-up + 60 s of the run, so the last lifetime is always long enough to judge).
 //!
 //! The seed fixes the chaos schedule (restart times and kinds, crash times, step durations);
@@ -1058,13 +1059,29 @@ async fn all_nodes(w: &World) -> Result<Vec<(String, String, String)>> {
 /// One RSS sample: seconds since the soak began, KiB.
 type Sample = (f64, u64);
 
-/// Per lifetime: (first steady sample, last sample, judged).
+/// Samples on each side of a lifetime's window whose median stands for that side.
+const RSS_SIDE_SAMPLES: usize = 3;
+
+/// The median of up to [`RSS_SIDE_SAMPLES`] samples by RSS (the middle one's time). One sample
+/// taken in a burst (a settle phase that re-sends every command at once) is allocator
+/// high-water, not a leak; a leak lifts all three.
+fn side_median(side: &[Sample]) -> Option<Sample> {
+    let mut v = side.to_vec();
+    v.sort_by_key(|s| s.1);
+    v.get(v.len() / 2).copied()
+}
+
+/// Per lifetime: (steady start, end, judged). Start and end are the medians of the first and
+/// last [`RSS_SIDE_SAMPLES`] samples after the warm-up; judged when they are at least
+/// [`RSS_MIN_WINDOW_S`] apart.
 fn rss_verdicts(lives: &[Lifetime]) -> Vec<(Option<Sample>, Option<Sample>, bool)> {
     lives
         .iter()
         .map(|l| {
-            let first = l.samples.first().copied();
-            let last = l.samples.last().copied();
+            let n = l.samples.len();
+            let k = RSS_SIDE_SAMPLES.min(n / 2).max(1);
+            let first = side_median(&l.samples[..k.min(n)]);
+            let last = side_median(&l.samples[n.saturating_sub(k)..]);
             let judged =
                 matches!((first, last), (Some(a), Some(b)) if b.0 - a.0 >= RSS_MIN_WINDOW_S);
             (first, last, judged)
@@ -1326,10 +1343,16 @@ async fn soak(
             if let Some(g) = growth {
                 worst = Some(worst.map_or(g, |w: f64| w.max(g)));
                 if g > o.rss_limit_pct {
+                    let series: Vec<String> = l
+                        .samples
+                        .iter()
+                        .map(|(t, kib)| format!("{t:.0} s {}", mib(*kib)))
+                        .collect();
                     rss_bad.push(format!(
-                        "rivetd life {} grew {g:.1} % (limit {} %)",
+                        "rivetd life {} grew {g:.1} % (limit {} %); its samples: {}",
                         k + 1,
-                        o.rss_limit_pct
+                        o.rss_limit_pct,
+                        series.join(", ")
                     ));
                 }
             }
@@ -1457,4 +1480,51 @@ async fn soak(
         o.sigkill_percent,
     );
     Ok(vec![row])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(samples: &[(f64, u64)]) -> Lifetime {
+        Lifetime {
+            pid: 1,
+            started: Instant::now(),
+            ended_by: String::new(),
+            samples: samples.to_vec(),
+        }
+    }
+
+    fn growth(samples: &[(f64, u64)]) -> (f64, bool) {
+        let v = rss_verdicts(&[life(samples)]);
+        let (a, b, judged) = v[0];
+        let (a, b) = (a.expect("start"), b.expect("end"));
+        ((b.1 as f64 / a.1 as f64 - 1.0) * 100.0, judged)
+    }
+
+    #[test]
+    fn one_sample_in_a_burst_does_not_decide() {
+        let mut s: Vec<(f64, u64)> = (0..18).map(|i| (60.0 + 5.0 * i as f64, 63_000)).collect();
+        s.push((150.0, 76_000));
+        let (g, judged) = growth(&s);
+        assert!(judged);
+        assert!(g.abs() < 1.0, "{g}");
+    }
+
+    #[test]
+    fn a_steady_leak_shows() {
+        let s: Vec<(f64, u64)> = (0..18)
+            .map(|i| (60.0 + 5.0 * i as f64, 60_000 + 1_000 * i))
+            .collect();
+        let (g, judged) = growth(&s);
+        assert!(judged);
+        assert!(g > 20.0, "{g}");
+    }
+
+    #[test]
+    fn a_short_window_is_not_judged() {
+        let s = [(60.0, 60_000), (65.0, 61_000), (70.0, 90_000)];
+        assert!(!growth(&s).1);
+        assert_eq!(rss_verdicts(&[life(&[])])[0], (None, None, false));
+    }
 }
