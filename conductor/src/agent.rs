@@ -327,7 +327,7 @@ impl Conductor {
                 // older heartbeat still queued may land after it.
                 self.liveness.write_now(&uuid, liveness).await?;
             }
-            match self.store.update_node(&node).await {
+            match self.update_node(&node).await {
                 Ok(_) => {}
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),

@@ -251,7 +251,7 @@ impl Conductor {
                     break;
                 }
                 node.instance_uuid = Some(a.uuid.clone());
-                match self.store.update_node(&node).await {
+                match self.update_node(&node).await {
                     Ok(_) => {}
                     // Someone wrote the node in between: look at it again.
                     Err(StoreError::Conflict { .. }) => {
@@ -318,7 +318,7 @@ impl Conductor {
                 return;
             }
             n.instance_uuid = None;
-            match self.store.update_node(&n).await {
+            match self.update_node(&n).await {
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => {
                     tracing::error!(node = %node, error = %e, "cannot release the node's instance_uuid");
@@ -394,7 +394,7 @@ impl Conductor {
             let mut n = node.clone();
             n.writable()?;
             n.instance_uuid = Some(a.uuid.clone());
-            if let Err(e) = self.store.update_node(&n).await {
+            if let Err(e) = self.update_node(&n).await {
                 stored.state = alloc_state::ERROR.into();
                 stored.last_error = Some(failed(&a.uuid, &e.to_string()));
                 let _ = self.store.update_allocation(&stored).await;

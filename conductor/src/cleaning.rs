@@ -87,14 +87,14 @@ impl Conductor {
     ) -> Result<Node, ConductorError> {
         use ProvisionState::*;
         match (node.provision_state, want) {
-            (a, b) if a == b => Ok(self.store.update_node(&node).await?),
+            (a, b) if a == b => Ok(self.update_node(&node).await?),
             (Cleaning, CleanWait) | (Inspecting, InspectWait) | (Deploying, WaitCallBack) => {
                 self.event(node, Event::Wait, None).await
             }
             (CleanWait, Cleaning) | (InspectWait, Inspecting) | (WaitCallBack, Deploying) => {
                 self.event(node, Event::Resume, None).await
             }
-            _ => Ok(self.store.update_node(&node).await?),
+            _ => Ok(self.update_node(&node).await?),
         }
     }
 
@@ -148,7 +148,7 @@ impl Conductor {
                 run.ramdisk = Some(RamdiskUse::NotNeeded);
                 run.plan = Some(plan);
                 run.step_index = 0;
-                return Ok(Some(self.store.update_node(&node).await?));
+                return Ok(Some(self.update_node(&node).await?));
             }
             if manual {
                 if let Some(plan) = self.plan_without_ramdisk(&node, bmc).await {
@@ -158,14 +158,14 @@ impl Conductor {
                     run.ramdisk = Some(RamdiskUse::NotNeeded);
                     run.plan = Some(plan);
                     run.step_index = 0;
-                    return Ok(Some(self.store.update_node(&node).await?));
+                    return Ok(Some(self.update_node(&node).await?));
                 }
             }
             if self.fast_track_start(&node, "cleaning").await {
                 // The running ramdisk is this run's: gather its steps at once (its token
                 // and long poll carry on, so the next decision's command reaches it now).
                 run_mut(&mut node).ramdisk = Some(RamdiskUse::Booted);
-                return Ok(Some(self.store.update_node(&node).await?));
+                return Ok(Some(self.update_node(&node).await?));
             }
             if let Err(e) = self.boot_ramdisk(&mut node, bmc).await {
                 let msg = format!(
@@ -263,7 +263,7 @@ impl Conductor {
             let run = run_mut(&mut node);
             run.plan = Some(planned);
             run.step_index = 0;
-            return Ok(Some(self.store.update_node(&node).await?));
+            return Ok(Some(self.update_node(&node).await?));
         };
 
         // 3. Run the plan, one step per decision.
@@ -538,7 +538,7 @@ impl Conductor {
             super::agent::forget_agent_token(&mut node);
             let _ = self.store.cancel_pending(&node.uuid).await;
         }
-        Ok(self.store.update_node(&node).await?)
+        Ok(self.update_node(&node).await?)
     }
 
     async fn run_conductor_step(
@@ -598,7 +598,7 @@ impl Conductor {
                 } else {
                     PowerState::On
                 });
-                let node = self.store.update_node(&node).await?;
+                let node = self.update_node(&node).await?;
                 self.step_done(node, step, index).await
             }
         }

@@ -338,7 +338,7 @@ impl Conductor {
         run.agent_steps_merged = true;
         tracing::info!(node = %uuid, steps = ?run.plan.iter().map(|p| p.step.step.as_str()).collect::<Vec<_>>(), "deploy plan");
         Self::put_run(&mut node, &run);
-        Ok(Some(self.store.update_node(&node).await?))
+        Ok(Some(self.update_node(&node).await?))
     }
 
     /// `write_image`'s arguments from the node: image fields of `instance_info`, root device

@@ -178,7 +178,7 @@ impl Conductor {
                 node.last_error = Some(msg);
             }
         }
-        let node = self.store.update_node(&node).await?;
+        let node = self.update_node(&node).await?;
         tracing::info!(
             node = %node.uuid, ?macs, driver = %node.driver,
             bmc = ?req.inventory.bmc_address, end = ?cfg.end,

@@ -64,7 +64,7 @@ impl Conductor {
                     booted: true,
                     command: None,
                 });
-                return Ok(Some(self.store.update_node(&node).await?));
+                return Ok(Some(self.update_node(&node).await?));
             }
             if let Err(e) = self.boot_ramdisk(&mut node, bmc).await {
                 let msg = format!(

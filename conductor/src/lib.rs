@@ -34,6 +34,7 @@ pub mod inspection_rules;
 mod liveness;
 mod membership;
 pub mod metrics;
+pub mod node_events;
 mod oob_steps;
 mod periodic;
 mod power_policy;
@@ -102,6 +103,8 @@ pub struct Conductor {
     /// This conductor, for work started from `&self` that must outlive the call (the power
     /// off after a deploy failure).
     me: std::sync::Weak<Conductor>,
+    /// Every node record this process writes, for live views ([`node_events`]).
+    pub events: node_events::NodeEvents,
 }
 
 /// A function the conductor calls before each decision about a node (tests inject panics
@@ -126,6 +129,7 @@ impl Conductor {
             shutdown: supervisor::CancellationToken::new(),
             fault_hook: std::sync::RwLock::new(None),
             registration: tokio::sync::Mutex::new(false),
+            events: node_events::NodeEvents::default(),
             config,
         })
     }
@@ -138,6 +142,15 @@ impl Conductor {
             Ok(mut h) => *h = hook,
             Err(p) => *p.into_inner() = hook,
         }
+    }
+
+    /// Write `node` (optimistic version check, as [`Store::update_node`]) and publish the
+    /// written record to live watchers. Every node write of the conductor goes through here,
+    /// so a watcher sees provision, power, maintenance and step changes alike.
+    pub async fn update_node(&self, node: &Node) -> Result<Node, StoreError> {
+        let written = self.store.update_node(node).await?;
+        self.events.publish(&written);
+        Ok(written)
     }
 
     /// This conductor's id.
@@ -539,7 +552,7 @@ impl Conductor {
         // the transition's own write, so a restart in between still does it (recover()).
         node.runs.failure_power_pending = to == ProvisionState::DeployFailed;
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
-        let node = self.store.update_node(&node).await?;
+        let node = self.update_node(&node).await?;
         self.record_transition(&node, from, &format!("event: {}", event.as_str()))
             .await;
         if to.is_stable() {

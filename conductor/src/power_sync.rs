@@ -303,7 +303,7 @@ impl Conductor {
                 return Outcome::Skipped;
             }
             node.power_state = Some(actual);
-            match self.store.update_node(&node).await {
+            match self.update_node(&node).await {
                 Ok(_) => {
                     let from = seen.map(|p| p.as_str()).unwrap_or("unknown");
                     tracing::info!(node = %uuid, from, to = %actual, "power sync: recorded the BMC's power state");
@@ -382,7 +382,7 @@ impl Conductor {
             if !change(&mut node) {
                 return Ok(None);
             }
-            match self.store.update_node(&node).await {
+            match self.update_node(&node).await {
                 Ok(n) => return Ok(Some(n)),
                 Err(e @ StoreError::Conflict { .. }) => last = Some(e),
                 Err(e) => return Err(e),

@@ -193,7 +193,7 @@ impl Conductor {
                 .rescue
                 .get_or_insert_with(RescueRun::default)
                 .command = Some(id.clone());
-            let node = self.store.update_node(&node).await?;
+            let node = self.update_node(&node).await?;
             self.queue(&uuid, Command { id, kind }).await?;
             return Ok(Some(node));
         };

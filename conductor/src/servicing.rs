@@ -126,7 +126,7 @@ impl Conductor {
         match (node.provision_state, want) {
             (Servicing, ServiceWait) => self.event(node, Event::Wait, None).await,
             (ServiceWait, Servicing) => self.event(node, Event::Resume, None).await,
-            _ => Ok(self.store.update_node(&node).await?),
+            _ => Ok(self.update_node(&node).await?),
         }
     }
 
@@ -200,7 +200,7 @@ impl Conductor {
             run.plan = Some(plan);
             run.index = 0;
             put_run(&mut node, &run);
-            return Ok(Some(self.store.update_node(&node).await?));
+            return Ok(Some(self.update_node(&node).await?));
         };
         // 2. The next step, or the end.
         let Some(step) = plan.get(run.index).cloned() else {
@@ -368,7 +368,7 @@ impl Conductor {
                 run.command = None;
                 run.current = None;
                 put_run(&mut node, &run);
-                Ok(Some(self.store.update_node(&node).await?))
+                Ok(Some(self.update_node(&node).await?))
             }
             Err(e) => {
                 run.command = None;
@@ -455,7 +455,7 @@ impl Conductor {
             }
         }
         n.runs.service = None;
-        if let Err(e) = self.store.update_node(&n).await {
+        if let Err(e) = self.update_node(&n).await {
             tracing::warn!(node = %uuid, error = %e, "could not forget the servicing run");
         }
     }

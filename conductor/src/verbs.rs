@@ -483,7 +483,7 @@ impl Conductor {
         if to.is_stable() && !super::fast_track::keeps_agent(&node, to, &self.config.deploy) {
             super::agent::forget_agent_token(&mut node);
         }
-        let node = self.store.update_node(&node).await?;
+        let node = self.update_node(&node).await?;
         self.record_transition(&node, state, &format!("verb: {verb}"))
             .await;
         tracing::info!(node = %node.uuid, from = %state, to = %to, verb = %verb, "provision verb accepted");
@@ -538,7 +538,7 @@ impl Conductor {
                 if let Some(obj) = node.deploy_step.as_mut().and_then(Value::as_object_mut) {
                     obj.insert("abort_after".into(), Value::Bool(true));
                 }
-                let node = self.store.update_node(&node).await?;
+                let node = self.update_node(&node).await?;
                 tracing::warn!(node = %node.uuid, step = %step, "abort requested during a non-abortable deploy step; the deploy fails when it ends");
                 Ok(node)
             }
@@ -734,7 +734,7 @@ impl Conductor {
             if let Some(obj) = node.clean_step.as_mut().and_then(Value::as_object_mut) {
                 obj.insert("abort_after".into(), Value::Bool(true));
             }
-            let node = self.store.update_node(&node).await?;
+            let node = self.update_node(&node).await?;
             tracing::warn!(node = %node.uuid, step = %step, "abort requested during a non-abortable step; cleaning fails when it ends");
             return Ok(node);
         }
@@ -809,7 +809,7 @@ impl Conductor {
         let bmc = self.bmc(&node)?;
         node.target_power_state = Some(target);
         node.last_error = None;
-        let node = self.store.update_node(&node).await?;
+        let node = self.update_node(&node).await?;
         let this = self.clone();
         let uuid = node.uuid.clone();
         // Tracked: a shutdown waits for the power action to be recorded.
@@ -852,7 +852,7 @@ impl Conductor {
                         ))
                     }
                 }
-                this.store.update_node(&n).await?;
+                this.update_node(&n).await?;
                 if new_boot {
                     // A held heartbeat of the old boot hears at once that its token is gone.
                     this.wakeup(&uuid).notify_waiters();
@@ -880,7 +880,7 @@ impl Conductor {
         if !on {
             node.fault = None;
         }
-        let node = self.store.update_node(&node).await?;
+        let node = self.update_node(&node).await?;
         if !on && node.provision_state.is_conductor_busy() {
             self.kick(&node.uuid);
         }

@@ -101,7 +101,10 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     if resumed > 0 {
         tracing::warn!(count = resumed, "resumed nodes left in transient states");
     }
-    let app = api::router(AppState::new(conductor.clone()));
+    let state = AppState::new(conductor.clone());
+    // The web UI beside the API, on the same listener: its routes are all under /ui/, which
+    // the API's router (a fallback service) never answers.
+    let app = crate::ui::routes(state.clone()).merge(api::router(state));
     Ok((conductor, app))
 }
 

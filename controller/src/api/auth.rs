@@ -1,5 +1,6 @@
 //! Admin authentication and roles: a bearer token (`Authorization: Bearer` or Keystone's
-//! `X-Auth-Token`) or HTTP basic credentials, checked against hashes in the config. Each
+//! `X-Auth-Token`) or HTTP basic credentials, checked against hashes in the config, or the web
+//! UI's session cookie (with its CSRF header on changes; [`super::sessions`]). Each
 //! credential carries a role (admin, operator, reader, metrics); a request the role does not cover is
 //! a 403 naming the role and what it lacks. For non-admin roles `driver_info` is removed from
 //! every node document on the way out — one filter here rather than a rule in each handler.
@@ -35,7 +36,7 @@ const VERIFIED_MAX: usize = 4096;
 #[cfg(test)]
 static SLOW_CHECKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-fn verified(secret: &str, hash: &str) -> bool {
+pub(crate) fn verified(secret: &str, hash: &str) -> bool {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(hash.as_bytes());
@@ -64,7 +65,7 @@ fn verified(secret: &str, hash: &str) -> bool {
 }
 
 /// The caller a request's credentials name, if any (also used by the audit trail).
-pub(super) fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
+pub(crate) fn check(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
     let auth = &state.conductor.config.auth;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let token = header("authorization")
@@ -142,6 +143,43 @@ fn strip_driver_info(v: &mut Value) {
     }
 }
 
+/// Whether a request carries API credentials (a token or basic); those take precedence over
+/// a session cookie, so a wrong token is never rescued by a cookie the browser also sent.
+fn has_api_credentials(headers: &HeaderMap) -> bool {
+    headers.contains_key(axum::http::header::AUTHORIZATION) || headers.contains_key("x-auth-token")
+}
+
+/// The caller of a request authenticated by the web UI's session cookie: `Ok(None)` without a
+/// live session; a 403 for a change without the session's CSRF header.
+fn session_caller(state: &AppState, req: &Request) -> Result<Option<Caller>, ApiError> {
+    use super::sessions;
+    let Some(id) = sessions::cookie_value(req.headers()) else {
+        return Ok(None);
+    };
+    let Some(user) = state.sessions.get(id) else {
+        return Ok(None);
+    };
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let csrf = req
+        .headers()
+        .get(sessions::CSRF_HEADER)
+        .and_then(|v| v.to_str().ok());
+    if !safe && !csrf.is_some_and(|c| sessions::same_secret(c, &user.csrf)) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "a change authenticated by the web UI's session cookie needs the session's {} header \
+                 (the web UI sends it; another site's page cannot)",
+                sessions::CSRF_HEADER
+            ),
+        ));
+    }
+    Ok(Some(Caller {
+        name: user.name,
+        role: user.role,
+    }))
+}
+
 /// A 429 when the request's source has failed to authenticate too often (a router driven
 /// in-process has no peer address and is not limited).
 fn too_many_failures(state: &AppState, req: &Request) -> Option<Response> {
@@ -189,7 +227,15 @@ pub async fn require_admin(
             role: Role::Admin,
         }
     } else {
-        match check(&state, req.headers()) {
+        let found = if has_api_credentials(req.headers()) {
+            check(&state, req.headers())
+        } else {
+            match session_caller(&state, &req) {
+                Ok(c) => c,
+                Err(refused) => return refused.into_response(),
+            }
+        };
+        match found {
             Some(c) => c,
             None => {
                 if let Some(refused) = too_many_failures(&state, &req) {

@@ -7,7 +7,7 @@
 mod agent;
 mod allocations;
 mod audit;
-mod auth;
+pub(crate) mod auth;
 mod body;
 mod boot;
 mod chassis;
@@ -38,6 +38,7 @@ mod render;
 mod resource;
 mod rules;
 mod runbooks;
+pub mod sessions;
 mod shards;
 mod step_templates;
 mod version;
@@ -61,8 +62,11 @@ use std::sync::Arc;
 pub struct AppState {
     /// The conductor (and through it the store and config).
     pub conductor: Arc<Conductor>,
-    /// Failed admin authentications per source address (`[api] failed_auth_per_minute`).
+    /// Failed admin authentications per source address (`[api] failed_auth_per_minute`);
+    /// the web UI's failed log-ins count here too.
     pub admin_auth_failures: Arc<ratelimit::RateLimiter>,
+    /// The web UI's sessions (a credential the auth layer accepts).
+    pub sessions: Arc<sessions::Sessions>,
 }
 
 impl AppState {
@@ -72,6 +76,7 @@ impl AppState {
         AppState {
             conductor,
             admin_auth_failures: Arc::new(ratelimit::RateLimiter::new(per_minute)),
+            sessions: Arc::default(),
         }
     }
 }

@@ -539,6 +539,7 @@ async fn create(
         node.provision_state = rivet_protocol::states::ProvisionState::Available;
     }
     let mut node = state.conductor.store.create_node(&node).await?;
+    state.conductor.events.publish(&node);
     tracing::info!(node = %node.uuid, name = node.name.as_deref().unwrap_or(""), "node created");
     show_owner(&state.conductor.ring(), state.conductor.id(), &mut node);
     let mut resp = node_response(
@@ -893,7 +894,7 @@ async fn update(
     }
     check_lifecycle_flags(&node, &mut new)?;
     super::allocations::follow_instance_removal(&state, &node, &mut new).await?;
-    let mut saved = state.conductor.store.update_node(&new).await?;
+    let mut saved = state.conductor.update_node(&new).await?;
     if node.maintenance && !saved.maintenance && saved.provision_state.is_conductor_busy() {
         state.conductor.kick(&saved.uuid);
     }
@@ -932,6 +933,7 @@ async fn remove(
         .store
         .delete_node(&node.uuid, node.version)
         .await?;
+    state.conductor.events.publish_removed(&node.uuid);
     tracing::info!(node = %node.uuid, "node deleted");
     Ok(StatusCode::NO_CONTENT)
 }

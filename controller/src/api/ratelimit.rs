@@ -220,6 +220,24 @@ impl RateLimiter {
         }
     }
 
+    /// How long until `ip` may fail again, when it is over the limit now; takes nothing (a
+    /// log-in form checks this before it spends an argon2 verification on the attempt).
+    pub fn exhausted(&self, ip: IpAddr) -> Option<Duration> {
+        if self.per_minute == 0 {
+            return None;
+        }
+        let per_sec = f64::from(self.per_minute) / 60.0;
+        let table = match self.table.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        let b = table.buckets.get(&SourceKey::of(ip))?;
+        let now = Instant::now();
+        let tokens = b.tokens + now.saturating_duration_since(b.updated).as_secs_f64() * per_sec;
+        (tokens < 1.0)
+            .then(|| Duration::from_secs(((1.0 - tokens) / per_sec).ceil().max(1.0) as u64))
+    }
+
     /// Sources tracked now (tests, and to show the table stays bounded).
     pub fn tracked(&self) -> usize {
         match self.table.lock() {

@@ -223,7 +223,7 @@ async fn write_traits(
             return Ok(());
         }
         node.traits = traits;
-        match state.conductor.store.update_node(&node).await {
+        match state.conductor.update_node(&node).await {
             Ok(saved) => {
                 tracing::info!(node = %saved.uuid, traits = ?saved.traits, "node traits changed");
                 return Ok(());
