@@ -68,6 +68,8 @@ if ! grep -qx "Version: $OPENAPI_SPEC_VALIDATOR_VERSION" <<<"$("$VENV/bin/pip" s
   "$VENV/bin/pip" install -q --disable-pip-version-check "openapi-spec-validator==$OPENAPI_SPEC_VALIDATOR_VERSION"
 fi
 bash scripts/setup-qemu.sh >/dev/null
+# chromium + chromedriver for the web UI's browser tests (tests/web_ui.rs).
+bash scripts/setup-browser.sh
 bash scripts/setup-peers.sh
 # Ironic 39 from PyPI, the reference tests/ironic_diff.rs compares rivetd's API with.
 bash scripts/setup-ironic.sh

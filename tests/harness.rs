@@ -11,6 +11,7 @@ pub mod ironic_peer;
 pub mod peers;
 pub mod qemu;
 pub mod simagent;
+pub mod webdriver;
 pub mod workcheck;
 
 use anyhow::{bail, Context, Result};
@@ -166,6 +167,27 @@ impl Rivetd {
         Self::spawn(&url, db, log, "test-conductor", port, extra)
     }
 
+    /// Like [`Rivetd::start_in`] but with authentication on: `config` must name `[auth]`
+    /// credentials, and [`Rivetd::call`] (which sends none) gets 401s; bring your own.
+    pub fn start_authed_in(dir: &Path, config: &str) -> Result<Rivetd> {
+        let cfg = dir.join("rivetd.toml");
+        std::fs::write(&cfg, config)?;
+        let cfg = cfg.display().to_string();
+        let db = dir.join("rivet.db");
+        let port = free_port()?;
+        let log = db.with_extension(format!("rivetd-{port}.log"));
+        let url = format!("sqlite:{}", db.display());
+        Self::spawn_as(
+            &url,
+            &db,
+            log,
+            "test-conductor",
+            port,
+            &["--config", &cfg],
+            false,
+        )
+    }
+
     /// Start rivetd with `--no-auth` on database `db_url` (PostgreSQL: several may share
     /// it) as controller `conductor`, logging to `dir/rivetd-{conductor}.log`.
     pub fn start_url(
@@ -188,6 +210,18 @@ impl Rivetd {
         port: u16,
         extra: &[&str],
     ) -> Result<Rivetd> {
+        Self::spawn_as(db_url, db, log, conductor, port, extra, true)
+    }
+
+    fn spawn_as(
+        db_url: &str,
+        db: &Path,
+        log: PathBuf,
+        conductor: &str,
+        port: u16,
+        extra: &[&str],
+        no_auth: bool,
+    ) -> Result<Rivetd> {
         let exe = bin("rivetd");
         if !exe.exists() {
             bail!(
@@ -204,7 +238,7 @@ impl Rivetd {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--db")
             .arg(db_url)
-            .arg("--no-auth")
+            .args(no_auth.then_some("--no-auth"))
             .arg("--conductor-id")
             .arg(conductor)
             .args(extra)

@@ -55,4 +55,5 @@ mod takeover;
 mod templates_api;
 mod tls;
 mod uefi_boot;
+mod web_ui;
 mod write_image;

@@ -45,7 +45,9 @@ pub fn routes(state: AppState) -> Router {
 }
 
 /// Headers every UI answer carries: scripts and styles only from rivetd itself (no inline
-/// script, so injected markup cannot run), never framed, no referrer leaving the page, and
+/// script, so injected markup cannot run), never framed, no referrer leaving the site
+/// (`same-origin`, not `no-referrer`: under that a browser posts the log-in form with
+/// `Origin: null`, which the log-in's origin check must refuse), and
 /// nothing cached that a later user of the browser could read back.
 async fn security_headers(req: Request, next: Next) -> Response {
     let mut resp = next.run(req).await;
@@ -63,7 +65,7 @@ async fn security_headers(req: Request, next: Next) -> Response {
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.entry(header::CACHE_CONTROL)
