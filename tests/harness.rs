@@ -158,6 +158,27 @@ impl Rivetd {
         Self::start(&dir.join("rivet.db"), 0, &["--config", &cfg])
     }
 
+    /// Start rivetd in `dir` with `config` (which must hold `[auth]` credentials) and
+    /// without `--no-auth`; [`Rivetd::call`] then goes unauthenticated.
+    pub fn start_in_with_auth(dir: &Path, config: &str) -> Result<Rivetd> {
+        let cfg = dir.join("rivetd.toml");
+        std::fs::write(&cfg, config)?;
+        let cfg = cfg.display().to_string();
+        let port = free_port()?;
+        let db = dir.join("rivet.db");
+        let log = db.with_extension(format!("rivetd-{port}.log"));
+        let url = format!("sqlite:{}", db.display());
+        Self::spawn_as(
+            &url,
+            &db,
+            log,
+            "test-conductor",
+            port,
+            &["--config", &cfg],
+            false,
+        )
+    }
+
     /// Start rivetd with `--no-auth` on `db`, on `port` (0 = pick one), and wait until it serves.
     pub fn start(db: &Path, port: u16, extra: &[&str]) -> Result<Rivetd> {
         let port = if port == 0 { free_port()? } else { port };
@@ -188,6 +209,18 @@ impl Rivetd {
         port: u16,
         extra: &[&str],
     ) -> Result<Rivetd> {
+        Self::spawn_as(db_url, db, log, conductor, port, extra, true)
+    }
+
+    fn spawn_as(
+        db_url: &str,
+        db: &Path,
+        log: PathBuf,
+        conductor: &str,
+        port: u16,
+        extra: &[&str],
+        no_auth: bool,
+    ) -> Result<Rivetd> {
         let exe = bin("rivetd");
         if !exe.exists() {
             bail!(
@@ -204,7 +237,7 @@ impl Rivetd {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--db")
             .arg(db_url)
-            .arg("--no-auth")
+            .args(no_auth.then_some("--no-auth"))
             .arg("--conductor-id")
             .arg(conductor)
             .args(extra)

@@ -23,6 +23,7 @@ pub mod bmc_caches;
 pub mod boot;
 pub mod boot_mode;
 mod cleaning;
+pub mod console_tail;
 mod deploying;
 pub mod discovery;
 mod errors;
@@ -102,6 +103,8 @@ pub struct Conductor {
     /// This conductor, for work started from `&self` that must outlive the call (the power
     /// off after a deploy failure).
     me: std::sync::Weak<Conductor>,
+    /// The console capture failure events quote ([`console_tail`]), installed by rivetd.
+    console_tail: std::sync::OnceLock<Arc<dyn console_tail::ConsoleTail>>,
 }
 
 /// A function the conductor calls before each decision about a node (tests inject panics
@@ -126,6 +129,7 @@ impl Conductor {
             shutdown: supervisor::CancellationToken::new(),
             fault_hook: std::sync::RwLock::new(None),
             registration: tokio::sync::Mutex::new(false),
+            console_tail: std::sync::OnceLock::new(),
             config,
         })
     }

@@ -9,5 +9,6 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod console;
 pub mod metrics_http;
 pub mod server;

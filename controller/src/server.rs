@@ -41,6 +41,7 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
         );
     }
     config.deploy.check().map_err(anyhow::Error::msg)?;
+    config.console.check().map_err(anyhow::Error::msg)?;
     if !config.no_auth && config.auth.tokens.is_empty() && config.auth.users.is_empty() {
         anyhow::bail!(
             "no admin credentials configured: add [auth] tokens/users to the config (hash with `rivetd hash-secret`), or run with --no-auth on a loopback address"
@@ -101,7 +102,10 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     if resumed > 0 {
         tracing::warn!(count = resumed, "resumed nodes left in transient states");
     }
-    let app = api::router(AppState::new(conductor.clone()));
+    let state = AppState::new(conductor.clone());
+    // Consoles enabled before the restart are opened again (in the background).
+    state.console.reopen_enabled().await;
+    let app = api::router(state);
     Ok((conductor, app))
 }
 
