@@ -159,6 +159,27 @@ impl Rivetd {
         Self::start(&dir.join("rivet.db"), 0, &["--config", &cfg])
     }
 
+    /// Start rivetd in `dir` with `config` (which must hold `[auth]` credentials) and
+    /// without `--no-auth`; [`Rivetd::call`] then goes unauthenticated.
+    pub fn start_in_with_auth(dir: &Path, config: &str) -> Result<Rivetd> {
+        let cfg = dir.join("rivetd.toml");
+        std::fs::write(&cfg, config)?;
+        let cfg = cfg.display().to_string();
+        let port = free_port()?;
+        let db = dir.join("rivet.db");
+        let log = db.with_extension(format!("rivetd-{port}.log"));
+        let url = format!("sqlite:{}", db.display());
+        Self::spawn_as(
+            &url,
+            &db,
+            log,
+            "test-conductor",
+            port,
+            &["--config", &cfg],
+            false,
+        )
+    }
+
     /// Start rivetd with `--no-auth` on `db`, on `port` (0 = pick one), and wait until it serves.
     pub fn start(db: &Path, port: u16, extra: &[&str]) -> Result<Rivetd> {
         let port = if port == 0 { free_port()? } else { port };

@@ -421,6 +421,11 @@ pub struct IpmiSim {
 impl IpmiSim {
     /// Start the simulator with one admin user and wait until ipmitool gets an answer.
     pub fn start(user: &str, password: &str) -> Result<IpmiSim> {
+        Self::start_with(user, password, "")
+    }
+
+    /// [`IpmiSim::start`] with `extra` lines at the end of lan.conf (e.g. a `sol` device).
+    pub fn start_with(user: &str, password: &str, extra: &str) -> Result<IpmiSim> {
         let dir = tempfile::tempdir()?;
         let port = free_udp_port()?;
         let script = dir.path().join("chassis_control.sh");
@@ -442,7 +447,8 @@ impl IpmiSim {
              \x20 guid a123456789abcdefa123456789abcdef\n\
              endlan\n\
              chassis_control \"{} 0x20\"\n\
-             user 2 true \"{user}\" \"{password}\" admin 10 none md2 md5 straight\n",
+             user 2 true \"{user}\" \"{password}\" admin 10 none md2 md5 straight\n\
+             {extra}\n",
             script.display()
         );
         std::fs::write(dir.path().join("lan.conf"), lan)?;

@@ -15,6 +15,7 @@ mod bmc_faults;
 mod boot_mode;
 mod cleaning;
 mod cleaning_merged;
+mod console;
 mod demo_bare;
 mod deploy;
 mod deploy_integrity;

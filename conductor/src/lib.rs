@@ -23,6 +23,7 @@ pub mod bmc_caches;
 pub mod boot;
 pub mod boot_mode;
 mod cleaning;
+pub mod console_tail;
 mod deploying;
 pub mod discovery;
 mod errors;
@@ -105,6 +106,8 @@ pub struct Conductor {
     me: std::sync::Weak<Conductor>,
     /// Every node record this process writes, for live views ([`node_events`]).
     pub events: node_events::NodeEvents,
+    /// The console capture failure events quote ([`console_tail`]), installed by rivetd.
+    console_tail: std::sync::OnceLock<Arc<dyn console_tail::ConsoleTail>>,
 }
 
 /// A function the conductor calls before each decision about a node (tests inject panics
@@ -130,6 +133,7 @@ impl Conductor {
             fault_hook: std::sync::RwLock::new(None),
             registration: tokio::sync::Mutex::new(false),
             events: node_events::NodeEvents::default(),
+            console_tail: std::sync::OnceLock::new(),
             config,
         })
     }

@@ -910,6 +910,21 @@ impl Conductor {
             .target_provision_state
             .map(|t| format!("; target: {t}"))
             .unwrap_or_default();
+        // A failure quotes the node's console when rivetd captured one (the error first,
+        // inside the cause, so the history shows it as the event).
+        let console = if error.is_some() {
+            self.console_quote(&node.uuid).await
+        } else {
+            String::new()
+        };
+        let cause = if console.is_empty() {
+            cause
+        } else {
+            match cause.rsplit_once("; during ") {
+                Some((e, o)) => format!("{}{console}; during {o}", truncate_chars(e, 1000)),
+                None => format!("{}{console}", truncate_chars(&cause, 1000)),
+            }
+        };
         let entry = AuditEntry {
             seq: 0,
             created_at: Utc::now(),
@@ -922,7 +937,11 @@ impl Conductor {
             status: None,
             detail: Some(truncate_chars(
                 &format!("{from} -> {to} ({how}{target}; cause: {cause})"),
-                1000,
+                if console.is_empty() {
+                    1000
+                } else {
+                    1200 + console.chars().count()
+                },
             )),
         };
         if let Err(e) = self.store.append_audit(&entry).await {

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod console;
 pub mod metrics_http;
 pub mod server;
 pub mod ui;

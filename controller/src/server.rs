@@ -41,6 +41,7 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
         );
     }
     config.deploy.check().map_err(anyhow::Error::msg)?;
+    config.console.check().map_err(anyhow::Error::msg)?;
     if !config.no_auth && config.auth.tokens.is_empty() && config.auth.users.is_empty() {
         anyhow::bail!(
             "no admin credentials configured: add [auth] tokens/users to the config (hash with `rivetd hash-secret`), or run with --no-auth on a loopback address"
@@ -102,6 +103,8 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
         tracing::warn!(count = resumed, "resumed nodes left in transient states");
     }
     let state = AppState::new(conductor.clone());
+    // Consoles enabled before the restart are opened again (in the background).
+    state.console.reopen_enabled().await;
     // The web UI beside the API, on the same listener: its routes are all under /ui/, which
     // the API's router (a fallback service) never answers.
     let app = crate::ui::routes(state.clone()).merge(api::router(state));

@@ -21,11 +21,11 @@ pub struct IpmiBmc {
 
 /// What the driver needs from `driver_info`.
 #[derive(Clone)]
-struct IpmiInfo {
-    address: String,
-    port: u16,
-    username: Option<String>,
-    password: String,
+pub(crate) struct IpmiInfo {
+    pub(crate) address: String,
+    pub(crate) port: u16,
+    pub(crate) username: Option<String>,
+    pub(crate) password: String,
     uefi: bool,
 }
 
@@ -78,7 +78,7 @@ fn parse_port(v: Option<&Value>) -> Result<u16, DriverError> {
     }
 }
 
-fn parse(info: &Map<String, Value>) -> Result<IpmiInfo, DriverError> {
+pub(crate) fn parse(info: &Map<String, Value>) -> Result<IpmiInfo, DriverError> {
     let null = Value::Null;
     let address = plain_arg("ipmi_address", info.get("ipmi_address").unwrap_or(&null))?
         .ok_or_else(|| bad("ipmi_address", "is required (the BMC's host name or IP)"))?;
@@ -249,7 +249,7 @@ fn parse_power(out: &str) -> Option<PowerState> {
 }
 
 /// ipmitool's stderr, read for what an operator needs to know.
-fn ipmi_error(info: &IpmiInfo, cmd: &[&str], stderr: &str) -> DriverError {
+pub(crate) fn ipmi_error(info: &IpmiInfo, cmd: &[&str], stderr: &str) -> DriverError {
     let at = format!("{}:{}", info.address, info.port);
     let user = info.username.as_deref().unwrap_or("");
     let msg = if stderr.contains("RAKP 2 HMAC is invalid") {

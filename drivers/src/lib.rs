@@ -13,6 +13,7 @@ pub mod fake;
 pub mod ipmi;
 pub mod management;
 pub mod redfish;
+pub mod sol;
 
 use async_trait::async_trait;
 pub use rivet_protocol::deploy::BootMode;

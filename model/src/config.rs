@@ -54,6 +54,8 @@ pub struct Config {
     /// Prometheus metrics: an extra listener without credentials (`/metrics` on the API
     /// address is always there, behind auth).
     pub metrics: MetricsConfig,
+    /// Serial consoles (Ironic's `[console]` options, plus the captured log's bound).
+    pub console: ConsoleConfig,
 }
 
 /// Store connections.
@@ -401,6 +403,7 @@ impl Default for Config {
             drivers: DriversConfig::default(),
             discovery: Default::default(),
             metrics: Default::default(),
+            console: Default::default(),
         }
     }
 }
@@ -505,6 +508,115 @@ impl Config {
     /// The effective configuration as TOML.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// `[console]`: serial consoles through the BMC (Serial-over-LAN). The option names and
+/// defaults are Ironic's `[console]` ones where Ironic has them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleConfig {
+    /// Ports a console's TCP listener takes (`START:END`, END excluded as in Ironic;
+    /// several ranges separated by commas). A node's `driver_info.ipmi_terminal_port` wins.
+    pub port_range: String,
+    /// Address the TCP listeners bind and `console_info.url` names (Ironic's
+    /// `socat_address`; Ironic defaults to the host's IP, Rivet to loopback: the raw TCP
+    /// console has no credentials, so exposing it is the operator's decision).
+    pub socat_address: String,
+    /// A TCP viewer silent in both directions this long is disconnected (seconds, 0 =
+    /// never; Ironic's socat `-T`).
+    pub terminal_timeout: u64,
+    /// How long the SOL child may take to report its session up (seconds).
+    pub subprocess_timeout: u64,
+    /// Most bytes kept of a node's captured console (oldest dropped first).
+    pub log_max_bytes: u64,
+    /// Where captured consoles are kept (unset: `console/` beside a SQLite database, else
+    /// `/var/lib/rivet/console`).
+    pub log_dir: Option<PathBuf>,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            port_range: "10000:20000".into(),
+            socat_address: "127.0.0.1".into(),
+            terminal_timeout: 600,
+            subprocess_timeout: 10,
+            log_max_bytes: 4 << 20,
+            log_dir: None,
+        }
+    }
+}
+
+/// Smallest `[console] log_max_bytes`: a screenful or two.
+pub const MIN_CONSOLE_LOG_BYTES: u64 = 16 * 1024;
+
+impl ConsoleConfig {
+    /// The ports of `port_range`, in order (each range's end excluded, as Ironic's
+    /// `range(start, end)`), or why the value is wrong.
+    pub fn ports(&self) -> Result<Vec<std::ops::Range<u16>>, String> {
+        let bad = |why: &str| {
+            format!(
+                "[console] port_range = {:?}: {why}; write START:END (END excluded), e.g. \"10000:20000\", \
+                 or several separated by commas",
+                self.port_range
+            )
+        };
+        let mut out = Vec::new();
+        for part in self.port_range.split(',') {
+            let (a, b) = part
+                .trim()
+                .split_once(':')
+                .ok_or_else(|| bad("a range is not START:END"))?;
+            let a: u16 = a
+                .trim()
+                .parse()
+                .map_err(|_| bad("a port is not a number 0-65535"))?;
+            let b: u16 = b
+                .trim()
+                .parse()
+                .map_err(|_| bad("a port is not a number 0-65535"))?;
+            if a > b {
+                return Err(bad("a range starts after its end"));
+            }
+            out.push(a..b);
+        }
+        Ok(out)
+    }
+
+    /// Refuse values rivetd cannot work with, naming the key.
+    pub fn check(&self) -> Result<(), String> {
+        self.ports()?;
+        if self.socat_address.parse::<std::net::IpAddr>().is_err() {
+            return Err(format!(
+                "[console] socat_address = {:?} is not an IP address",
+                self.socat_address
+            ));
+        }
+        if self.log_max_bytes < MIN_CONSOLE_LOG_BYTES {
+            return Err(format!(
+                "[console] log_max_bytes = {} is too small: use at least {MIN_CONSOLE_LOG_BYTES}",
+                self.log_max_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// The directory of captured consoles for a rivetd on database `db`.
+    pub fn log_dir_for(&self, db: &str) -> PathBuf {
+        if let Some(d) = &self.log_dir {
+            return d.clone();
+        }
+        match db.strip_prefix("sqlite:") {
+            Some(path) if !path.starts_with(':') => {
+                let parent = std::path::Path::new(path)
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(std::path::Path::new("."));
+                parent.join("console")
+            }
+            _ => PathBuf::from("/var/lib/rivet/console"),
+        }
     }
 }
 
@@ -696,6 +808,32 @@ mod tests {
         let err = Config::from_toml("[deploy]\npower_off_after_deploy_failure = \"yes\"\n")
             .expect_err("not a bool");
         assert!(err.contains("power_off_after_deploy_failure"), "{err}");
+    }
+
+    #[test]
+    fn console_port_range_reads_as_ironic() {
+        let mut c = ConsoleConfig::default();
+        assert_eq!(c.ports().expect("ports"), vec![10000..20000]);
+        c.port_range = "5000:5002, 6000:6001".into();
+        assert_eq!(c.ports().expect("ports"), vec![5000..5002, 6000..6001]);
+        for bad in ["5000", "a:b", "7:3", "1:70000", ""] {
+            c.port_range = bad.into();
+            assert!(
+                c.ports().expect_err("refused").contains("port_range"),
+                "{bad}"
+            );
+        }
+        c.port_range = "1:2".into();
+        c.socat_address = "host".into();
+        assert!(c.check().expect_err("refused").contains("socat_address"));
+        assert_eq!(
+            ConsoleConfig::default().log_dir_for("sqlite:/var/lib/x/r.db"),
+            PathBuf::from("/var/lib/x/console")
+        );
+        assert_eq!(
+            ConsoleConfig::default().log_dir_for("sqlite:r.db"),
+            PathBuf::from("./console")
+        );
     }
 
     #[test]

@@ -125,7 +125,9 @@ const REDFISH: HardwareType = HardwareType {
         (Iface::Management, &["redfish"]),
         (Iface::Rescue, &["no-rescue", "agent"]),
         (Iface::Bios, &["redfish", "no-bios"]),
-        (Iface::Console, &["no-console"]),
+        // Many Redfish BMCs also speak IPMI for Serial-over-LAN; the node's driver_info then
+        // carries the ipmi_* fields beside the redfish_* ones.
+        (Iface::Console, &["no-console", "ipmitool-socat"]),
         (Iface::Firmware, &["redfish", "no-firmware"]),
         (Iface::Network, &["noop"]),
         (Iface::Raid, &["no-raid", "agent"]),
@@ -143,7 +145,7 @@ const IPMI: HardwareType = HardwareType {
         (Iface::Management, &["ipmitool"]),
         (Iface::Rescue, &["no-rescue", "agent"]),
         (Iface::Bios, &["no-bios"]),
-        (Iface::Console, &["no-console"]),
+        (Iface::Console, &["no-console", "ipmitool-socat"]),
         (Iface::Firmware, &["no-firmware"]),
         (Iface::Network, &["noop"]),
         (Iface::Raid, &["no-raid", "agent"]),

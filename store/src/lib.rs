@@ -538,6 +538,8 @@ pub trait Store: Send + Sync {
     ) -> Result<(), StoreError>;
     /// Record whether a node's console is enabled.
     async fn set_console_enabled(&self, node_uuid: &str, enabled: bool) -> Result<(), StoreError>;
+    /// UUIDs of the nodes whose console is enabled (re-opened when rivetd starts).
+    async fn console_enabled_nodes(&self) -> Result<Vec<String>, StoreError>;
     /// Set a node's `target_raid_config`.
     async fn set_target_raid_config(
         &self,

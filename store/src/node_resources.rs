@@ -751,6 +751,19 @@ impl<E: Engine> SqlStore<E> {
         Ok(())
     }
 
+    /// UUIDs of the nodes whose console is enabled.
+    pub(super) async fn nr_console_enabled_nodes(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .engine
+            .rows(
+                Access::Read,
+                "SELECT node_uuid FROM node_management WHERE console_enabled ORDER BY node_uuid",
+                vec![],
+            )
+            .await?;
+        rows.into_iter().map(|mut r| r.text(0)).collect()
+    }
+
     /// UUIDs of the nodes whose `parent_node` is `parent`, oldest first.
     pub(super) async fn nr_child_nodes(&self, parent: &str) -> Result<Vec<String>, StoreError> {
         let rows = self

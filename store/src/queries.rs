@@ -1129,6 +1129,10 @@ impl<E: Engine> Store for SqlStore<E> {
     async fn set_console_enabled(&self, node_uuid: &str, enabled: bool) -> Result<(), StoreError> {
         self.nr_set_console_enabled(node_uuid, enabled).await
     }
+
+    async fn console_enabled_nodes(&self) -> Result<Vec<String>, StoreError> {
+        self.nr_console_enabled_nodes().await
+    }
     async fn set_target_raid_config(
         &self,
         node_uuid: &str,

@@ -207,6 +207,12 @@ fn action_name(method: &Method, path: &str, target: Option<&str>) -> String {
             "maintenance:unset".into()
         }
         ("node", Some("maintenance"), None) => "maintenance:set".into(),
+        ("node", Some("states"), Some("console")) => match target {
+            Some("true") => "console:enable".into(),
+            Some("false") => "console:disable".into(),
+            _ => "console:set".into(),
+        },
+        ("node", Some("console"), Some("ticket")) => "console:ticket".into(),
         _ => format!("{kind}:{verb}"),
     }
 }
@@ -233,7 +239,9 @@ async fn describe(
     };
     let wants_body = *method == Method::PATCH
         || (*method == Method::PUT
-            && (path.ends_with("/states/provision") || path.ends_with("/states/power")));
+            && (path.ends_with("/states/provision")
+                || path.ends_with("/states/power")
+                || path.ends_with("/states/console")));
     if !wants_body {
         let action = action_name(method, path, None);
         return Ok((
@@ -278,7 +286,14 @@ async fn describe(
             .as_ref()
             .and_then(|v| v.get("target"))
             .and_then(Value::as_str)
-            .map(clean_word);
+            .map(clean_word)
+            .or_else(|| {
+                // The console's body is {"enabled": bool}.
+                match parsed.as_ref()?.get("enabled")? {
+                    Value::Bool(b) => Some(b.to_string()),
+                    _ => None,
+                }
+            });
         (action_name(method, path, target.as_deref()), None)
     };
     let req = Request::from_parts(parts, Body::from(bytes));
@@ -338,7 +353,9 @@ async fn resolve_node(state: &AppState, ident: &str) -> String {
 fn describe_created(subject: &mut Subject, path: &str, doc: &Value) {
     let text = |k: &str| doc.get(k).and_then(Value::as_str).map(str::to_string);
     match resource(path) {
-        "nodes" => {
+        // A node created (not a POST under one, such as a console ticket, whose secret
+        // must not reach the trail).
+        "nodes" if path.trim_end_matches('/') == "/v1/nodes" => {
             subject.node = text("uuid");
             subject.detail = text("name").map(|n| format!("name {n}"));
         }

@@ -108,10 +108,14 @@ pub fn denied(role: Role, method: &Method, path: &str) -> Option<&'static str> {
             Some("reading the audit log (needs admin)")
         }
         _ if read => None,
+        // A ticket to watch a console is not a change: readers watch too.
+        _ if method == Method::POST && path.ends_with("/console/ticket") => None,
         Role::Reader => Some("any change (it is read-only)"),
         Role::Operator => {
             let verb = (method == Method::PUT
-                && (path.ends_with("/states/provision") || path.ends_with("/states/power")))
+                && (path.ends_with("/states/provision")
+                    || path.ends_with("/states/power")
+                    || path.ends_with("/states/console")))
                 || (method == Method::DELETE && path.ends_with("/provision"));
             let maintenance = path.ends_with("/maintenance");
             if verb || maintenance {

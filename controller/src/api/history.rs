@@ -106,6 +106,26 @@ fn entry_of(node: &str, row: &AuditEntry, previous: Option<DateTime<Utc>>) -> Op
     if row.action == rivet_conductor::FAILURE_POWER_ERROR_ACTION {
         return step_entry_of(node, row, previous, "ERROR");
     }
+    // The serial console: enabled, disabled, its SOL session lost and back (Ironic's
+    // `console` event type).
+    if row.action == crate::console::record::CONSOLE_ACTION
+        || row.action == crate::console::record::CONSOLE_ERROR_ACTION
+    {
+        let severity = if row.action == crate::console::record::CONSOLE_ERROR_ACTION {
+            "ERROR"
+        } else {
+            "INFO"
+        };
+        let (event, state) = row.detail.as_deref()?.rsplit_once("; state: ")?;
+        return Some(within_state_entry(
+            node,
+            row,
+            previous,
+            (severity, "console"),
+            event,
+            state,
+        ));
+    }
     if row.action != "transition" {
         return None;
     }

@@ -12,6 +12,7 @@ mod body;
 mod boot;
 mod chassis;
 mod conductors;
+mod console_ws;
 mod metrics_route;
 pub(crate) use rivet_support::http::deferred;
 mod deploy_templates;
@@ -67,6 +68,8 @@ pub struct AppState {
     pub admin_auth_failures: Arc<ratelimit::RateLimiter>,
     /// The web UI's sessions (a credential the auth layer accepts).
     pub sessions: Arc<sessions::Sessions>,
+    /// The serial consoles this rivetd holds.
+    pub console: Arc<crate::console::ConsoleHub>,
 }
 
 impl AppState {
@@ -74,6 +77,7 @@ impl AppState {
     pub fn new(conductor: Arc<Conductor>) -> AppState {
         let per_minute = conductor.config.api.failed_auth_per_minute;
         AppState {
+            console: crate::console::ConsoleHub::new(conductor.clone()),
             conductor,
             admin_auth_failures: Arc::new(ratelimit::RateLimiter::new(per_minute)),
             sessions: Arc::default(),
@@ -214,6 +218,7 @@ pub fn routes(state: AppState) -> Router {
         .merge(deploy_templates::routes())
         .merge(runbooks::routes())
         .merge(volume::routes())
+        .merge(console_ws::routes())
         .route("/metrics", get(metrics_route::scrape))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -225,6 +230,8 @@ pub fn routes(state: AppState) -> Router {
         .route("/v1/", get(version::v1))
         .route("/v1/openapi.json", get(openapi::serve))
         .merge(admin)
+        // Its own credential check: headers, or a browser's single-use ticket.
+        .merge(console_ws::ws_routes())
         .merge(agent::routes(&state.conductor.config.agent))
         .merge(ipa::routes())
         .merge(discovery::routes(&state.conductor.config.discovery))

@@ -51,7 +51,9 @@ pub async fn serve_connection<S>(
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(io), service);
+        .serve_connection(TokioIo::new(io), service)
+        // WebSocket upgrades (the node console) hand the connection to the handler.
+        .with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,

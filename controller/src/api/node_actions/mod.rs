@@ -118,6 +118,11 @@ fn resource_routes() -> Router<AppState> {
             "/v1/nodes/{ident}/states/console",
             get(console::console_get).put(console::console_set),
         )
+        // Ironic's router answers the console under /v1/nodes/states/ too.
+        .route(
+            "/v1/nodes/states/console/{ident}",
+            get(console::console_get),
+        )
         .route(
             "/v1/nodes/{ident}/vendor_passthru/methods",
             get(passthru::node_methods),
