@@ -684,8 +684,11 @@ fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -
         }
     })?;
     eprintln!("lab: fast track: deploy request → write_image {waited:.2?}");
+    // Without fast track the ramdisk boots first: 17–18 s on a quiet machine, never under 8 s
+    // (docs/numbers.md). 5 s keeps that apart on a loaded CI machine (1.7 s was seen with
+    // three builds beside the run); the console check below is what proves no boot happened.
     ensure!(
-        waited < Duration::from_millis(1500),
+        waited < Duration::from_secs(5),
         "{name}: with fast track write_image started {waited:?} after the request"
     );
     clock.phase(name, "fast track: active, no reboot before it", || {
