@@ -454,9 +454,12 @@ fn allocations_through_stock_clients() -> Result<()> {
         err.contains("missing") && err.contains("could not be found"),
         "{err}"
     );
+    // A 409 is the answer (a name taken): no retries (ironicclient's are 5, 2 s apart).
     let err = baremetal_failing(
         &d,
         &[
+            "--max-retries",
+            "0",
             "allocation",
             "create",
             "--resource-class",

@@ -1,54 +1,23 @@
 //! The stock python-ironicclient (`baremetal`) drives the core flow against rivetd:
 //! node create, list, show, manage.
 
-use rivet_tests::{prerequisite, Rivetd};
-use std::path::PathBuf;
+use rivet_tests::{clients, prerequisite, Rivetd};
 use std::process::Command;
 use std::time::Duration;
 
-fn baremetal() -> PathBuf {
-    std::env::var_os("RIVET_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv")))
-        .join("bin/baremetal")
-}
-
+/// `baremetal ARGS` against `d`; its stdout (fails with the CLI's error output).
 fn run(d: &Rivetd, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(baremetal())
-        .args(["--os-endpoint", &d.url, "--os-auth-type", "none"])
-        .args(args)
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    anyhow::ensure!(
-        out.status.success(),
-        "baremetal {args:?} failed: {}\nstdout: {stdout}\nstderr: {}\nrivetd log:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        d.log_text()
-    );
-    Ok(stdout)
+    clients::baremetal(d, args)
 }
 
 /// Run `baremetal ARGS` expecting it to fail; its error output.
 fn run_failing(d: &Rivetd, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(baremetal())
-        .args(["--os-endpoint", &d.url, "--os-auth-type", "none"])
-        .args(args)
-        .output()?;
-    anyhow::ensure!(
-        !out.status.success(),
-        "baremetal {args:?} succeeded but should have failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    Ok(String::from_utf8_lossy(&out.stderr).to_string())
+    clients::baremetal_failing(d, args)
 }
 
 #[test]
 fn stock_ironic_client_drives_core_flow() -> anyhow::Result<()> {
-    if !prerequisite(
-        baremetal().exists(),
-        "python-ironicclient venv (.venv/bin/baremetal)",
-    ) {
+    if !clients::available() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
@@ -117,10 +86,8 @@ fn stock_ironic_client_drives_core_flow() -> anyhow::Result<()> {
 fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
     use rivet_tests::agentproc::{have, AgentProcess};
     use rivet_tests::fileserver::FileServer;
-    if !prerequisite(
-        baremetal().exists(),
-        "python-ironicclient venv (.venv/bin/baremetal)",
-    ) || !prerequisite(have("sha256sum"), "sha256sum")
+    if !clients::available()
+        || !prerequisite(have("sha256sum"), "sha256sum")
         || !prerequisite(have("sgdisk"), "sgdisk (gdisk)")
     {
         return Ok(());
@@ -258,10 +225,7 @@ fn stock_client_deploys_with_a_configdrive() -> anyhow::Result<()> {
 /// them, one hardware type's interfaces, and the driver_info keys a driver reads.
 #[test]
 fn stock_client_lists_and_shows_drivers() -> anyhow::Result<()> {
-    if !prerequisite(
-        baremetal().exists(),
-        "python-ironicclient venv (.venv/bin/baremetal)",
-    ) {
+    if !clients::available() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
@@ -341,10 +305,7 @@ fn stock_client_lists_and_shows_drivers() -> anyhow::Result<()> {
 /// Traits, validate and the boot device through the stock client on a fake-hardware node.
 #[test]
 fn stock_client_traits_validate_and_boot_device() -> anyhow::Result<()> {
-    if !prerequisite(
-        baremetal().exists(),
-        "python-ironicclient venv (.venv/bin/baremetal)",
-    ) {
+    if !clients::available() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
@@ -456,10 +417,7 @@ fn stock_client_traits_validate_and_boot_device() -> anyhow::Result<()> {
 /// Chassis (API 1.1) through the stock client: create, list, show, a node in it, delete.
 #[test]
 fn stock_client_manages_chassis() -> anyhow::Result<()> {
-    if !prerequisite(
-        baremetal().exists(),
-        "python-ironicclient venv (.venv/bin/baremetal)",
-    ) {
+    if !clients::available() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;

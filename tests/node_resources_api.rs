@@ -215,9 +215,12 @@ fn volume_connectors_and_targets() -> Result<()> {
     ensure!(!shown["updated_at"].is_null(), "{shown}");
 
     // Refusals: duplicate (type, id) 409; unknown type, missing node, bad node 400.
+    // 409s are answers here: no retries (ironicclient's are 5, 2 s apart).
     let e = baremetal_failing(
         &d,
         &[
+            "--max-retries",
+            "0",
             "volume",
             "connector",
             "create",
@@ -416,6 +419,8 @@ fn volume_connectors_and_targets() -> Result<()> {
     let e = baremetal_failing(
         &d,
         &[
+            "--max-retries",
+            "0",
             "volume",
             "target",
             "create",

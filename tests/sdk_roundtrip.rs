@@ -6,7 +6,9 @@
 //! checked where Ironic gives them.
 
 use anyhow::{ensure, Context, Result};
-use rivet_tests::clients::{self, baremetal, baremetal_failing, baremetal_json, sdk};
+use rivet_tests::clients::{
+    self, baremetal, baremetal_failing, baremetal_json, baremetal_verb, sdk,
+};
 use rivet_tests::Rivetd;
 use serde_json::{json, Value};
 
@@ -339,21 +341,23 @@ fn nodes_round_trip_through_the_baremetal_cli() -> Result<()> {
         ("deploy", "active"),
         ("undeploy", "available"),
     ] {
-        baremetal(&d, &["node", verb, "plain", "--wait", "60"])?;
-        let n = baremetal_json(&d, &["node", "show", "plain"])?;
-        ensure!(n["provision_state"] == state, "after {verb}: {n}");
+        baremetal_verb(&d, verb, "plain", state)?;
     }
     // Retiring an available node is a 409; deleting an active one too (an available one
     // may be deleted, as Ironic's `allow_deleting_available_nodes` allows by default).
-    let err = baremetal_failing(&d, &["node", "set", "plain", "--retired"])?;
+    // A 409 is the answer, not a busy node: ironicclient would retry it 5 times, 2 s apart.
+    let err = baremetal_failing(
+        &d,
+        &["--max-retries", "0", "node", "set", "plain", "--retired"],
+    )?;
     ensure!(err.contains("409") || err.contains("retired"), "{err}");
-    baremetal(&d, &["node", "deploy", "plain", "--wait", "60"])?;
-    let err = baremetal_failing(&d, &["node", "delete", "plain"])?;
+    baremetal_verb(&d, "deploy", "plain", "active")?;
+    let err = baremetal_failing(&d, &["--max-retries", "0", "node", "delete", "plain"])?;
     ensure!(
         err.contains("provision state") && err.contains("active"),
         "{err}"
     );
-    baremetal(&d, &["node", "undeploy", "plain", "--wait", "60"])?;
+    baremetal_verb(&d, "undeploy", "plain", "available")?;
     let history = baremetal_json(&d, &["node", "history", "list", "plain"])?;
     ensure!(
         history.as_array().is_some_and(|h| h
@@ -646,8 +650,8 @@ fn disable_power_off_keeps_the_node_on() -> Result<()> {
     )?;
     for node in ["kept", "plain"] {
         baremetal(&d, &["node", "power", "on", node])?;
-        baremetal(&d, &["node", "manage", node, "--wait", "60"])?;
-        baremetal(&d, &["node", "provide", node, "--wait", "60"])?;
+        baremetal_verb(&d, "manage", node, "manageable")?;
+        baremetal_verb(&d, "provide", node, "available")?;
     }
     let power = |node: &str| -> Result<Value> {
         Ok(baremetal_json(&d, &["node", "show", node])?["power_state"].clone())
@@ -659,13 +663,13 @@ fn disable_power_off_keeps_the_node_on() -> Result<()> {
             .contains("disable_power_off is set: rebooting instead of powering off"),
         "the kept node was not rebooted"
     );
-    baremetal(&d, &["node", "deploy", "kept", "--wait", "60"])?;
-    baremetal(&d, &["node", "undeploy", "kept", "--wait", "60"])?;
+    baremetal_verb(&d, "deploy", "kept", "active")?;
+    baremetal_verb(&d, "undeploy", "kept", "available")?;
     ensure!(power("kept")? == "power on", "after undeploy");
     // Unset, the conductor powers it off again after cleaning.
     baremetal(&d, &["node", "set", "kept", "--enable-power-off"])?;
-    baremetal(&d, &["node", "manage", "kept", "--wait", "60"])?;
-    baremetal(&d, &["node", "provide", "kept", "--wait", "60"])?;
+    baremetal_verb(&d, "manage", "kept", "manageable")?;
+    baremetal_verb(&d, "provide", "kept", "available")?;
     ensure!(
         power("kept")? == "power off",
         "after cleaning without the flag"
