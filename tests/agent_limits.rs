@@ -437,6 +437,8 @@ fn failed_admin_authentications_are_limited_and_do_not_flood_the_audit_trail() -
             Ok(http
                 .post(format!("{url}/v1/nodes"))
                 .bearer_auth(token)
+                // Interfaces are 1.31 on (406 without a version, as in Ironic).
+                .header("X-OpenStack-Ironic-API-Version", "latest")
                 .json(&json!({"driver": "fake-hardware", "deploy_interface": "direct"}))
                 .send()?)
         };

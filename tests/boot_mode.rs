@@ -3,7 +3,8 @@
 //!
 //! - a deploy that asks for `boot_mode:uefi` and `secure_boot:true` leaves the emulated BMC
 //!   in UEFI with Secure Boot on, the node's `boot_mode`/`secure_boot` fields saying so and
-//!   `write_image` told `uefi`; undeploy turns Secure Boot off again;
+//!   `write_image` told `uefi`; a rebuild whose instance no longer asks for it boots with
+//!   Secure Boot off (Rivet turned it on), and undeploy turns it off again;
 //! - a node declared `boot_mode:bios` (properties capabilities) on a UEFI system: the deploy
 //!   ramdisk's boot puts the system in Legacy and its boot override says Legacy;
 //! - a capability that is not a boot mode fails the deploy naming the field, before the BMC
@@ -129,7 +130,7 @@ fn secure_boot_on(sushy: &Sushy, uuid: &str) -> Result<Option<bool>> {
 }
 
 #[test]
-fn uefi_with_secure_boot_deploys_and_undeploy_turns_it_off() -> Result<()> {
+fn uefi_with_secure_boot_deploys_and_a_rebuild_or_undeploy_turns_it_off() -> Result<()> {
     if !sushy_ok() {
         return Ok(());
     }
@@ -157,18 +158,22 @@ fn uefi_with_secure_boot_deploys_and_undeploy_turns_it_off() -> Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let agent = SimAgent::new(
-        &uuid,
-        vec![d.url.clone()],
-        "boot-mode-test",
-        reqwest::Client::builder()
-            .timeout(Duration::from_secs(15))
-            .build()?,
-        Deployer {
-            write_args: write_args.clone(),
-        },
-    );
-    let task = rt.spawn(agent.run(Instant::now() + Duration::from_secs(150)));
+    // A ramdisk per deploy: the simulated one ends when its operation does.
+    let agent = || -> Result<_> {
+        let agent = SimAgent::new(
+            &uuid,
+            vec![d.url.clone()],
+            "boot-mode-test",
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .build()?,
+            Deployer {
+                write_args: write_args.clone(),
+            },
+        );
+        Ok(rt.spawn(agent.run(Instant::now() + Duration::from_secs(150))))
+    };
+    let mut task = agent()?;
     provision(&d, &uuid, "active")?;
     let n = wait_state(&d, &uuid, &["active", "deploy failed"], 150)?;
     ensure!(n["provision_state"] == "active", "deploy: {n}");
@@ -192,6 +197,48 @@ fn uefi_with_secure_boot_deploys_and_undeploy_turns_it_off() -> Result<()> {
         Some(json!("uefi")),
         "{args:?}"
     );
+
+    // A rebuild whose instance no longer asks for Secure Boot boots without it: Rivet turned
+    // it on, so Rivet turns it off (Ironic would leave it on), and forgets that it did.
+    let (s, v) = d.call(
+        "PATCH",
+        &format!("/v1/nodes/{uuid}"),
+        Some(
+            json!([{"op": "replace", "path": "/instance_info/capabilities",
+                     "value": {"boot_mode": "uefi", "secure_boot": "false"}}]),
+        ),
+    )?;
+    ensure!(s == 200, "patch: {s} {v}");
+    task.abort();
+    task = agent()?;
+    provision(&d, &uuid, "rebuild")?;
+    let n = wait_state(&d, &uuid, &["active", "deploy failed"], 150)?;
+    ensure!(n["provision_state"] == "active", "rebuild: {n}");
+    assert_eq!(secure_boot_on(&sushy, &sys.uuid)?, Some(false));
+    assert_eq!(n["secure_boot"], false, "{n}");
+    assert!(
+        n["driver_internal_info"]
+            .get("secure_boot_enabled_by_rivet")
+            .is_none_or(|v| v == false),
+        "{n}"
+    );
+
+    // Asked for again: on again, and off at undeploy.
+    let (s, v) = d.call(
+        "PATCH",
+        &format!("/v1/nodes/{uuid}"),
+        Some(
+            json!([{"op": "replace", "path": "/instance_info/capabilities",
+                     "value": {"boot_mode": "uefi", "secure_boot": "true"}}]),
+        ),
+    )?;
+    ensure!(s == 200, "patch: {s} {v}");
+    task.abort();
+    task = agent()?;
+    provision(&d, &uuid, "rebuild")?;
+    let n = wait_state(&d, &uuid, &["active", "deploy failed"], 150)?;
+    ensure!(n["provision_state"] == "active", "rebuild: {n}");
+    assert_eq!(secure_boot_on(&sushy, &sys.uuid)?, Some(true));
 
     provision(&d, &uuid, "deleted")?;
     let n = wait_state(&d, &uuid, &["available", "error", "clean failed"], 120)?;

@@ -103,6 +103,7 @@ impl Scene {
             "/v1/nodes",
             Some(
                 json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "n1",
+                        "inspect_interface": "agent",
                         // The agent stands in for a ramdisk on this BIOS host: no UEFI.
                         "properties": {"root_device": {"name": disk.path.display().to_string()},
                                        "capabilities": "boot_mode:bios"}}),

@@ -25,7 +25,9 @@ impl Scene {
         )?;
         let cfg = cfg.display().to_string();
         let rivetd = Rivetd::start(&dir.path().join("rivet.db"), 0, &["--config", &cfg])?;
-        let mut body = json!({"driver": "fake-hardware", "name": "n1"});
+        // In-band inspection through the simulated agent (fake-hardware's default is `fake`).
+        let mut body =
+            json!({"driver": "fake-hardware", "name": "n1", "inspect_interface": "agent"});
         if let (Some(b), Some(extra)) = (body.as_object_mut(), node.as_object()) {
             b.extend(extra.clone());
         }

@@ -432,7 +432,7 @@ fn rules_apply_in_a_real_inspection() -> Result<()> {
     let (s, v) = d.call(
         "POST",
         "/v1/nodes",
-        Some(json!({"driver": "fake-hardware", "name": "r1"})),
+        Some(json!({"driver": "fake-hardware", "name": "r1", "inspect_interface": "agent"})),
     )?;
     ensure!(s == 201, "{v}");
     let uuid = v["uuid"].as_str().unwrap_or_default().to_string();

@@ -490,7 +490,7 @@ fn validate_reports_each_interface() -> Result<()> {
     let n = create(
         &d,
         json!({"driver": "fake-hardware", "name": "direct", "deploy_interface": "direct",
-               "boot_interface": "ipxe"}),
+               "boot_interface": "ipxe", "inspect_interface": "agent"}),
     )?;
     let uuid = n["uuid"].as_str().unwrap_or_default().to_string();
     let validate = || -> Result<Value> {

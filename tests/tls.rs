@@ -152,6 +152,12 @@ fn https_with_generated_ca_for_cli_and_agent_and_wrong_ca_fails() -> Result<()> 
     };
     let (_, node) = call(reqwest::Method::GET, "/v1/nodes/n1", None)?;
     let uuid = node["uuid"].as_str().unwrap_or_default().to_string();
+    // In-band inspection through the agent below (fake-hardware's default is `fake`).
+    call(
+        reqwest::Method::PATCH,
+        "/v1/nodes/n1",
+        Some(json!([{"op": "replace", "path": "/inspect_interface", "value": "agent"}])),
+    )?;
     call(
         reqwest::Method::PUT,
         "/v1/nodes/n1/states/provision",

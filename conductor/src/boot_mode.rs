@@ -164,6 +164,17 @@ impl Conductor {
         eff: &Effective,
     ) -> Result<(), DriverError> {
         if !eff.secure_boot {
+            // An instance that does not ask for Secure Boot after one Rivet turned it on for
+            // (a rebuild with a new instance_info): off before it boots, as undeploy would
+            // have left the machine. Ironic leaves it on here (its clean-up reads only the
+            // new instance_info). A machine that had it on by itself keeps it.
+            if internal_info::secure_boot_enabled_by_rivet(&node.driver_internal_info) {
+                self.undo_secure_boot(node, bmc).await?;
+                internal_info::set_secure_boot_enabled_by_rivet(
+                    &mut node.driver_internal_info,
+                    false,
+                );
+            }
             return Ok(());
         }
         if eff.mode != BootMode::Uefi {
@@ -201,9 +212,9 @@ impl Conductor {
         Ok(())
     }
 
-    /// At undeploy: turn Secure Boot off again if Rivet turned it on (Ironic's
-    /// `clean_up_instance`), and check it took. The caller forgets the mark once the
-    /// teardown is stored.
+    /// At undeploy, or before an instance that does not ask for it boots: turn Secure Boot
+    /// off again if Rivet turned it on (Ironic's `clean_up_instance`), and check it took. The
+    /// caller forgets the mark once that is stored.
     pub(crate) async fn undo_secure_boot(
         &self,
         node: &Node,
@@ -218,7 +229,7 @@ impl Conductor {
         self.record_boot_state(node, bmc).await;
         if after == Some(true) {
             return Err(DriverError::Bmc(format!(
-                "node {}: Rivet turned Secure Boot off (it had turned it on for the instance) but the BMC still reports it on; turn it off in the machine's firmware setup or with PUT /v1/nodes/{}/states/secure_boot, then send `deleted` again",
+                "node {}: Rivet turned Secure Boot off (it had turned it on for the instance) but the BMC still reports it on; turn it off in the machine's firmware setup or with PUT /v1/nodes/{}/states/secure_boot, then retry (send `deleted` or the rebuild again)",
                 node.ident(),
                 node.ident()
             )));

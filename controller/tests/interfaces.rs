@@ -355,7 +355,69 @@ async fn deploy_inputs_checked_up_front(db: TestDb) {
     assert_eq!(n["instance_info"], json!({}), "{n}");
 }
 
+/// `reset_interfaces` (1.45) with a new driver resets every interface the patch does not
+/// name, inspection included, to the new driver's default (Ironic resets all of
+/// `ALL_INTERFACES`); without it an interface the new driver lacks is a 400 that changes
+/// nothing.
+async fn reset_interfaces_resets_every_unnamed_one(db: TestDb) {
+    let app = start(db).await;
+    let (s, v) = app
+        .call(
+            Method::POST,
+            "/v1/nodes",
+            Some(
+                json!({"driver": "redfish", "name": "rs", "inspect_interface": "redfish",
+                        "rescue_interface": "agent", "raid_interface": "agent",
+                        "boot_interface": "redfish-virtual-media",
+                        "bios_interface": "no-bios"}),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let to_ipmi = json!([{"op": "replace", "path": "/driver", "value": "ipmi"},
+                         {"op": "replace", "path": "/boot_interface", "value": "pxe"},
+                         {"op": "replace", "path": "/power_interface", "value": "ipmitool"},
+                         {"op": "replace", "path": "/management_interface", "value": "ipmitool"},
+                         {"op": "replace", "path": "/firmware_interface", "value": "no-firmware"},
+                         {"op": "replace", "path": "/vendor_interface", "value": "no-vendor"}]);
+    // Without reset_interfaces the redfish inspection does not suit ipmi.
+    let (s, v) = app
+        .call(Method::PATCH, "/v1/nodes/rs", Some(to_ipmi.clone()))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(message(&v).contains("inspect_interface"), "{v}");
+    assert_eq!(app.node("rs").await["driver"], "redfish");
+    let (s, v) = app
+        .call(
+            Method::PATCH,
+            "/v1/nodes/rs?reset_interfaces=true",
+            Some(
+                json!([{"op": "replace", "path": "/driver", "value": "ipmi"},
+                        {"op": "replace", "path": "/raid_interface", "value": "agent"}]),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    for (field, want) in [
+        ("driver", "ipmi"),
+        ("boot_interface", "ipxe"),
+        ("deploy_interface", "direct"),
+        ("power_interface", "ipmitool"),
+        ("management_interface", "ipmitool"),
+        ("rescue_interface", "no-rescue"),
+        ("bios_interface", "no-bios"),
+        ("inspect_interface", "agent"),
+        ("vendor_interface", "ipmitool"),
+        // Named by the patch: kept.
+        ("raid_interface", "agent"),
+    ] {
+        assert_eq!(v[field], want, "{field}: {v}");
+    }
+    assert_eq!(app.node("rs").await["inspect_interface"], "agent");
+}
+
 on_every_backend!(
+    reset_interfaces_resets_every_unnamed_one,
     defaults_and_validation,
     fake_hardware_lifecycle_without_agent,
     deploy_inputs_checked_up_front,

@@ -1267,6 +1267,8 @@ async fn rivetd_db_upgrade_serve_and_refuse(db: TestDb) {
     for _ in 0..100 {
         let r = http
             .post(format!("{base}/v1/nodes"))
+            // Names are 1.5 on: without a version (1.1) a name is 406, as in Ironic.
+            .header("X-OpenStack-Ironic-API-Version", "latest")
             .json(&json!({"driver": "fake-hardware", "name": "served"}))
             .send()
             .await;

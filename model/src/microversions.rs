@@ -87,6 +87,9 @@ microversions! {
     VERB_SERVICE = (1, 87);
     /// Attaching and detaching virtual media (`MINOR_89_ATTACH_DETACH_VMEDIA`).
     VMEDIA = (1, 89);
+    /// A trailing `.json` is part of the path, no longer a content-type suffix
+    /// (`MINOR_91_DOT_JSON`).
+    DOT_JSON = (1, 91);
     /// Runbooks (`/v1/runbooks`).
     RUNBOOKS = (1, 92);
     /// Listing virtual media (`MINOR_93_GET_VMEDIA`).

@@ -53,13 +53,16 @@ fn interface_since(name: &str) -> (u32, u32) {
     }
 }
 
-/// Inspection implementations per hardware type. Inspection is not part of
+/// Inspection implementations per hardware type, default first. Inspection is not part of
 /// [`HardwareType`] (a node keeps `inspect_interface` in its own column, see `api::nodes`):
-/// `agent` (in-band, the default every node shows) and `no-inspect` work on every type;
-/// out-of-band inspection only where the driver implements it (`Bmc::inspect`).
-fn inspect_interfaces(hw: &HardwareType) -> &'static [&'static str] {
+/// `agent` (in-band) and `no-inspect` work on every type; out-of-band inspection only where
+/// the driver implements it (`Bmc::inspect`). fake-hardware's default is `fake`, like its
+/// other interfaces and Ironic's `FakeHardware` (its `fake` inspect comes first), so an old
+/// client that cannot choose an interface (below 1.31) inspects without an agent, as Ironic's
+/// tempest `TestNodeStatesV1_6` expects.
+pub(super) fn inspect_interfaces(hw: &HardwareType) -> &'static [&'static str] {
     match hw.name {
-        "fake-hardware" => &["agent", "fake", "no-inspect"],
+        "fake-hardware" => &["fake", "agent", "no-inspect"],
         "redfish" => &["agent", "redfish", "no-inspect"],
         _ => &["agent", "no-inspect"],
     }
@@ -398,6 +401,8 @@ mod tests {
             d["enabled_inspect_interfaces"],
             json!(["agent", "redfish", "no-inspect"])
         );
+        let d = render(hw("fake-hardware"), &[], true, (1, 86), "");
+        assert_eq!(d["default_inspect_interface"], "fake");
         let d = render(hw("ipmi"), &[], true, (1, 86), "");
         assert_eq!(d["default_power_interface"], "ipmitool");
         assert_eq!(

@@ -86,6 +86,43 @@ pub(super) fn since(method: &Method, path: &str) -> Option<(u32, u32)> {
         .and_then(|op| op.since)
 }
 
+/// A method the route does not have. Below every microversion the path exists at, Ironic
+/// refuses the path itself before it looks at the method (a node sub-resource's `_lookup`
+/// aborts with 404: `PUT /v1/nodes/{node}/vmedia` at 1.88), so the answer is the route's
+/// [`refusal`]; from there on it is 405, with Ironic's error body.
+pub(super) async fn method_not_allowed(
+    ApiVersion(asked): ApiVersion,
+    method: Method,
+    path: Option<MatchedPath>,
+    uri: axum::http::Uri,
+) -> ApiError {
+    let template = path.as_ref().map(MatchedPath::as_str);
+    let oldest = template.and_then(|t| {
+        operations()
+            .filter(|op| op.path == t)
+            .map(|op| op.since)
+            .min()
+            .flatten()
+    });
+    if let (Some(t), Some(need)) = (template, oldest) {
+        if asked < need {
+            return ApiError::new(
+                refusal(method.as_str(), t),
+                format!(
+                    "{} needs API version {} or later; this request asked for {}",
+                    uri.path(),
+                    vstr(need),
+                    vstr(asked)
+                ),
+            );
+        }
+    }
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
 /// Route middleware: the request's microversion against its route's row.
 pub(super) async fn require(ApiVersion(asked): ApiVersion, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str());

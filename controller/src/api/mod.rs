@@ -238,6 +238,8 @@ pub fn routes(state: AppState) -> Router {
         .merge(boot::routes())
         // Every matched route's microversion, from its row in openapi::OPERATIONS.
         .route_layer(middleware::from_fn(gates::require))
+        // After every route: it is set on the routes there are.
+        .method_not_allowed_fallback(gates::method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn(version::negotiate))
         .layer(DefaultBodyLimit::max(max_body))

@@ -479,6 +479,7 @@ async fn create(
     ApiVersion(version): ApiVersion,
     JsonBody(req): JsonBody<NodeCreate>,
 ) -> ApiResult<Response> {
+    super::render::check_node_fields(given_fields(&req), version)?;
     check_driver(&req.driver)?;
     if let Some(n) = &req.name {
         check_name(n)?;
@@ -530,7 +531,16 @@ async fn create(
     node.maintenance = req.maintenance.unwrap_or(false);
     node.attrs.parent_node = resolve_parent(&state, &node, req.parent_node.clone()).await?;
     node.chassis_uuid = resolve_chassis(&state, req.chassis_uuid.clone()).await?;
-    node.inspect_interface = check_inspect_interface(req.inspect_interface.clone())?;
+    // Stored resolved, as the other interfaces: the hardware type's default when not given.
+    node.inspect_interface = match check_inspect_interface(req.inspect_interface.clone())? {
+        Some(i) => Some(i),
+        None => default_inspect(&node.driver),
+    };
+    check_inspect_for_driver(
+        node.name.as_deref().unwrap_or(""),
+        &node.driver,
+        node.inspect_interface.as_deref(),
+    )?;
     node.interfaces = interfaces_from_create(&req, &node.driver)?;
     node.provision_updated_at = Some(node.created_at);
     // Ironic's contract with clients older than 1.11 (which know no `enroll`): their nodes
@@ -580,6 +590,46 @@ async fn show(
     Ok(resp)
 }
 
+/// The versioned fields a create body gives a value (Ironic's
+/// `reject_fields_in_newer_versions`: a field newer than the request is 406 unless it is
+/// null, or `""` for `conductor_group`).
+fn given_fields(req: &NodeCreate) -> Vec<&'static str> {
+    let group = req.conductor_group.as_deref().filter(|g| !g.is_empty());
+    let given = [
+        ("name", req.name.is_some()),
+        ("resource_class", req.resource_class.is_some()),
+        ("automated_clean", req.automated_clean.is_some()),
+        ("owner", req.owner.is_some()),
+        ("lessee", req.lessee.is_some()),
+        ("description", req.description.is_some()),
+        ("conductor_group", group.is_some()),
+        ("shard", req.shard.is_some()),
+        ("network_data", req.network_data.is_some()),
+        ("instance_name", req.instance_name.is_some()),
+        ("parent_node", req.parent_node.is_some()),
+        ("disable_power_off", req.disable_power_off.is_some()),
+        ("retired", req.retired.is_some()),
+        ("retired_reason", req.retired_reason.is_some()),
+        ("boot_interface", req.boot_interface.is_some()),
+        ("deploy_interface", req.deploy_interface.is_some()),
+        ("power_interface", req.power_interface.is_some()),
+        ("management_interface", req.management_interface.is_some()),
+        ("rescue_interface", req.rescue_interface.is_some()),
+        ("bios_interface", req.bios_interface.is_some()),
+        ("console_interface", req.console_interface.is_some()),
+        ("firmware_interface", req.firmware_interface.is_some()),
+        ("network_interface", req.network_interface.is_some()),
+        ("raid_interface", req.raid_interface.is_some()),
+        ("storage_interface", req.storage_interface.is_some()),
+        ("vendor_interface", req.vendor_interface.is_some()),
+        ("inspect_interface", req.inspect_interface.is_some()),
+    ];
+    given
+        .into_iter()
+        .filter_map(|(field, set)| set.then_some(field))
+        .collect()
+}
+
 /// The interfaces of a node being created: those given, the hardware type's defaults for the
 /// rest (stored resolved, as Ironic does), each checked against the hardware type.
 fn interfaces_from_create(req: &NodeCreate, driver: &str) -> Result<Interfaces, ApiError> {
@@ -620,6 +670,38 @@ fn check_inspect_interface(v: Option<String>) -> Result<Option<String>, ApiError
         }
         v => Ok(v),
     }
+}
+
+/// The inspect interface a node of `driver` gets when none is chosen (`None`: an unknown
+/// driver, refused elsewhere; a node stored so reads as `agent`).
+fn default_inspect(driver: &str) -> Option<String> {
+    let hw = rivet_model::interfaces::hardware_type(driver)?;
+    super::drivers::inspect_interfaces(hw)
+        .first()
+        .map(|i| i.to_string())
+}
+
+/// A node's inspect interface must be one its hardware type enables (checked when the
+/// driver changes: the interface was chosen for the old one).
+fn check_inspect_for_driver(
+    node: &str,
+    driver: &str,
+    inspect: Option<&str>,
+) -> Result<(), ApiError> {
+    let (Some(value), Some(hw)) = (inspect, rivet_model::interfaces::hardware_type(driver)) else {
+        return Ok(());
+    };
+    let enabled = super::drivers::inspect_interfaces(hw);
+    if enabled.contains(&value) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(format!(
+        "node {node}: inspect_interface {value:?} is not enabled for hardware type {}; use \
+         one of {} (pass reset_interfaces=true to reset the interfaces to the new driver's \
+         defaults)",
+        hw.name,
+        enabled.join(", ")
+    )))
 }
 
 fn check_if_match(headers: &HeaderMap, node: &Node) -> Result<(), ApiError> {
@@ -822,7 +904,20 @@ async fn update(
         ApiError::bad_request(format!("{e}{hint}"))
     })?;
     new.interfaces = interfaces.with_defaults(&new.driver);
-    new.inspect_interface = check_inspect_interface(opt_string(&mut doc, "inspect_interface")?)?;
+    // Inspection is an interface like the others for a driver change (Ironic resets every
+    // one in ALL_INTERFACES), though Rivet keeps it in its own column.
+    let inspect = opt_string(&mut doc, "inspect_interface")?;
+    let inspect_patched = ops
+        .iter()
+        .any(|op| patched_field(&op.path) == "inspect_interface");
+    new.inspect_interface = if driver_changed && reset_interfaces && !inspect_patched {
+        default_inspect(&new.driver)
+    } else {
+        check_inspect_interface(inspect)?
+    };
+    if driver_changed {
+        check_inspect_for_driver(new.ident(), &new.driver, new.inspect_interface.as_deref())?;
+    }
     new.driver_info = map_field(&mut doc, "driver_info")?;
     new.properties = map_field(&mut doc, "properties")?;
     new.instance_info = map_field(&mut doc, "instance_info")?;

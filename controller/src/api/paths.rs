@@ -5,11 +5,14 @@
 //!   that names none (`/nodes/detail?instance_uuid=…` is `/v1/nodes/detail?…`). Clients that
 //!   join a path to the bare endpoint rely on it. Only the v1 collections are prefixed, so
 //!   `/metrics`, `/agent/…` and `/boot/…` stay what they are.
-//! - **A `.json` suffix.** Ironic strips a trailing `.json` from every path (what is left of
-//!   pecan's content type from the extension; only JSON was ever served). A node, port group,
-//!   allocation, deploy template or runbook whose name really ends in `.json` is still found:
-//!   the suffix is kept when the stripped name names nothing and the whole one does (Ironic's
-//!   `_get_with_suffix`).
+//! - **A `.json` suffix, below 1.91.** Ironic strips a trailing `.json` from a path (what is
+//!   left of pecan's content type from the extension; only JSON was ever served) when the
+//!   request's `X-OpenStack-Ironic-API-Version` header names a version below 1.91
+//!   (`JsonExtensionMiddleware`: no header, `latest` or 1.91 on keeps it, so
+//!   `/v1/nodes/n1.json` is then the node named `n1.json`). A node, port group, allocation,
+//!   deploy template or runbook whose name really ends in `.json` is still found when it is
+//!   stripped: the suffix is kept when the stripped name names nothing and the whole one does
+//!   (Ironic's `_get_with_suffix`).
 //! - **A node identifier that is neither a UUID nor a valid name** is a 400 on every node
 //!   route (Ironic's `args.uuid_or_name` on `node_ident`), never a lookup.
 
@@ -19,9 +22,11 @@ use super::runbooks::Runbook;
 use super::step_templates::Api as Templates;
 use super::{allocations, body, portgroups, ApiError, AppState};
 use axum::extract::{Request, State};
-use axum::http::Uri;
+use axum::http::{HeaderMap, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use rivet_model::microversions as mv;
+use rivet_protocol::api::VERSION_HEADER;
 
 /// The first path segments Ironic's v1 API serves (its root controller's children).
 const V1_COLLECTIONS: &[&str] = &[
@@ -80,15 +85,30 @@ impl Named {
     }
 }
 
-/// The canonical path of `path` and whether a `.json` suffix was taken off it; `None` when
-/// `path` is canonical already (nearly every request: nothing is allocated for those).
-fn canonical(path: &str) -> Option<(String, bool)> {
+/// Whether a `.json` suffix is a content type for this request: its
+/// `X-OpenStack-Ironic-API-Version` names a minor version from 1 to below
+/// [`mv::DOT_JSON`], read as Ironic's middleware reads it (that header alone, before
+/// negotiation: no header, `latest` and a malformed one keep the suffix).
+fn strips_json(headers: &HeaderMap) -> bool {
+    let minor = headers
+        .get(VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once('.'))
+        .and_then(|(_, minor)| minor.parse::<u32>().ok());
+    minor.is_some_and(|m| m != 0 && m < mv::DOT_JSON.1)
+}
+
+/// The canonical path of `path` and whether a `.json` suffix was taken off it (only when
+/// `strip_json`); `None` when `path` is canonical already (nearly every request: nothing is
+/// allocated for those).
+fn canonical(path: &str, strip_json: bool) -> Option<(String, bool)> {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     let first = first.strip_suffix(".json").unwrap_or(first);
     let prefixed = V1_COLLECTIONS.contains(&first);
     let v1 = prefixed || path.starts_with("/v1/");
     let trimmed = path.trim_end_matches('/');
     let suffixed = v1
+        && strip_json
         && !LITERAL_JSON.contains(&path)
         && trimmed
             .strip_suffix(".json")
@@ -123,7 +143,7 @@ const NODE_COLLECTION_WORDS: &[&str] = &["detail", "validate"];
 /// Middleware in front of the router: see the module documentation.
 pub async fn normalize(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let rewrite = canonical(path);
+    let rewrite = canonical(path, strips_json(req.headers()));
     let (mut canon, stripped) = match &rewrite {
         Some((c, stripped)) => (c.clone(), *stripped),
         None => (String::new(), false),
@@ -174,9 +194,9 @@ pub async fn normalize(State(state): State<AppState>, mut req: Request, next: Ne
 mod tests {
     use super::*;
 
-    /// What `normalize` routes by: the rewritten path, or the path as it came.
+    /// What `normalize` routes by below 1.91: the rewritten path, or the path as it came.
     fn canonical(path: &str) -> (String, bool) {
-        super::canonical(path).unwrap_or_else(|| (path.to_string(), false))
+        super::canonical(path, true).unwrap_or_else(|| (path.to_string(), false))
     }
 
     #[test]
@@ -213,6 +233,24 @@ mod tests {
             ("/v1/openapi.json".into(), false)
         );
         assert!(!canonical("/v1/nodes/.json").1);
+        // From 1.91 the suffix is part of the identifier.
+        assert_eq!(super::canonical("/v1/nodes/n1.json", false), None);
+        assert_eq!(
+            super::canonical("/nodes/n1.json", false),
+            Some(("/v1/nodes/n1.json".into(), false))
+        );
+    }
+
+    #[test]
+    fn only_a_version_below_1_91_strips() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(VERSION_HEADER, v.parse().expect("header value"));
+            strips_json(&h)
+        };
+        assert!(with("1.90") && with("1.1") && with(" 1.6 "));
+        assert!(!with("1.91") && !with("1.99") && !with("latest") && !with("1.0"));
+        assert!(!with("bogus") && !strips_json(&HeaderMap::new()));
     }
 
     #[test]
