@@ -810,6 +810,8 @@ fn routes() -> Vec<Step> {
             .into(),
     );
     t.push(r("GET", "/v1/nodes/{node:nact}/states/console", 1).into());
+    // The same resource by Ironic's other path (a client library asks for it this way).
+    t.push(r("GET", "/v1/nodes/states/console/{node:nact}", 1).into());
     t.push(
         r("PUT", "/v1/nodes/{node:nact}/states/console", 1)
             .body(json!({"enabled": false}))

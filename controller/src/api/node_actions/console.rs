@@ -47,6 +47,17 @@ pub(super) async fn console_get(
     ))
 }
 
+/// `GET /v1/nodes/states/console/{node}`: the same answer; this path reaches Ironic's
+/// controller without the node path's identifier check, which its own method then makes
+/// (a malformed identifier is a 400 there, not a 404).
+pub(super) async fn console_get_by_states_path(
+    state: State<AppState>,
+    Path(ident): Path<String>,
+) -> ApiResult<Json<Value>> {
+    crate::api::body::check_uuid_or_name("node_ident", &ident)?;
+    console_get(state, Path(ident)).await
+}
+
 /// `PUT …/states/console` `{"enabled": bool}`: checked as Ironic checks it, then carried out
 /// by the node's console interface (in the background: 202).
 pub(super) async fn console_set(

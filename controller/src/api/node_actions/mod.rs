@@ -121,7 +121,7 @@ fn resource_routes() -> Router<AppState> {
         // Ironic's router answers the console under /v1/nodes/states/ too.
         .route(
             "/v1/nodes/states/console/{ident}",
-            get(console::console_get),
+            get(console::console_get_by_states_path),
         )
         .route(
             "/v1/nodes/{ident}/vendor_passthru/methods",
