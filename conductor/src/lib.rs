@@ -29,9 +29,11 @@ mod errors;
 pub mod fast_track;
 pub mod health;
 mod identity;
+pub mod image_cache;
 mod inspection;
 pub mod inspection_rules;
 mod liveness;
+mod local_image;
 mod membership;
 pub mod metrics;
 pub mod node_events;
@@ -53,6 +55,7 @@ mod verbs;
 pub use deploying::{FAILURE_POWER_ACTION, FAILURE_POWER_ERROR_ACTION};
 pub use errors::ConductorError;
 pub use fast_track::FAST_TRACK_ACTION;
+pub use local_image::ImageRefusal;
 pub use verbs::check_image_info;
 pub use verbs::AbortRefusal;
 
@@ -105,6 +108,8 @@ pub struct Conductor {
     me: std::sync::Weak<Conductor>,
     /// Every node record this process writes, for live views ([`node_events`]).
     pub events: node_events::NodeEvents,
+    /// The images of `image_download_source = "local"` deploys ([`image_cache`]).
+    pub image_cache: Arc<image_cache::ImageCache>,
 }
 
 /// A function the conductor calls before each decision about a node (tests inject panics
@@ -130,6 +135,11 @@ impl Conductor {
             fault_hook: std::sync::RwLock::new(None),
             registration: tokio::sync::Mutex::new(false),
             events: node_events::NodeEvents::default(),
+            image_cache: Arc::new(image_cache::ImageCache::new(
+                config.image_cache.dir_for(&config.db),
+                config.image_cache.clone(),
+                config.deploy.image_ca_pem(),
+            )),
             config,
         })
     }
