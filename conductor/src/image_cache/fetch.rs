@@ -104,7 +104,9 @@ async fn save_inner(
     };
     let etag = header(reqwest::header::ETAG);
     let last_modified = header(reqwest::header::LAST_MODIFIED);
-    if let Some(len) = resp.content_length() {
+    // Read now: reqwest's content_length() follows the body's remaining size hint.
+    let announced = resp.content_length();
+    if let Some(len) = announced {
         if len > max_bytes {
             return Err(format!(
                 "the image {shown} is {len} bytes, more than the image cache may hold ([image_cache] max_bytes = {max_bytes})"
@@ -139,7 +141,7 @@ async fn save_inner(
             .await
             .map_err(|e| format!("image cache: writing {}: {e}", partial.display()))?;
     }
-    if let Some(len) = resp.content_length() {
+    if let Some(len) = announced {
         if len != bytes {
             return Err(format!(
                 "the image origin {shown} sent {bytes} of {len} bytes"
