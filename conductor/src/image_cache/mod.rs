@@ -340,7 +340,7 @@ impl ImageCache {
                 }
             }
             tracing::warn!(image = %name, "image cache: the cached file no longer matches its digest; discarded, fetching it again");
-            self.discard(&[name.clone()]);
+            self.discard(std::slice::from_ref(&name));
         }
         match fetch::get(client, url, None).await? {
             fetch::Answer::Body(resp) => self.download(resp, url, digest).await,

@@ -46,6 +46,8 @@ pub enum Access {
     Admin,
     /// The node's agent token from its lookup (`Authorization: Bearer`).
     AgentToken,
+    /// A deploying node's image download token (Basic: node UUID and token).
+    ImageToken,
 }
 
 /// The request body.
@@ -98,7 +100,7 @@ pub struct Op {
     pub reply: Reply,
 }
 
-use Access::{Admin, AgentToken, Public};
+use Access::{Admin, AgentToken, ImageToken, Public};
 use Body::{Empty as NoBody, Object, Patch};
 use Reply::{Content, Json, Refused};
 
@@ -416,7 +418,7 @@ pub static OPERATIONS: &[&[Op]] = &[
     &[
         op("GET", "/v1/image_cache", mv::BASE, Admin, "Rivet: the cached images (content address, origin, size, use, the nodes reading them) and hit, miss, revalidation and eviction counts (admin only)", NoBody, Json(200)),
         op("DELETE", "/v1/image_cache", mv::BASE, Admin, "Rivet: remove every cached image no running deploy reads (admin only)", NoBody, Json(200)),
-        unversioned("GET", "/image-cache/{name}", Public, "A cached image for the agent of a deploying node (Basic auth: the node's UUID and the download token in its write_image command's URL); Range requests resume", NoBody, Content(200, "application/octet-stream")),
+        unversioned("GET", "/image-cache/{name}", ImageToken, "A cached image for the agent of a deploying node (Basic auth: the node's UUID and the download token in its write_image command's URL); Range requests resume", NoBody, Content(200, "application/octet-stream")),
     ],
     // ironic-python-agent's ramdisk endpoints: present only to answer a helpful 404.
     &[
@@ -630,6 +632,7 @@ fn operation(o: &Op) -> utoipa::openapi::path::Operation {
             SecurityRequirement::new("basic", Vec::<String>::new()),
         ])),
         AgentToken => b.security(SecurityRequirement::new("agentToken", Vec::<String>::new())),
+        ImageToken => b.security(SecurityRequirement::new("imageToken", Vec::<String>::new())),
     };
     b.build()
 }
@@ -767,6 +770,17 @@ fn components() -> utoipa::openapi::Components {
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
                         "The node's agent token, handed out by the first lookup of a ramdisk boot",
+                    ))
+                    .build(),
+            ),
+        )
+        .security_scheme(
+            "imageToken",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Basic)
+                    .description(Some(
+                        "A deploying node's UUID and image download token, as the URL of its write_image command carries them",
                     ))
                     .build(),
             ),
