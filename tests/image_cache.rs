@@ -444,6 +444,28 @@ fn a_corrupted_cached_file_is_fetched_again_and_a_restart_keeps_the_cache() -> R
     );
     assert_eq!(f.origin.full_gets(), 2, "fetched again\n{}", f.logs());
     assert!(f.cache()?["stats"]["evictions"].as_u64() >= Some(1));
+    // The CLI lists and purges it.
+    let rivet = |args: &[&str]| -> Result<String> {
+        let out = Command::new(rivet_tests::bin("rivet"))
+            .args(["--url", &f.rivetd.url, "image-cache"])
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let listed = rivet(&["list"])?;
+    assert!(
+        listed.contains(&format!("sha256-{digest}")) && listed.contains("misses"),
+        "{listed}"
+    );
+    let purged = rivet(&["purge"])?;
+    assert!(purged.contains("removed 1 image(s)"), "{purged}");
+    assert_eq!(f.cache()?["images"], json!([]));
+    assert!(!cached.exists(), "the file is gone");
     Ok(())
 }
 
