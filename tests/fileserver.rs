@@ -34,6 +34,13 @@ struct Knobs {
     ignore_ranges: AtomicBool,
     /// `Range` requests seen.
     ranges: AtomicU64,
+    /// Whole bodies sent (a `GET` answered 200).
+    full_gets: AtomicU64,
+    /// Conditional requests (`If-None-Match` or `If-Modified-Since`), and those answered 304.
+    conditional: AtomicU64,
+    not_modified: AtomicU64,
+    /// Image bytes sent in bodies.
+    body_bytes: AtomicU64,
 }
 
 impl FileServer {
@@ -95,6 +102,24 @@ impl FileServer {
     pub fn range_requests(&self) -> u64 {
         self.knobs.ranges.load(Ordering::Relaxed)
     }
+
+    /// `GET`s answered 200 with the whole file.
+    pub fn full_gets(&self) -> u64 {
+        self.knobs.full_gets.load(Ordering::Relaxed)
+    }
+
+    /// Conditional requests received, and how many were answered 304.
+    pub fn conditional(&self) -> (u64, u64) {
+        (
+            self.knobs.conditional.load(Ordering::Relaxed),
+            self.knobs.not_modified.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Body bytes sent so far.
+    pub fn body_bytes(&self) -> u64 {
+        self.knobs.body_bytes.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for FileServer {
@@ -120,12 +145,20 @@ fn serve(mut conn: TcpStream, root: &Path, knobs: &Knobs, requests: &AtomicU64) 
     let method = parts.next().unwrap_or_default().to_string();
     let target = parts.next().unwrap_or_default().to_string();
     let mut range: Option<(u64, Option<u64>)> = None;
+    let mut if_none_match: Option<String> = None;
+    let mut if_modified_since: Option<String> = None;
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
             break;
         }
         if let Some((k, v)) = h.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("if-none-match") {
+                if_none_match = Some(v.trim().to_string());
+            }
+            if k.trim().eq_ignore_ascii_case("if-modified-since") {
+                if_modified_since = Some(v.trim().to_string());
+            }
             if k.trim().eq_ignore_ascii_case("range") {
                 let v = v.trim().trim_start_matches("bytes=");
                 if let Some((a, b)) = v.split_once('-') {
@@ -149,7 +182,31 @@ fn serve(mut conn: TcpStream, root: &Path, knobs: &Knobs, requests: &AtomicU64) 
     let Ok(mut file) = std::fs::File::open(&path) else {
         return Ok(respond(&mut conn, "404 Not Found", "")?);
     };
-    let size = file.metadata()?.len();
+    let meta = file.metadata()?;
+    let size = meta.len();
+    // Validators from the file's size and mtime: a changed file gets new ones.
+    let mtime = meta
+        .modified()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let etag = format!("\"{size:x}-{mtime:x}\"");
+    let last_modified = httpdate::fmt_http_date(std::time::UNIX_EPOCH + Duration::from_secs(mtime));
+    let validators = format!("ETag: {etag}\r\nLast-Modified: {last_modified}\r\n");
+    if if_none_match.is_some() || if_modified_since.is_some() {
+        knobs.conditional.fetch_add(1, Ordering::Relaxed);
+        let unchanged = match (&if_none_match, &if_modified_since) {
+            (Some(tag), _) => tag == &etag,
+            (None, Some(since)) => httpdate::parse_http_date(since)
+                .map(|t| t >= std::time::UNIX_EPOCH + Duration::from_secs(mtime))
+                .unwrap_or(false),
+            (None, None) => false,
+        };
+        if unchanged {
+            knobs.not_modified.fetch_add(1, Ordering::Relaxed);
+            return Ok(respond(&mut conn, "304 Not Modified", &validators)?);
+        }
+    }
     let (start, end, status) = match range {
         Some((a, b)) if a < size => {
             let end = b.map(|b| b.min(size - 1)).unwrap_or(size - 1);
@@ -172,10 +229,13 @@ fn serve(mut conn: TcpStream, root: &Path, knobs: &Knobs, requests: &AtomicU64) 
     };
     write!(
         conn,
-        "HTTP/1.1 {status}\r\nContent-Length: {len}\r\nAccept-Ranges: bytes\r\nContent-Type: application/octet-stream\r\n{content_range}Connection: close\r\n\r\n"
+        "HTTP/1.1 {status}\r\nContent-Length: {len}\r\nAccept-Ranges: bytes\r\nContent-Type: application/octet-stream\r\n{validators}{content_range}Connection: close\r\n\r\n"
     )?;
     if method == "HEAD" {
         return Ok(());
+    }
+    if status.starts_with("200") {
+        knobs.full_gets.fetch_add(1, Ordering::Relaxed);
     }
     file.seek(SeekFrom::Start(start))?;
     let cut = knobs
@@ -200,6 +260,7 @@ fn serve(mut conn: TcpStream, root: &Path, knobs: &Knobs, requests: &AtomicU64) 
             break;
         }
         conn.write_all(&buf[..n])?;
+        knobs.body_bytes.fetch_add(n as u64, Ordering::Relaxed);
         left -= n as u64;
         if rate > 0 {
             std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));

@@ -25,6 +25,7 @@ mod fast_track;
 mod faults_controller;
 mod faults_store;
 mod history_api;
+mod image_cache;
 mod inspection;
 mod inspection_rules;
 mod ipa_ironic;

@@ -35,6 +35,7 @@ const RESUME_PAUSE: Duration = Duration::from_millis(500);
 async fn resume(
     client: &reqwest::Client,
     url: &str,
+    shown: &str,
     from: u64,
 ) -> Result<(reqwest::Response, bool), String> {
     let r = client
@@ -42,7 +43,7 @@ async fn resume(
         .header(reqwest::header::RANGE, format!("bytes={from}-"))
         .send()
         .await
-        .map_err(|e| format!("{url}: {}", chain(&e)))?;
+        .map_err(|e| format!("{shown}: {}", chain(&e)))?;
     match r.status().as_u16() {
         206 => {
             let starts_at = r
@@ -56,12 +57,12 @@ async fn resume(
                 Ok((r, false))
             } else {
                 Err(format!(
-                    "{url} answered a range that does not start at byte {from}"
+                    "{shown} answered a range that does not start at byte {from}"
                 ))
             }
         }
         200 => Ok((r, true)),
-        s => Err(format!("{url} answered {s} to a resumed request")),
+        s => Err(format!("{shown} answered {s} to a resumed request")),
     }
 }
 
@@ -151,6 +152,9 @@ impl ImageFetcher for HttpFetcher {
     fn open(&self, url: &str, ca_pem: Option<&str>, retries: u32) -> Result<Fetched, String> {
         let client = self.client(ca_pem)?;
         let url = url.to_string();
+        // What logs and errors show: the URL without a password (rivetd's image-cache URLs
+        // carry the node's download token in it).
+        let shown = rivet_protocol::deploy::redact_url(&url);
         let (open_tx, open_rx) = sync_channel::<Result<Option<u64>, String>>(1);
         let (tx, rx) = sync_channel::<Result<Vec<u8>, String>>(IN_FLIGHT);
         let (recycle, recycled) = sync_channel::<Vec<u8>>(IN_FLIGHT + 2);
@@ -177,17 +181,17 @@ impl ImageFetcher for HttpFetcher {
                                 break;
                             }
                             Ok(r) if r.status().is_server_error() => {
-                                last = format!("{url} answered {}", r.status());
+                                last = format!("{shown} answered {}", r.status());
                             }
                             Ok(r) => {
                                 // 4xx: retrying will not help.
-                                last = format!("{url} answered {}", r.status());
+                                last = format!("{shown} answered {}", r.status());
                                 break;
                             }
-                            Err(e) => last = format!("{url}: {}", chain(&e)),
+                            Err(e) => last = format!("{shown}: {}", chain(&e)),
                         }
                         if attempt < ATTEMPTS {
-                            tracing::warn!(url = %url, attempt, error = %last, "download failed; retrying");
+                            tracing::warn!(url = %shown, attempt, error = %last, "download failed; retrying");
                             tokio::time::sleep(RETRY_PAUSE).await;
                         }
                     }
@@ -246,21 +250,21 @@ impl ImageFetcher for HttpFetcher {
                         loop {
                             if cuts >= retries {
                                 let _ = tx.send(Err(format!(
-                                    "{url}: download interrupted after {received} bytes ({cut}); gave up after {retries} retries"
+                                    "{shown}: download interrupted after {received} bytes ({cut}); gave up after {retries} retries"
                                 )));
                                 return;
                             }
                             cuts += 1;
-                            tracing::warn!(url = %url, received, retry = cuts, of = retries, error = %cut, "download cut; resuming");
+                            tracing::warn!(url = %shown, received, retry = cuts, of = retries, error = %cut, "download cut; resuming");
                             tokio::time::sleep(RESUME_PAUSE).await;
-                            match resume(&client, &url, received).await {
+                            match resume(&client, &url, &shown, received).await {
                                 Ok((r, restarted)) => {
                                     resp = r;
                                     skip = if restarted { received } else { 0 };
                                     break;
                                 }
                                 Err(e) => {
-                                    tracing::warn!(url = %url, error = %e, "resuming the download failed");
+                                    tracing::warn!(url = %shown, error = %e, "resuming the download failed");
                                 }
                             }
                         }

@@ -10,6 +10,7 @@ mod client;
 mod conductor;
 mod demo;
 mod driver;
+mod image_cache;
 mod inspection_rule;
 mod lifecycle;
 mod metrics;
@@ -88,6 +89,9 @@ enum Command {
     /// Shards (API 1.82): how many nodes each holds.
     #[command(subcommand)]
     Shard(shard::ShardCmd),
+    /// rivetd's image cache (`image_download_source = "local"`): list, purge.
+    #[command(subcommand)]
+    ImageCache(image_cache::ImageCacheCmd),
     /// rivetd's Prometheus metrics (`GET /metrics`; a metrics or admin token).
     Metrics(metrics::MetricsArgs),
     /// The whole flow on this machine: rivetd, a fake-hardware node, a local agent on
@@ -131,6 +135,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Conductor(cmd) => conductor::run(cmd, &client(&cli.url)?, out).await,
         Command::Driver(cmd) => driver::run(cmd, &client(&cli.url)?, out).await,
         Command::Shard(cmd) => shard::run(cmd, &client(&cli.url)?, out).await,
+        Command::ImageCache(cmd) => image_cache::run(cmd, &client(&cli.url)?, out).await,
         Command::Metrics(a) => metrics::run(a, &client(&cli.url)?).await,
         // The demo starts its own rivetd: the caller's URL and token do not apply.
         Command::Demo(a) => demo::run(a).await,

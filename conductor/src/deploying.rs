@@ -378,6 +378,12 @@ impl Conductor {
     ) -> Result<Option<Node>, ConductorError> {
         let uuid = node.uuid.clone();
         let first = run.command.is_none();
+        // The id of the command this decision sends (or finds): a cached image's download
+        // token is bound to it.
+        let command_id = run
+            .command
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let args = if step.step.step == WRITE_IMAGE {
             // The mode the ramdisk booted in; a run that booted no ramdisk (fast track, a
             // run from an older rivetd) resolves it now.
@@ -385,7 +391,36 @@ impl Conductor {
                 Some(m) => Some(m),
                 None => self.override_mode(&node).await,
             };
-            self.write_image_args(&node, mode).to_args()
+            let mut args = self.write_image_args(&node, mode);
+            let local = self
+                .image_download_source(&node)
+                .map(|s| s == rivet_model::config::ImageDownloadSource::Local);
+            // Only once the command can be sent: the first send waits here for the image's
+            // one download (other nodes wanting it wait on the same download).
+            let sendable = !first || super::cleaning::has_agent(&node);
+            let localized = match local {
+                Ok(true) if sendable => self
+                    .localize_image(&node, &mut args, &command_id, run.local_image.as_deref())
+                    .await
+                    .map(Some),
+                Ok(_) => Ok(None),
+                Err(e) => Err(e),
+            };
+            match localized {
+                Ok(Some(name)) => run.local_image = Some(name),
+                Ok(None) => {}
+                Err(e) => {
+                    crate::metrics::step_failed("deploy", step, None);
+                    self.image_cache.unpin(&uuid);
+                    let msg = format!(
+                        "deploy step {WRITE_IMAGE} failed on node {}: {e}",
+                        node.ident()
+                    );
+                    let node = self.ensure_state(node, ProvisionState::Deploying).await?;
+                    return self.fail(node, &msg).await.map(Some);
+                }
+            }
+            args.to_args()
         } else if first && !super::cleaning::has_agent(&node) {
             // Nothing is sent before the agent calls back (below).
             step.args.clone()
@@ -419,7 +454,7 @@ impl Conductor {
                     .await
                     .map(|_| None);
             }
-            let id = uuid::Uuid::new_v4().to_string();
+            let id = command_id;
             run.command = Some(id.clone());
             run.step_started_at = Some(Utc::now());
             Self::put_run(&mut node, &run);
@@ -447,6 +482,10 @@ impl Conductor {
             .and_then(|s| s.get("abort_after"))
             .and_then(Value::as_bool)
             .unwrap_or(false);
+        if step.step.step == WRITE_IMAGE {
+            // The step is over either way: its image may be evicted again.
+            self.image_cache.unpin(&uuid);
+        }
         match result.status {
             CommandStatus::Succeeded => {
                 if let Err(e) = self
@@ -679,6 +718,7 @@ impl Conductor {
         let Some(this) = self.me.upgrade() else {
             return;
         };
+        self.image_cache.unpin(&failed.uuid);
         let failed = failed.clone();
         self.tasks
             .spawn(async move { this.stop_failed_deploy(&failed).await });

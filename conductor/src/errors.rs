@@ -56,6 +56,14 @@ pub enum ConductorError {
         /// Its protected_reason, or "none given".
         reason: String,
     },
+    /// Ironic's `ConcurrentActionLimit` (503): `[conductor] max_concurrent_deploy` nodes
+    /// are deploying already. The limit is not named (Ironic's reasoning: an attacker would
+    /// tailor the attack to it).
+    #[error("Unable to process request at this time. The concurrent action limit for {task_type} has been reached. Please contact your administrator and try again later.")]
+    ConcurrentActionLimit {
+        /// `provisioning`.
+        task_type: &'static str,
+    },
     /// The driver failed.
     #[error("node {node}: {message}")]
     Driver {

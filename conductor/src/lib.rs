@@ -30,9 +30,11 @@ mod errors;
 pub mod fast_track;
 pub mod health;
 mod identity;
+pub mod image_cache;
 mod inspection;
 pub mod inspection_rules;
 mod liveness;
+mod local_image;
 mod membership;
 pub mod metrics;
 pub mod node_events;
@@ -54,6 +56,7 @@ mod verbs;
 pub use deploying::{FAILURE_POWER_ACTION, FAILURE_POWER_ERROR_ACTION};
 pub use errors::ConductorError;
 pub use fast_track::FAST_TRACK_ACTION;
+pub use local_image::ImageRefusal;
 pub use verbs::check_image_info;
 pub use verbs::AbortRefusal;
 
@@ -108,6 +111,8 @@ pub struct Conductor {
     pub events: node_events::NodeEvents,
     /// The console capture failure events quote ([`console_tail`]), installed by rivetd.
     console_tail: std::sync::OnceLock<Arc<dyn console_tail::ConsoleTail>>,
+    /// The images of `image_download_source = "local"` deploys ([`image_cache`]).
+    pub image_cache: Arc<image_cache::ImageCache>,
 }
 
 /// A function the conductor calls before each decision about a node (tests inject panics
@@ -134,6 +139,11 @@ impl Conductor {
             registration: tokio::sync::Mutex::new(false),
             events: node_events::NodeEvents::default(),
             console_tail: std::sync::OnceLock::new(),
+            image_cache: Arc::new(image_cache::ImageCache::new(
+                config.image_cache.dir_for(&config.db),
+                config.image_cache.clone(),
+                config.deploy.image_ca_pem(),
+            )),
             config,
         })
     }

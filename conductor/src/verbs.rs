@@ -148,6 +148,32 @@ pub enum AbortRefusal {
 }
 
 impl Conductor {
+    /// Ironic's `_concurrent_action_limit('provisioning')`: refuse a new deploy while
+    /// `[conductor] max_concurrent_deploy` nodes are in `deploying` or `wait call-back`
+    /// across the fleet (one aggregate query). Not queued: the client retries.
+    async fn concurrent_deploy_limit(&self) -> Result<(), ConductorError> {
+        let counts = self.store.node_counts().await?;
+        let deploying: i64 = counts
+            .iter()
+            .filter(|c| {
+                c.provision_state == ProvisionState::Deploying.as_str()
+                    || c.provision_state == ProvisionState::WaitCallBack.as_str()
+            })
+            .map(|c| c.count)
+            .sum();
+        if deploying >= i64::from(self.config.conductor.max_concurrent_deploy) {
+            tracing::warn!(
+                deploying,
+                limit = self.config.conductor.max_concurrent_deploy,
+                "deploy refused: [conductor] max_concurrent_deploy reached"
+            );
+            return Err(ConductorError::ConcurrentActionLimit {
+                task_type: "provisioning",
+            });
+        }
+        Ok(())
+    }
+
     /// `PUT /v1/nodes/{id}/states/provision`: check, move the node, start the work. `by`
     /// names the caller for the audit trail (the cause of the transitions that follow).
     pub async fn provision(
@@ -334,6 +360,8 @@ impl Conductor {
         }
         if (deploys || verb == Verb::Adopt) && direct {
             check_image_info(&node).map_err(ConductorError::BadRequest)?;
+            self.image_download_source(&node)
+                .map_err(ConductorError::BadRequest)?;
             if let Some(fmt) = node
                 .instance_info
                 .get("image_disk_format")
@@ -384,6 +412,9 @@ impl Conductor {
                 req.disable_ramdisk == Some(true),
             );
             node.reservation = Some(self.owner_of(&node.uuid));
+        }
+        if deploys {
+            self.concurrent_deploy_limit().await?;
         }
         // Every transition of the operation this verb starts names it as its cause.
         internal_info::set_provision_cause(

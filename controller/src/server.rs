@@ -42,6 +42,11 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
     }
     config.deploy.check().map_err(anyhow::Error::msg)?;
     config.console.check().map_err(anyhow::Error::msg)?;
+    if c.max_concurrent_deploy == 0 {
+        anyhow::bail!(
+            "[conductor] max_concurrent_deploy must be at least 1 (Ironic's bound; the limit cannot be disabled)"
+        );
+    }
     if !config.no_auth && config.auth.tokens.is_empty() && config.auth.users.is_empty() {
         anyhow::bail!(
             "no admin credentials configured: add [auth] tokens/users to the config (hash with `rivetd hash-secret`), or run with --no-auth on a loopback address"
@@ -98,6 +103,12 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     }
     // The check above cannot see a second rivetd under this same id on SQLite.
     conductor.lock_sqlite_file().await?;
+    // The image cache's index is rebuilt from its directory before any deploy resumes.
+    conductor
+        .image_cache
+        .load()
+        .await
+        .map_err(anyhow::Error::msg)?;
     let resumed = conductor.recover().await?;
     if resumed > 0 {
         tracing::warn!(count = resumed, "resumed nodes left in transient states");
@@ -131,7 +142,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "metrics listener",
         Box::pin(crate::metrics_http::serve_listener(conductor.clone())),
     );
-    let background = tokio::spawn(conductor.clone().run_background(vec![metrics_listener]));
+    let cache_sweep: rivet_conductor::supervisor::CriticalLoop = (
+        "image cache sweep",
+        Box::pin(conductor.image_cache.clone().sweep_loop()),
+    );
+    let background = tokio::spawn(
+        conductor
+            .clone()
+            .run_background(vec![metrics_listener, cache_sweep]),
+    );
     tokio::pin!(background);
     let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, tls = tls.is_some(), conductor = conductor.id(), "rivetd listening");

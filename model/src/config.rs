@@ -56,6 +56,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Serial consoles (Ironic's `[console]` options, plus the captured log's bound).
     pub console: ConsoleConfig,
+    /// The image cache of `image_download_source = "local"` deploys.
+    pub image_cache: ImageCacheConfig,
 }
 
 /// Store connections.
@@ -331,6 +333,12 @@ pub struct ConductorConfig {
     /// A node in `available` may be deleted (Ironic's `allow_deleting_available_nodes`,
     /// default true); false keeps deletion to enroll, manageable, adopt failed or maintenance.
     pub allow_deleting_available_nodes: bool,
+    /// Most nodes in `deploying` or `wait call-back` at once across the fleet (Ironic's
+    /// `max_concurrent_deploy`, default 250, at least 1). A deploy request past it is refused
+    /// with 503 and Ironic's `ConcurrentActionLimit` message (not queued); the node stays as
+    /// it was. The limit itself is never named in the answer (Ironic's reasoning: an attacker
+    /// would tailor the attack to it).
+    pub max_concurrent_deploy: u32,
 }
 
 /// API limits.
@@ -376,6 +384,99 @@ pub struct AgentSettings {
     /// node) per source address per minute before they are answered 429. Successful
     /// heartbeats are never limited. 0 = no limit.
     pub failed_auth_per_minute: u32,
+    /// Where the agent downloads the instance image from (Ironic's
+    /// `[agent] image_download_source`): `http`, the image's own URL; `local`, rivetd
+    /// downloads it once into its image cache (`[image_cache]`) and each agent gets a URL on
+    /// rivetd's own listener, valid for its deploy only. A node's
+    /// `instance_info.image_download_source`, else its `driver_info.image_download_source`,
+    /// overrides it, as in Ironic. (Ironic's `swift` is not offered.)
+    pub image_download_source: ImageDownloadSource,
+}
+
+/// Ironic's `image_download_source` values Rivet serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageDownloadSource {
+    /// The agent downloads the image from its URL (Ironic's default).
+    #[default]
+    Http,
+    /// rivetd caches the image and serves it to the agent.
+    Local,
+}
+
+impl ImageDownloadSource {
+    /// Ironic's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageDownloadSource::Http => "http",
+            ImageDownloadSource::Local => "local",
+        }
+    }
+
+    /// From a node field (`instance_info` / `driver_info`); the error names the values.
+    pub fn parse(s: &str) -> Result<ImageDownloadSource, String> {
+        match s.trim() {
+            "http" => Ok(ImageDownloadSource::Http),
+            "local" => Ok(ImageDownloadSource::Local),
+            "swift" => Err("image_download_source \"swift\" is not supported by Rivet (no Object Storage); use http or local".into()),
+            other => Err(format!(
+                "invalid value for image_download_source: {other:?}; valid values are http or local"
+            )),
+        }
+    }
+}
+
+/// `[image_cache]`: rivetd's cache of instance images for `image_download_source = "local"`
+/// (Ironic's master image cache: `image_cache_size`, `image_cache_ttl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImageCacheConfig {
+    /// Where cached images live. Unset: `image-cache` next to the SQLite database file, or
+    /// under `$STATE_DIRECTORY` (systemd's) or the working directory with PostgreSQL.
+    pub dir: Option<PathBuf>,
+    /// Most bytes of cached images (Ironic's `image_cache_size`, 20480 MiB). Least recently
+    /// used images not read by a running deploy are evicted to stay under it; images that
+    /// running deploys read are never evicted, so the cache may exceed it while they run.
+    pub max_bytes: u64,
+    /// An image unused for this long is removed (Ironic's `image_cache_ttl`, one week),
+    /// in seconds; 0 keeps images until `max_bytes` needs their room.
+    pub ttl_s: u64,
+    /// A cached image validated with its origin (a conditional request) this recently is
+    /// used without asking again, so a fleet arriving together costs the origin one request.
+    pub revalidate_after_s: u64,
+}
+
+impl Default for ImageCacheConfig {
+    fn default() -> Self {
+        ImageCacheConfig {
+            dir: None,
+            max_bytes: 20480 << 20,
+            ttl_s: 10080 * 60,
+            revalidate_after_s: 10,
+        }
+    }
+}
+
+impl ImageCacheConfig {
+    /// The cache directory in force for a database URL `db`.
+    pub fn dir_for(&self, db: &str) -> PathBuf {
+        if let Some(d) = &self.dir {
+            return d.clone();
+        }
+        if let Some(file) = db.strip_prefix("sqlite:") {
+            let file = file.trim_start_matches("//");
+            let parent = std::path::Path::new(file)
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| p.to_path_buf())
+                .unwrap_or_else(|| PathBuf::from("."));
+            return parent.join("image-cache");
+        }
+        match std::env::var_os("STATE_DIRECTORY") {
+            Some(d) => PathBuf::from(d).join("image-cache"),
+            None => PathBuf::from("image-cache"),
+        }
+    }
 }
 
 impl Default for Config {
@@ -404,6 +505,7 @@ impl Default for Config {
             discovery: Default::default(),
             metrics: Default::default(),
             console: Default::default(),
+            image_cache: Default::default(),
         }
     }
 }
@@ -452,6 +554,7 @@ impl Default for ConductorConfig {
             heartbeat_interval_s: 2,
             dead_after_s: 10,
             allow_deleting_available_nodes: true,
+            max_concurrent_deploy: 250,
         }
     }
 }
@@ -480,6 +583,7 @@ impl Default for AgentSettings {
             // one that is not expected yet retries at most twice a minute (agent backoff cap
             // 30 s): 1,000 × 2 = 2,000/min, so 3,000 of burst and 50/s of refill leave
             // headroom. A stranger guessing MACs still needs days for one vendor's 2^24.
+            image_download_source: ImageDownloadSource::Http,
             lookup_per_minute: 3000,
             // Honest failures are rare: one 401 per agent when its operation ends (the held
             // heartbeat learns the token is gone), so a 1,000-node batch finishing together

@@ -166,6 +166,10 @@ pub struct DeployRun {
     /// `write_image` writes the boot loader for it.
     #[serde(default)]
     pub boot_mode: Option<rivet_protocol::deploy::BootMode>,
+    /// `image_download_source = "local"`: the cached image (`sha256-<hex>`) the running
+    /// `write_image` reads from rivetd, resolved once when the step was sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_image: Option<String>,
 }
 
 /// The bookkeeping of one servicing run: steps run on an `active` node in the order given.

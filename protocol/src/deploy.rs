@@ -135,6 +135,62 @@ pub fn configdrive_is_url(configdrive: &str) -> bool {
     c.starts_with("http://") || c.starts_with("https://")
 }
 
+/// The digest algorithm a hex digest's length names: 64 sha256, 128 sha512 (md5's 32 is
+/// refused, as Ironic does by default).
+pub fn algo_for_len(len: usize) -> Option<&'static str> {
+    match len {
+        64 => Some("sha256"),
+        128 => Some("sha512"),
+        _ => None,
+    }
+}
+
+/// The line of a checksums file (`HEX  name`, `HEX *name` or BSD `SHA256 (name) = HEX`)
+/// that names `file`.
+pub fn checksum_from_file(text: &str, file: &str) -> Option<String> {
+    for line in text.lines() {
+        let l = line.trim();
+        if let Some(rest) = l.split_once(" (").map(|(_, r)| r) {
+            if let Some((name, hex)) = rest.split_once(") = ") {
+                if name == file {
+                    return Some(hex.trim().to_ascii_lowercase());
+                }
+            }
+        }
+        let mut parts = l.split_whitespace();
+        if let (Some(hex), Some(name)) = (parts.next(), parts.next()) {
+            let name = name.trim_start_matches('*');
+            if name == file || name.rsplit('/').next() == Some(file) {
+                return Some(hex.to_ascii_lowercase());
+            }
+        }
+    }
+    None
+}
+
+/// The file name at the end of a URL's path (what a checksums file names it by).
+pub fn url_file_name(url: &str) -> String {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+/// A URL as it may be logged or shown: a password in its user-info (rivetd's image-cache
+/// URLs carry the node's download token there) replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(auth_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}
+
 /// What `write_image` did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WriteImageResult {
@@ -207,6 +263,17 @@ mod tests {
         let e = WriteImageArgs::from_args(&bad).unwrap_err();
         assert!(e.contains("colour"), "{e}");
         assert_eq!(a.permitted(), vec!["raw", "qcow2", "iso"]);
+    }
+
+    #[test]
+    fn redacted_urls_hide_the_password_only() {
+        assert_eq!(
+            redact_url("http://n1:s3cret@10.0.0.1:6385/image-cache/sha256-ab"),
+            "http://n1:***@10.0.0.1:6385/image-cache/sha256-ab"
+        );
+        assert_eq!(redact_url("https://h/img.raw"), "https://h/img.raw");
+        assert_eq!(redact_url("https://h/a@b"), "https://h/a@b");
+        assert_eq!(redact_url("not a url"), "not a url");
     }
 
     #[test]

@@ -98,6 +98,12 @@ struct ControllerLabels {
     controller: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ImageLabels {
+    image: String,
+    in_use: bool,
+}
+
 /// Every family, registered once.
 struct Metrics {
     registry: Registry,
@@ -117,6 +123,13 @@ struct Metrics {
     leases: Family<ControllerLabels, Gauge>,
     conductors_alive: Gauge,
     scrape_errors: Counter,
+    cache_hits: Counter,
+    cache_misses: Counter,
+    cache_revalidated: Counter,
+    cache_evictions: Counter,
+    cache_origin_bytes: Counter,
+    cache_bytes: Gauge,
+    cache_images: Family<ImageLabels, Gauge>,
 }
 
 /// Request latencies: 1 ms to ~65 s (long polls land in the top buckets).
@@ -159,6 +172,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         leases: Family::default(),
         conductors_alive: Gauge::default(),
         scrape_errors: Counter::default(),
+        cache_hits: Counter::default(),
+        cache_misses: Counter::default(),
+        cache_revalidated: Counter::default(),
+        cache_evictions: Counter::default(),
+        cache_origin_bytes: Counter::default(),
+        cache_bytes: Gauge::default(),
+        cache_images: Family::default(),
     };
     r.register(
         "build",
@@ -244,6 +264,41 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "metrics_scrape_errors",
         "Scrapes whose store-derived families could not be read (the rest was served)",
         m.scrape_errors.clone(),
+    );
+    r.register(
+        "image_cache_hits",
+        "Deploys served an image already in the image cache (or joining its one download)",
+        m.cache_hits.clone(),
+    );
+    r.register(
+        "image_cache_misses",
+        "Image cache lookups that downloaded the image from its origin",
+        m.cache_misses.clone(),
+    );
+    r.register(
+        "image_cache_revalidations",
+        "Cached images confirmed unchanged by their origin (a conditional request answered 304)",
+        m.cache_revalidated.clone(),
+    );
+    r.register(
+        "image_cache_evictions",
+        "Cached images removed: least recently used over max_bytes, past the ttl, purged, or found corrupt",
+        m.cache_evictions.clone(),
+    );
+    r.register(
+        "image_cache_origin_bytes",
+        "Image bytes the image cache received from origins",
+        m.cache_origin_bytes.clone(),
+    );
+    r.register(
+        "image_cache_bytes",
+        "Bytes of complete images in the image cache",
+        m.cache_bytes.clone(),
+    );
+    r.register(
+        "image_cache_image_bytes",
+        "Each cached image's size, by content address and whether a running deploy reads it",
+        m.cache_images.clone(),
     );
     Metrics { registry: r, ..m }
 });
@@ -480,6 +535,58 @@ pub fn set_fleet(fleet: Fleet) {
             .set(n);
     }
     m.conductors_alive.set(fleet.conductors_alive);
+}
+
+/// What one image-cache lookup did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageCacheOutcome {
+    /// Served from the cache (fresh, or joining a download another deploy started).
+    Hit,
+    /// Downloaded from the origin.
+    Miss,
+    /// Served from the cache after the origin answered 304 to a conditional request.
+    Revalidated,
+}
+
+/// Count an image-cache lookup.
+pub fn image_cache_lookup(outcome: ImageCacheOutcome) {
+    let m = &*METRICS;
+    match outcome {
+        ImageCacheOutcome::Hit => m.cache_hits.inc(),
+        ImageCacheOutcome::Miss => m.cache_misses.inc(),
+        ImageCacheOutcome::Revalidated => {
+            m.cache_hits.inc();
+            m.cache_revalidated.inc()
+        }
+    };
+}
+
+/// Count `n` cached images removed.
+pub fn image_cache_evicted(n: u64) {
+    METRICS.cache_evictions.inc_by(n);
+}
+
+/// Count bytes received from an origin.
+pub fn image_cache_origin_bytes(n: u64) {
+    METRICS.cache_origin_bytes.inc_by(n);
+}
+
+/// Replace the cache's contents: `(content address, bytes, read by a running deploy)`.
+pub fn set_image_cache(images: &[(String, u64, bool)]) {
+    let m = &*METRICS;
+    m.cache_images.clear();
+    let mut total = 0i64;
+    for (image, bytes, in_use) in images {
+        let b = i64::try_from(*bytes).unwrap_or(i64::MAX);
+        total = total.saturating_add(b);
+        m.cache_images
+            .get_or_create(&ImageLabels {
+                image: image.clone(),
+                in_use: *in_use,
+            })
+            .set(b);
+    }
+    m.cache_bytes.set(total);
 }
 
 /// A scrape could not read the store (its families keep their last values).

@@ -107,6 +107,9 @@ pub fn denied(role: Role, method: &Method, path: &str) -> Option<&'static str> {
         _ if path == "/v1/audit" || path.starts_with("/v1/audit/") => {
             Some("reading the audit log (needs admin)")
         }
+        _ if path == "/v1/image_cache" || path.starts_with("/v1/image_cache/") => {
+            Some("the image cache (needs admin)")
+        }
         _ if read => None,
         // A ticket to watch a console is not a change: readers watch too.
         _ if method == Method::POST && path.ends_with("/console/ticket") => None,

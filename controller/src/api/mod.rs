@@ -21,6 +21,7 @@ mod drivers;
 mod events;
 pub mod gates;
 mod history;
+mod image_cache;
 mod ipa;
 mod listing;
 mod network_data;
@@ -177,6 +178,10 @@ impl From<ConductorError> for ApiError {
                 ApiError::new(StatusCode::NOT_ACCEPTABLE, e.to_string())
             }
             ConductorError::Driver { .. } => ApiError::bad_request(e.to_string()),
+            // Ironic's ConcurrentActionLimit is a TemporaryFailure: 503.
+            ConductorError::ConcurrentActionLimit { .. } => {
+                ApiError::unavailable(e.to_string(), STORE_RETRY_AFTER_S)
+            }
         }
     }
 }
@@ -219,6 +224,7 @@ pub fn routes(state: AppState) -> Router {
         .merge(runbooks::routes())
         .merge(volume::routes())
         .merge(console_ws::routes())
+        .merge(image_cache::admin_routes())
         .route("/metrics", get(metrics_route::scrape))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -236,6 +242,7 @@ pub fn routes(state: AppState) -> Router {
         .merge(ipa::routes())
         .merge(discovery::routes(&state.conductor.config.discovery))
         .merge(boot::routes())
+        .merge(image_cache::download_routes())
         // Every matched route's microversion, from its row in openapi::OPERATIONS.
         .route_layer(middleware::from_fn(gates::require))
         // After every route: it is set on the routes there are.

@@ -46,6 +46,8 @@ pub enum Access {
     Admin,
     /// The node's agent token from its lookup (`Authorization: Bearer`).
     AgentToken,
+    /// A deploying node's image download token (Basic: node UUID and token).
+    ImageToken,
 }
 
 /// The request body.
@@ -98,7 +100,7 @@ pub struct Op {
     pub reply: Reply,
 }
 
-use Access::{Admin, AgentToken, Public};
+use Access::{Admin, AgentToken, ImageToken, Public};
 use Body::{Empty as NoBody, Object, Patch};
 use Reply::{Content, Json, Refused};
 
@@ -416,6 +418,12 @@ pub static OPERATIONS: &[&[Op]] = &[
         unversioned("POST", "/agent/v1/heartbeat/{node}", AgentToken, "Report progress and results; held open (long poll) until a command is ready", Body::Schema("HeartbeatRequest"), Reply::Schema(200, "HeartbeatResponse")),
         unversioned("POST", "/agent/v1/discover", Public, "Discovery: enrol a node for an unknown machine (201) or name the node that has one of its MACs (200); [discovery] enabled only", Body::Schema("DiscoverRequest"), Reply::Schema(201, "DiscoverResponse")),
     ],
+    // The image cache (image_download_source = "local").
+    &[
+        op("GET", "/v1/image_cache", mv::BASE, Admin, "Rivet: the cached images (content address, origin, size, use, the nodes reading them) and hit, miss, revalidation and eviction counts (admin only)", NoBody, Json(200)),
+        op("DELETE", "/v1/image_cache", mv::BASE, Admin, "Rivet: remove every cached image no running deploy reads (admin only)", NoBody, Json(200)),
+        unversioned("GET", "/image-cache/{name}", ImageToken, "A cached image for the agent of a deploying node (Basic auth: the node's UUID and the download token in its write_image command's URL); Range requests resume", NoBody, Content(200, "application/octet-stream")),
+    ],
     // ironic-python-agent's ramdisk endpoints: present only to answer a helpful 404.
     &[
         op("GET", "/v1/lookup", mv::BASE, Public, IPA, NoBody, Refused(404)),
@@ -480,6 +488,7 @@ fn tag(path: &str) -> &'static str {
         "deploy_templates" => "deploy_templates",
         "runbooks" => "runbooks",
         "volume" => "volume",
+        "image_cache" | "image-cache" => "image_cache",
         _ => "other",
     }
 }
@@ -627,6 +636,7 @@ fn operation(o: &Op) -> utoipa::openapi::path::Operation {
             SecurityRequirement::new("basic", Vec::<String>::new()),
         ])),
         AgentToken => b.security(SecurityRequirement::new("agentToken", Vec::<String>::new())),
+        ImageToken => b.security(SecurityRequirement::new("imageToken", Vec::<String>::new())),
     };
     b.build()
 }
@@ -764,6 +774,17 @@ fn components() -> utoipa::openapi::Components {
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
                         "The node's agent token, handed out by the first lookup of a ramdisk boot",
+                    ))
+                    .build(),
+            ),
+        )
+        .security_scheme(
+            "imageToken",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Basic)
+                    .description(Some(
+                        "A deploying node's UUID and image download token, as the URL of its write_image command carries them",
                     ))
                     .build(),
             ),

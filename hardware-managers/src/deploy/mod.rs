@@ -38,8 +38,8 @@ pub mod zstd_frames;
 use crate::erase::device::{self, Target};
 use crate::{HardwareManager, StepContext, StepError, SupportLevel};
 use rivet_protocol::deploy::{
-    configdrive_is_url, BootMode, WriteImageArgs, WriteImageResult, WRITE_IMAGE,
-    WRITE_IMAGE_PRIORITY,
+    algo_for_len, checksum_from_file, configdrive_is_url, redact_url, url_file_name, BootMode,
+    WriteImageArgs, WriteImageResult, WRITE_IMAGE, WRITE_IMAGE_PRIORITY,
 };
 use rivet_protocol::inventory::Disk;
 use rivet_protocol::steps::{ArgInfo, StepDescriptor};
@@ -182,42 +182,6 @@ fn failed(m: impl Into<String>) -> StepError {
 pub(crate) struct Expected {
     algo: &'static str,
     hex: String,
-}
-
-fn algo_for_len(len: usize) -> Option<&'static str> {
-    match len {
-        64 => Some("sha256"),
-        128 => Some("sha512"),
-        _ => None,
-    }
-}
-
-/// The line of a checksums file (`HEX  name`, `HEX *name` or BSD `SHA256 (name) = HEX`)
-/// that names `file`.
-pub(crate) fn checksum_from_file(text: &str, file: &str) -> Option<String> {
-    for line in text.lines() {
-        let l = line.trim();
-        if let Some(rest) = l.split_once(" (").map(|(_, r)| r) {
-            if let Some((name, hex)) = rest.split_once(") = ") {
-                if name == file {
-                    return Some(hex.trim().to_ascii_lowercase());
-                }
-            }
-        }
-        let mut parts = l.split_whitespace();
-        if let (Some(hex), Some(name)) = (parts.next(), parts.next()) {
-            let name = name.trim_start_matches('*');
-            if name == file || name.rsplit('/').next() == Some(file) {
-                return Some(hex.to_ascii_lowercase());
-            }
-        }
-    }
-    None
-}
-
-fn url_file_name(url: &str) -> String {
-    let path = url.split(['?', '#']).next().unwrap_or(url);
-    path.rsplit('/').next().unwrap_or(path).to_string()
 }
 
 /// Read until `buf` is full or the stream ends; bytes read.
@@ -538,7 +502,7 @@ impl DeployManager {
         }
         let (target, chosen_by) = self.choose_target(a)?;
         let device = target.display();
-        tracing::info!(device = %device, chosen_by = %chosen_by, image = %a.image_source, "write_image: target chosen");
+        tracing::info!(device = %device, chosen_by = %chosen_by, image = %redact_url(&a.image_source), "write_image: target chosen");
         // The configdrive is fetched and checked first: a bad one fails in seconds, with the
         // disk untouched, not after the whole image was written.
         let iso = match a.configdrive.as_deref().filter(|c| !c.trim().is_empty()) {
@@ -548,7 +512,7 @@ impl DeployManager {
         let fetched = self
             .fetcher
             .open(&a.image_source, a.ca_pem.as_deref(), a.retries())
-            .map_err(|e| failed(format!("downloading {}: {e}", a.image_source)))?;
+            .map_err(|e| failed(format!("downloading {}: {e}", redact_url(&a.image_source))))?;
         let (tx, rx) = sync_channel::<Vec<u8>>(16);
         let (spent_tx, spent_rx) = sync_channel::<Vec<u8>>(18);
         let hasher = digest_thread(expected.algo, rx, spent_tx);
@@ -589,13 +553,13 @@ impl DeployManager {
             if let Some(Err(e)) = drained {
                 return Err(failed(format!(
                     "reading the end of {}: {e}",
-                    a.image_source
+                    redact_url(&a.image_source)
                 )));
             }
             if actual != expected.hex {
                 return Err(failed(format!(
                     "image {} failed verification: {} expected {}, computed {}; nothing bootable was left on {device}",
-                    a.image_source, expected.algo, expected.hex, actual
+                    redact_url(&a.image_source), expected.algo, expected.hex, actual
                 )));
             }
             meter.tick(true).map_err(meter_error)?;
@@ -675,7 +639,7 @@ impl DeployManager {
         target: &Target,
         meter: &mut Meter<'_>,
     ) -> Result<Written, StepError> {
-        let src = &a.image_source;
+        let src = &redact_url(&a.image_source);
         let declared = a.disk_format.as_deref().unwrap_or("raw");
         let mut head = vec![0u8; 512];
         let n = fill(tee, &mut head).map_err(|e| failed(format!("downloading {src}: {e}")))?;

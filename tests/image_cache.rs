@@ -1,0 +1,504 @@
+//! `image_download_source = "local"` end to end: the rivetd binary, real agents on loop
+//! devices, and a real origin (tests/fileserver.rs, which counts whole GETs and answers
+//! conditional requests with 304).
+//!
+//! - five nodes deploying the same image: the origin sends it once, every disk holds it,
+//!   the cache counts one miss and four hits;
+//! - a second deploy revalidates with a conditional request (304), no second download;
+//! - the download URL is refused without its token (401), with another node's or after the
+//!   deploy ended (403), and for an unknown image (404);
+//! - a wrong checksum, and an origin 404, fail every node waiting on the one download with
+//!   the origin's or the checksum's error in its last_error;
+//! - a cached file corrupted on disk is discarded and fetched again;
+//! - a restarted rivetd keeps the cache;
+//! - `[conductor] max_concurrent_deploy` refuses a deploy past it with Ironic's 503.
+//!
+//! Needs root (loop devices) and sgdisk; skips without them unless `RIVET_REQUIRE_PEERS=1`.
+
+use anyhow::{ensure, Context, Result};
+use rivet_tests::agentproc::{have, is_root, read_at, AgentProcess, LoopDevice};
+use rivet_tests::fileserver::FileServer;
+use rivet_tests::{prerequisite, run_tool, sha256_file, Rivetd};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+const IMAGE_MIB: u64 = 16;
+const DISK_MIB: u64 = 64;
+
+fn ready() -> bool {
+    prerequisite(is_root(), "root (loop devices)") && prerequisite(have("sgdisk"), "sgdisk (gdisk)")
+}
+
+/// rivetd's configuration: local downloads, no automated cleaning (provide goes straight
+/// to available), every validation asked of the origin.
+fn config(extra: &str) -> String {
+    format!(
+        "[agent]\nlong_poll_s = 2\nimage_download_source = \"local\"\n\
+         [conductor]\ncheck_interval_s = 1\nautomated_clean = false\n{extra}\n\
+         [image_cache]\nrevalidate_after_s = 0\n"
+    )
+}
+
+/// A 16 MiB GPT whole-disk image with pseudo-random data in its partition.
+fn make_image(path: &Path, seed: u64) -> Result<()> {
+    let f = std::fs::File::create(path)?;
+    f.set_len(IMAGE_MIB * MIB)?;
+    drop(f);
+    run_tool(
+        Command::new("sgdisk")
+            .args(["-o", "-n", "1:2048:0", "-t", "1:8300"])
+            .arg(path),
+    )?;
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    use std::io::Seek;
+    f.seek(std::io::SeekFrom::Start(MIB))?;
+    let mut x = seed | 1;
+    let mut buf = vec![0u8; MIB as usize];
+    for _ in 0..(IMAGE_MIB - 2) {
+        for chunk in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+        }
+        f.write_all(&buf)?;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+struct Fleet {
+    dir: tempfile::TempDir,
+    rivetd: Rivetd,
+    origin: FileServer,
+    disks: Vec<LoopDevice>,
+    agents: Vec<Option<AgentProcess>>,
+    boots: usize,
+}
+
+impl Fleet {
+    /// rivetd, the origin and `n` nodes `n0…` in available, each with its own loop device.
+    fn new(n: usize, extra: &str) -> Result<Fleet> {
+        let dir = tempfile::tempdir()?;
+        let rivetd = Rivetd::start_in(dir.path(), &config(extra))?;
+        let www = dir.path().join("www");
+        std::fs::create_dir(&www)?;
+        let origin = FileServer::start(&www)?;
+        let mut disks = Vec::new();
+        for i in 0..n {
+            let file = dir.path().join(format!("disk{i}.img"));
+            std::fs::File::create(&file)?.set_len(DISK_MIB * MIB)?;
+            let disk = LoopDevice::attach(&file)?;
+            let (s, v) = rivetd.call(
+                "POST",
+                "/v1/nodes",
+                Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": format!("n{i}"),
+                            "properties": {"root_device": {"name": disk.path.display().to_string()},
+                                           "capabilities": "boot_mode:bios"}})),
+            )?;
+            ensure!(s == 201, "{v}");
+            disks.push(disk);
+        }
+        let fleet = Fleet {
+            dir,
+            rivetd,
+            origin,
+            disks,
+            agents: (0..n).map(|_| None).collect(),
+            boots: 0,
+        };
+        for i in 0..n {
+            fleet.verb(i, json!({"target": "manage"}))?;
+            fleet.state(i, "manageable", 20)?;
+            fleet.verb(i, json!({"target": "provide"}))?;
+            fleet.state(i, "available", 20)?;
+        }
+        Ok(fleet)
+    }
+
+    fn name(i: usize) -> String {
+        format!("n{i}")
+    }
+
+    fn verb(&self, i: usize, body: Value) -> Result<()> {
+        let (s, v) = self.rivetd.call(
+            "PUT",
+            &format!("/v1/nodes/{}/states/provision", Self::name(i)),
+            Some(body.clone()),
+        )?;
+        ensure!(s == 202, "n{i} {body}: {s} {v}");
+        Ok(())
+    }
+
+    fn state(&self, i: usize, want: &'static str, secs: u64) -> Result<Value> {
+        self.rivetd
+            .wait_node(&Self::name(i), Duration::from_secs(secs), move |v| {
+                v["provision_state"] == want
+            })
+            .map_err(|e| anyhow::anyhow!("n{i} → {want}: {e}\n{}", self.logs()))
+    }
+
+    /// A fresh agent for node `i`.
+    fn boot(&mut self, i: usize) -> Result<()> {
+        self.agents[i] = None;
+        self.boots += 1;
+        let log = self
+            .dir
+            .path()
+            .join(format!("agent-n{i}-{}.log", self.boots));
+        let node = self.rivetd.node(&Self::name(i))?;
+        let uuid = node["uuid"].as_str().unwrap_or_default().to_string();
+        self.agents[i] = Some(AgentProcess::start(
+            &self.rivetd.url,
+            &uuid,
+            &[self.disks[i].path.as_path()],
+            None,
+            &log,
+            &[],
+        )?);
+        Ok(())
+    }
+
+    fn logs(&self) -> String {
+        let text = self.rivetd.log_text();
+        let tail: Vec<&str> = text.lines().rev().take(60).collect();
+        let mut out = format!(
+            "--- rivetd ---\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+        for a in self.agents.iter().flatten() {
+            let t = a.log_text();
+            let tail: Vec<&str> = t.lines().rev().take(15).collect();
+            out.push_str(&format!(
+                "\n--- {} ---\n{}",
+                a.log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        out
+    }
+
+    /// Publish `image` at the origin and point nodes `which` at it with `digest`.
+    fn set_image(&self, which: &[usize], image: &Path, digest: &str) -> Result<String> {
+        let name = image.file_name().and_then(|n| n.to_str()).context("name")?;
+        let url = self.origin.url_of(name);
+        if !self.dir.path().join("www").join(name).exists() {
+            std::fs::copy(image, self.dir.path().join("www").join(name))?;
+        }
+        for &i in which {
+            let (s, v) = self.rivetd.call(
+                "PATCH",
+                &format!("/v1/nodes/{}", Self::name(i)),
+                Some(json!([
+                    {"op": "add", "path": "/instance_info/image_source", "value": url},
+                    {"op": "add", "path": "/instance_info/image_os_hash_algo", "value": "sha256"},
+                    {"op": "add", "path": "/instance_info/image_os_hash_value", "value": digest},
+                ])),
+            )?;
+            ensure!(s == 200, "{v}");
+        }
+        Ok(url)
+    }
+
+    fn cache(&self) -> Result<Value> {
+        let (s, v) = self.rivetd.call("GET", "/v1/image_cache", None)?;
+        ensure!(s == 200, "{s} {v}");
+        Ok(v)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// Raw HTTP GET of a cache URL with optional Basic credentials: the status.
+fn get_status(
+    url: &str,
+    auth: Option<(&str, &str)>,
+    range: Option<&str>,
+) -> Result<(u16, Vec<u8>)> {
+    let c = reqwest::blocking::Client::new();
+    let mut r = c.get(url);
+    if let Some((u, p)) = auth {
+        r = r.basic_auth(u, Some(p));
+    }
+    if let Some(range) = range {
+        r = r.header("Range", range);
+    }
+    let resp = r.send()?;
+    let s = resp.status().as_u16();
+    Ok((s, resp.bytes()?.to_vec()))
+}
+
+#[test]
+fn five_nodes_one_origin_download_then_revalidated_and_tokens_checked() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    const N: usize = 5;
+    let mut f = Fleet::new(N, "")?;
+    let image = f.path("fleet.raw");
+    make_image(&image, 3)?;
+    let digest = sha256_file(&image)?;
+    let all: Vec<usize> = (0..N).collect();
+    f.set_image(&all, &image, &digest)?;
+    // Slow the origin a little so that every node asks while the one download runs.
+    f.origin.set_pace(8 * MIB);
+    for i in 0..N {
+        f.boot(i)?;
+    }
+    for i in 0..N {
+        f.verb(i, json!({"target": "active"}))?;
+    }
+    for i in 0..N {
+        let active = f.state(i, "active", 240)?;
+        assert_eq!(
+            active["driver_internal_info"]["deployed_image"]["hash_value"],
+            digest.as_str(),
+            "{active}"
+        );
+    }
+    assert_eq!(
+        f.origin.full_gets(),
+        1,
+        "one whole GET at the origin\n{}",
+        f.logs()
+    );
+    let want = read_at(&image, 0, (IMAGE_MIB - 1) as usize * MIB as usize)?;
+    for (i, d) in f.disks.iter().enumerate() {
+        let got = read_at(&d.path, 0, (IMAGE_MIB - 1) as usize * MIB as usize)?;
+        // The primary GPT is rewritten by the backup move: compare from the data on.
+        assert!(
+            got[MIB as usize..] == want[MIB as usize..],
+            "n{i}'s disk does not hold the image"
+        );
+    }
+    let cache = f.cache()?;
+    assert_eq!(cache["images"].as_array().map(Vec::len), Some(1), "{cache}");
+    let name = format!("sha256-{digest}");
+    assert_eq!(cache["images"][0]["name"], name.as_str(), "{cache}");
+    assert_eq!(cache["images"][0]["bytes"], IMAGE_MIB * MIB, "{cache}");
+    assert_eq!(cache["images"][0]["pinned_by"], json!([]), "{cache}");
+    assert_eq!(cache["stats"]["misses"], 1, "{cache}");
+    assert_eq!(cache["stats"]["hits"], (N - 1) as u64, "{cache}");
+    // /metrics carries the same.
+    let text = reqwest::blocking::get(format!("{}/metrics", f.rivetd.url))?.text()?;
+    assert!(text.contains("rivet_image_cache_misses_total 1"), "{text}");
+    assert!(
+        text.contains(&format!("rivet_image_cache_hits_total {}", N - 1)),
+        "{text}"
+    );
+
+    // The download URL outside a deploy: no token 401, a wrong or stale one 403, an
+    // unknown image 404.
+    let url = format!("{}/image-cache/{name}", f.rivetd.url);
+    let n0 = f.rivetd.node("n0")?;
+    let uuid0 = n0["uuid"].as_str().unwrap_or_default();
+    assert_eq!(get_status(&url, None, None)?.0, 401);
+    assert_eq!(get_status(&url, Some((uuid0, "0123")), None)?.0, 403);
+    let other = format!("{}/image-cache/sha256-{}", f.rivetd.url, "0".repeat(64));
+    assert_eq!(get_status(&other, Some((uuid0, "x")), None)?.0, 403);
+    let bogus = format!("{}/image-cache/..%2Fetc", f.rivetd.url);
+    assert_eq!(get_status(&bogus, Some((uuid0, "x")), None)?.0, 404);
+    // No token reaches the logs: every agent logged its URL with the password masked.
+    let log = f.rivetd.log_text();
+    for a in f.agents.iter().flatten() {
+        let t = a.log_text();
+        assert!(
+            !t.contains(&format!("{uuid0}:")) || t.contains(":***@"),
+            "{t}"
+        );
+    }
+    assert!(!log.contains("Basic "), "no credentials in rivetd's log");
+
+    // A second deploy of the same image: a conditional request answered 304, no download.
+    f.boot(0)?;
+    f.verb(0, json!({"target": "rebuild"}))?;
+    let again = f.state(0, "active", 120)?;
+    assert!(again["last_error"].is_null(), "{again}");
+    let (conditional, not_modified) = f.origin.conditional();
+    assert!(
+        conditional >= 1 && not_modified >= 1,
+        "{conditional} {not_modified}\n{}",
+        f.logs()
+    );
+    assert_eq!(f.origin.full_gets(), 1, "no second download");
+    assert_eq!(f.cache()?["stats"]["revalidations"], 1);
+    Ok(())
+}
+
+#[test]
+fn a_bad_checksum_or_an_origin_404_fails_every_waiting_node() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut f = Fleet::new(3, "")?;
+    let image = f.path("bad.raw");
+    make_image(&image, 5)?;
+    let real = sha256_file(&image)?;
+    let wrong = "1".repeat(64);
+    f.set_image(&[0, 1, 2], &image, &wrong)?;
+    f.origin.set_pace(16 * MIB);
+    for i in 0..3 {
+        f.boot(i)?;
+        f.verb(i, json!({"target": "active"}))?;
+    }
+    for i in 0..3 {
+        let failed = f.state(i, "deploy failed", 120)?;
+        let err = failed["last_error"].as_str().unwrap_or_default();
+        assert!(
+            err.contains("failed its checksum") && err.contains(&wrong) && err.contains(&real),
+            "n{i}: {err}"
+        );
+    }
+    assert_eq!(f.origin.full_gets(), 1, "one download for the three");
+    assert_eq!(f.cache()?["images"], json!([]), "nothing cached");
+
+    // An origin 404: every node's last_error names the origin's answer.
+    for i in 0..3 {
+        let (s, v) = f.rivetd.call(
+            "PATCH",
+            &format!("/v1/nodes/n{i}"),
+            Some(json!([
+                {"op": "add", "path": "/instance_info/image_source", "value": f.origin.url_of("missing.raw")},
+                {"op": "add", "path": "/instance_info/image_os_hash_value", "value": real},
+            ])),
+        )?;
+        ensure!(s == 200, "{v}");
+        f.boot(i)?;
+        f.verb(i, json!({"target": "rebuild"}))?;
+    }
+    for i in 0..3 {
+        let failed = f
+            .rivetd
+            .wait_node(&format!("n{i}"), Duration::from_secs(120), |v| {
+                v["provision_state"] == "deploy failed"
+                    && v["last_error"].as_str().is_some_and(|e| e.contains("404"))
+            })?;
+        let err = failed["last_error"].as_str().unwrap_or_default();
+        assert!(
+            err.contains("missing.raw") && err.contains("404"),
+            "n{i}: {err}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_corrupted_cached_file_is_fetched_again_and_a_restart_keeps_the_cache() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut f = Fleet::new(1, "")?;
+    let image = f.path("one.raw");
+    make_image(&image, 9)?;
+    let digest = sha256_file(&image)?;
+    f.set_image(&[0], &image, &digest)?;
+    f.boot(0)?;
+    f.verb(0, json!({"target": "active"}))?;
+    f.state(0, "active", 120)?;
+    assert_eq!(f.origin.full_gets(), 1);
+    // Restart: the index comes back from the directory; the image is revalidated (304).
+    let cfg = f.dir.path().join("rivetd.toml").display().to_string();
+    f.rivetd.terminate(Duration::from_secs(10))?;
+    let port = f.rivetd.port;
+    f.rivetd = Rivetd::start(&f.dir.path().join("rivet.db"), port, &["--config", &cfg])?;
+    let cache = f.cache()?;
+    assert_eq!(
+        cache["images"][0]["name"],
+        format!("sha256-{digest}"),
+        "{cache}"
+    );
+    f.boot(0)?;
+    f.verb(0, json!({"target": "rebuild"}))?;
+    f.state(0, "active", 120)?;
+    assert_eq!(
+        f.origin.full_gets(),
+        1,
+        "kept across the restart\n{}",
+        f.logs()
+    );
+    assert!(f.origin.conditional().1 >= 1);
+    // Corrupt the cached file: the next deploy finds it no longer matches, discards it and
+    // downloads it again; the disk gets the right bytes.
+    let cached = f
+        .dir
+        .path()
+        .join("image-cache/images")
+        .join(format!("sha256-{digest}"));
+    let mut file = std::fs::OpenOptions::new().write(true).open(&cached)?;
+    use std::io::{Seek, SeekFrom};
+    file.seek(SeekFrom::Start(4 * MIB))?;
+    file.write_all(b"corrupted")?;
+    drop(file);
+    f.boot(0)?;
+    f.verb(0, json!({"target": "rebuild"}))?;
+    let active = f.state(0, "active", 120)?;
+    assert_eq!(
+        active["driver_internal_info"]["deployed_image"]["hash_value"],
+        digest.as_str()
+    );
+    assert_eq!(f.origin.full_gets(), 2, "fetched again\n{}", f.logs());
+    assert!(f.cache()?["stats"]["evictions"].as_u64() >= Some(1));
+    // The CLI lists and purges it.
+    let rivet = |args: &[&str]| -> Result<String> {
+        let out = Command::new(rivet_tests::bin("rivet"))
+            .args(["--url", &f.rivetd.url, "image-cache"])
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let listed = rivet(&["list"])?;
+    assert!(
+        listed.contains(&format!("sha256-{digest}")) && listed.contains("misses"),
+        "{listed}"
+    );
+    let purged = rivet(&["purge"])?;
+    assert!(purged.contains("removed 1 image(s)"), "{purged}");
+    assert_eq!(f.cache()?["images"], json!([]));
+    assert!(!cached.exists(), "the file is gone");
+    Ok(())
+}
+
+#[test]
+fn max_concurrent_deploy_refuses_with_ironic_s_503() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut f = Fleet::new(2, "max_concurrent_deploy = 1")?;
+    let image = f.path("lim.raw");
+    make_image(&image, 13)?;
+    let digest = sha256_file(&image)?;
+    f.set_image(&[0, 1], &image, &digest)?;
+    // n0 deploys without an agent: it stays in wait call-back.
+    f.verb(0, json!({"target": "active"}))?;
+    f.state(0, "wait call-back", 30)?;
+    let (s, v) = f.rivetd.call(
+        "PUT",
+        "/v1/nodes/n1/states/provision",
+        Some(json!({"target": "active"})),
+    )?;
+    assert_eq!(s, 503, "{v}");
+    assert!(
+        v.to_string()
+            .contains("concurrent action limit for provisioning"),
+        "{v}"
+    );
+    assert_eq!(f.rivetd.node("n1")?["provision_state"], "available");
+    // Once n0 is done, n1 may deploy.
+    f.boot(0)?;
+    f.state(0, "active", 120)?;
+    f.boot(1)?;
+    f.verb(1, json!({"target": "active"}))?;
+    f.state(1, "active", 120)?;
+    Ok(())
+}
