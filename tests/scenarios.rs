@@ -16,6 +16,7 @@ mod boot_mode;
 mod cleaning;
 mod cleaning_merged;
 mod console;
+mod console_cli;
 mod demo_bare;
 mod deploy;
 mod deploy_integrity;
