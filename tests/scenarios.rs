@@ -57,5 +57,6 @@ mod takeover;
 mod templates_api;
 mod tls;
 mod uefi_boot;
+mod web_console;
 mod web_ui;
 mod write_image;
