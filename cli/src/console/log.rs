@@ -4,12 +4,14 @@
 //! `--follow` reads the WebSocket rather than polling the log: the log endpoint takes only
 //! `tail=` (no offset, and the capture drops its older half when full, so an offset would
 //! not stay valid), and polling a tail cannot tell new bytes from old ones that repeat. The
-//! socket is opened *before* the tail is read, so nothing printed in between is missed; a
-//! chunk printed in that instant may show twice. It never types and never takes the pen.
+//! socket is opened, and rivetd's `hello` (sent once this viewer is subscribed) read, *before*
+//! the tail is read, so nothing printed in between is missed; a chunk printed in that instant
+//! may show twice. It never types and never takes the pen.
 
-use super::{write_out, ws};
+use super::write_out;
+use super::ws::{self, Socket};
 use crate::client::{seg, Client};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -33,9 +35,12 @@ pub async fn run_log(args: LogArgs, client: &Client) -> Result<()> {
     if args.tail == Some(0) {
         bail!("--tail must be a positive number of bytes");
     }
-    // Subscribe first (see the module doc).
+    // Subscribe first (see the module doc): rivetd sends `hello` once this viewer receives
+    // the console, so the log read after it misses nothing.
     let live = if args.follow {
-        Some(ws::connect(client, &args.node).await?)
+        let mut socket = ws::connect(client, &args.node).await?;
+        wait_hello(&mut socket).await?;
+        Some(socket)
     } else {
         None
     };
@@ -71,4 +76,20 @@ pub async fn run_log(args: LogArgs, client: &Client) -> Result<()> {
     }
     eprintln!("[rivet: the console of {} closed]", args.node);
     Ok(())
+}
+
+/// Read until rivetd's `hello` (its first frame).
+async fn wait_hello(socket: &mut Socket) -> Result<()> {
+    loop {
+        let msg = socket
+            .next()
+            .await
+            .context("rivetd closed the console before it started")??;
+        if let Message::Text(t) = msg {
+            let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
+            if v.get("event").and_then(Value::as_str) == Some("hello") {
+                return Ok(());
+            }
+        }
+    }
 }
