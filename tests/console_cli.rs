@@ -278,6 +278,40 @@ fn rivet_node_console_attaches_types_and_leaves() -> Result<()> {
         "the terminal was left raw: {stty}"
     );
     pty.exit(t)?;
+
+    // SIGTERM mid-session: exit status 1, and the terminal is cooked again all the same.
+    let rivet_bin = rivet_tests::bin("rivet").display().to_string();
+    let line =
+        format!("sh -c 'echo PID=$$; exec {rivet_bin} node console n1'; echo EXIT=$?; stty -a");
+    let mut c = Command::new("script");
+    c.args(["-qfec", &line, "/dev/null"])
+        .env("RIVET_URL", &d.url)
+        .env("RIVET_TOKEN", ADMIN)
+        .env_remove("RIVET_CA");
+    let mut pty = Cli::spawn(c)?;
+    pty.wait_out(b"activation 0", t)?;
+    let out = String::from_utf8_lossy(&pty.out()).into_owned();
+    let pid: i32 = out
+        .split("PID=")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse().ok())
+        .context("no PID line")?;
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    ensure!(killed.success());
+    pty.wait_out(b"EXIT=1", t)?;
+    pty.wait_out(b"speed", t)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let after = String::from_utf8_lossy(&pty.out()).into_owned();
+    ensure!(after.contains("terminated (SIGTERM)"), "{after}");
+    let stty = after.rsplit("EXIT=1").next().unwrap_or_default();
+    ensure!(
+        stty.contains(" icanon") && stty.contains(" echo") && !stty.contains("-icanon"),
+        "SIGTERM left the terminal raw: {stty}"
+    );
+    pty.exit(t)?;
     Ok(())
 }
 

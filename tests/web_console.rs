@@ -208,5 +208,7 @@ fn web_console_panel_in_a_real_browser() -> Result<()> {
         !echoed(&r)?.contains("reader"),
         "a reader's keys reached the BMC"
     );
+    // The tickets the pages used are in no log line.
+    ensure!(!r.log_text().contains("ticket="), "a ticket was logged");
     Ok(())
 }
