@@ -4,10 +4,11 @@
 //! reach the BMC and take the pen, a reader's terminal is read-only and its keys do not.
 
 use super::console::{config, free_block, stand_in};
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use rivet_tests::webdriver::{self, Browser};
 use rivet_tests::Rivetd;
 use serde_json::{json, Value};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 const ADMIN_PW: &str = "admin-console-pw";
@@ -160,6 +161,26 @@ fn web_console_panel_in_a_real_browser() -> Result<()> {
             json!([])
         )? == "true"
     );
+
+    // A TCP viewer types first and holds the pen; the page says so, and its Take over
+    // control gives the pen to the admin.
+    let (_, st) = api(&r, "GET", "/v1/nodes/n1/states/console", None)?;
+    let st: Value = serde_json::from_slice(&st)?;
+    let port: u16 = st["console_info"]["url"]
+        .as_str()
+        .and_then(|u| u.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .context("console port")?;
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    tcp.write_all(b"from-tcp\n")?;
+    b.wait_until(
+        "the pen shown as the TCP viewer's",
+        "const p = document.querySelector('[data-console=pen]'); return !!p && p.textContent.includes('tcp viewer')",
+        json!([]),
+        t,
+    )?;
+    let take = b.wait_for("[data-action=console-takeover]", t)?;
+    b.click(&take)?;
 
     // An admin's keys reach the BMC, and the admin now holds the pen.
     let keys = b.wait_for(".xterm-helper-textarea", t)?;
