@@ -261,6 +261,46 @@ fn rivet_node_console_attaches_types_and_leaves() -> Result<()> {
     let status = reader.exit(t)?;
     ensure!(status.success(), "end of stdin leaves: {status}");
 
+    // Someone else holds the pen (a TCP viewer typed): keystrokes are refused and the CLI
+    // says so; `~t` takes the pen over, and then they reach the BMC.
+    let (_, st) = api(&d, "GET", "/v1/nodes/n1/states/console", None)?;
+    let st: Value = serde_json::from_slice(&st)?;
+    let port: u16 = st["console_info"]["url"]
+        .as_str()
+        .and_then(|u| u.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .context("console port")?;
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    tcp.write_all(b"from-tcp\n")?;
+    let deadline = Instant::now() + t;
+    while !contains(&log(&d, 65536)?, b"ECHO:from-tcp") {
+        ensure!(
+            Instant::now() < deadline,
+            "the TCP viewer's line never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut cli = Cli::spawn(rivet(&d, ADMIN, &["node", "console", "n1"]))?;
+    cli.wait_out(b"activation 0", t)?;
+    ensure!(cli.err().contains("tcp viewer"), "{}", cli.err());
+    cli.type_in(b"blocked-line\n")?;
+    let deadline = Instant::now() + t;
+    while !cli.err().contains("not sent") {
+        ensure!(Instant::now() < deadline, "no refusal: {}", cli.err());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cli.type_in(b"~t")?;
+    let deadline = Instant::now() + t;
+    while !cli.err().contains("adm (role admin) holds the pen") {
+        ensure!(Instant::now() < deadline, "no take-over: {}", cli.err());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cli.type_in(b"after-takeover\n")?;
+    cli.wait_out(b"ECHO:after-takeover", t)?;
+    cli.type_in(b"~.")?;
+    ensure!(cli.exit(t)?.success(), "{}", cli.err());
+    drop(tcp);
+
     // Under a pty: raw mode (Enter is \r), `~.` leaves with 0, the terminal is cooked again.
     let mut pty = Cli::spawn(rivet_in_pty(&d, ADMIN, &["node", "console", "n1"]))?;
     pty.wait_out(b"connected, you may type", t)?;
