@@ -80,7 +80,7 @@ while True:
 
 const PASSWORD: &str = "sol-S3cret-pw";
 
-fn stand_in(dir: &Path) -> Result<String> {
+pub(crate) fn stand_in(dir: &Path) -> Result<String> {
     let path = dir.join("ipmitool-stand-in.py");
     std::fs::write(&path, STAND_IN.replace("{dir}", &dir.display().to_string()))?;
     std::process::Command::new("chmod")
@@ -91,7 +91,7 @@ fn stand_in(dir: &Path) -> Result<String> {
 }
 
 /// `[drivers]` and `[console]` for a rivetd using the stand-in, ports from a free block.
-fn config(ipmitool: &str, first_port: u16, ports: u16) -> String {
+pub(crate) fn config(ipmitool: &str, first_port: u16, ports: u16) -> String {
     format!(
         "[drivers]\nipmitool = {ipmitool:?}\nipmi_timeout_s = 5\n\
          [console]\nport_range = \"{first_port}:{}\"\nlog_max_bytes = 65536\nsubprocess_timeout = 5\n",
@@ -100,7 +100,7 @@ fn config(ipmitool: &str, first_port: u16, ports: u16) -> String {
 }
 
 /// A block of `n` ports nothing listens on (checked by binding each).
-fn free_block(n: u16) -> Result<u16> {
+pub(crate) fn free_block(n: u16) -> Result<u16> {
     for _ in 0..50 {
         let start = free_port()?;
         if start > 65000 {
@@ -196,7 +196,7 @@ impl TcpViewer {
     }
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
+pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
@@ -469,8 +469,8 @@ fn console_fan_out_log_reconnect_and_restart() -> Result<()> {
     Ok(())
 }
 
-const ADMIN: &str = "admin-console-token";
-const READER: &str = "reader-console-token";
+pub(crate) const ADMIN: &str = "admin-console-token";
+pub(crate) const READER: &str = "reader-console-token";
 
 /// Refusals as Ironic's, tickets, a reader that cannot type, and a hostile stream.
 #[test]

@@ -1413,7 +1413,7 @@ fn rivet_cli_node_resources() -> Result<()> {
     rivet(&d, &["node", "boot-mode", "c", "uefi"])?;
     rivet(&d, &["node", "secure-boot", "c", "on"])?;
     ensure!(d.node("c")?["boot_mode"] == "uefi" && d.node("c")?["secure_boot"] == true);
-    let console = rivet(&d, &["--json", "node", "console", "c"])?;
+    let console = rivet(&d, &["--json", "node", "console-state", "c"])?;
     ensure!(console.contains("\"console_enabled\": false"), "{console}");
     let bios = rivet(&d, &["--json", "node", "bios", "c"])?;
     ensure!(bios.contains("\"bios\": []"), "{bios}");

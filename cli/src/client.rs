@@ -78,7 +78,7 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// The message of an error answer: Ironic's faultstring when the body has one.
-fn error_message(status: StatusCode, body: &str) -> String {
+pub fn error_message(status: StatusCode, body: &str) -> String {
     if let Ok(b) = serde_json::from_str::<ErrorBody>(body) {
         return b.message();
     }
@@ -107,18 +107,9 @@ impl Client {
             // request meets a closed connection.
             .pool_idle_timeout(Duration::from_secs(5));
         // A private CA (`rivetd tls init` makes one) for an https rivetd.
-        if let Some(path) = std::env::var_os("RIVET_CA").filter(|p| !p.is_empty()) {
-            let pem = std::fs::read(&path).map_err(|e| {
-                ClientError::Transport(format!(
-                    "cannot read RIVET_CA {}: {e}",
-                    path.to_string_lossy()
-                ))
-            })?;
+        if let Some((path, pem)) = ca_pem()? {
             let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
-                ClientError::Transport(format!(
-                    "RIVET_CA {} is not a PEM certificate: {e}",
-                    path.to_string_lossy()
-                ))
+                ClientError::Transport(format!("RIVET_CA {} is not a PEM certificate: {e}", path))
             })?;
             builder = builder.add_root_certificate(cert);
         }
@@ -130,6 +121,16 @@ impl Client {
             base,
             token: token.filter(|t| !t.is_empty()),
         })
+    }
+
+    /// The base URL (no trailing slash).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The bearer token, when one is set.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     /// Turn a server-supplied absolute link (e.g. a `next` link) into a path on our base URL,
@@ -197,8 +198,21 @@ impl Client {
 
     /// GET a text document (`/metrics`), with the token.
     pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let bytes = self.get_bytes(path, &[]).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// GET a document as bytes (the console log is not necessarily UTF-8), with the token.
+    pub async fn get_bytes(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<Vec<u8>, ClientError> {
         let url = format!("{}{path}", self.base);
-        let mut req = self.http.get(&url);
+        let mut req = self.http.get(&url).header(VERSION_HEADER, "latest");
+        if !query.is_empty() {
+            req = req.query(query);
+        }
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
@@ -213,16 +227,16 @@ impl Client {
             }
         })?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| {
+        let body = resp.bytes().await.map_err(|e| {
             ClientError::Transport(format!("reading the answer from {url}: {}", root_cause(&e)))
         })?;
         if !status.is_success() {
             return Err(ClientError::Http {
                 status,
-                message: error_message(status, &text),
+                message: error_message(status, &String::from_utf8_lossy(&body)),
             });
         }
-        Ok(text)
+        Ok(body.to_vec())
     }
 
     /// GET a JSON document.
@@ -272,6 +286,17 @@ impl Client {
             .await
             .map(|_| ())
     }
+}
+
+/// `RIVET_CA`: the path (for messages) and the PEM bytes of a private CA, when set.
+pub fn ca_pem() -> Result<Option<(String, Vec<u8>)>, ClientError> {
+    let Some(path) = std::env::var_os("RIVET_CA").filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let shown = path.to_string_lossy().into_owned();
+    let pem = std::fs::read(&path)
+        .map_err(|e| ClientError::Transport(format!("cannot read RIVET_CA {shown}: {e}")))?;
+    Ok(Some((shown, pem)))
 }
 
 /// Percent-encode one path segment (node names are URL-safe, but be safe with user input).

@@ -8,6 +8,7 @@ mod audit;
 mod chassis;
 mod client;
 mod conductor;
+mod console;
 mod demo;
 mod driver;
 mod image_cache;

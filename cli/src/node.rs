@@ -22,6 +22,10 @@ pub enum NodeCmd {
     /// BIOS, firmware, children, indicators, NMI, boot mode, RAID, console.
     #[command(flatten)]
     Resources(crate::node_resources::NodeResourceCmd),
+    /// Attach to the node's serial console (`~.` at the start of a line leaves).
+    Console(crate::console::ConsoleArgs),
+    /// The node's captured console log (`--tail BYTES`, `--follow`).
+    ConsoleLog(crate::console::LogArgs),
     /// List nodes (all pages unless --limit is given).
     List(ListArgs),
     /// Show one node as a Field/Value table.
@@ -503,6 +507,8 @@ pub async fn run(cmd: NodeCmd, client: &Client, out: Output) -> Result<()> {
     match cmd {
         NodeCmd::Create(a) => create(a, client, out).await,
         NodeCmd::Resources(c) => crate::node_resources::run(c, client, out).await,
+        NodeCmd::Console(a) => crate::console::run(a, client).await,
+        NodeCmd::ConsoleLog(a) => crate::console::run_log(a, client).await,
         NodeCmd::List(a) => list(a, client, out).await,
         NodeCmd::Show { node, fields } => {
             let mut query = Vec::new();

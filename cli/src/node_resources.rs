@@ -1,4 +1,4 @@
-//! `rivet node bios|firmware|children|indicator|inject-nmi|boot-mode|secure-boot|raid|console`
+//! `rivet node bios|firmware|children|indicator|inject-nmi|boot-mode|secure-boot|raid|console-state`
 //! (flattened into `rivet node`) and `rivet volume connector|target …`: node sub-resources
 //! and management calls of Ironic's API.
 
@@ -61,8 +61,8 @@ pub enum NodeResourceCmd {
     /// RAID configurations: `show` the target and current ones, `set` the target one.
     #[command(subcommand)]
     Raid(RaidCmd),
-    /// The console state (Rivet serves no console: it is never enabled).
-    Console {
+    /// The console state: enabled, and its console_info (`rivet node console` attaches).
+    ConsoleState {
         /// Node UUID or name.
         node: String,
     },
@@ -222,7 +222,7 @@ pub async fn run(cmd: NodeResourceCmd, client: &Client, out: Output) -> Result<(
                 .collect();
             out.document(&Value::Object(keep));
         }
-        NodeResourceCmd::Console { node } => {
+        NodeResourceCmd::ConsoleState { node } => {
             let doc = client
                 .get(&format!("{}/states/console", node_path(&node)), &[])
                 .await?;

@@ -3,6 +3,7 @@
 import { api, watch, ApiError } from './api.js';
 import { el, text, stepName, duration, bytes } from './dom.js';
 import { verbBar } from './verbs.js';
+import { liveConsole, capturedLog } from './console.js';
 
 const SHOWN = ['uuid', 'name', 'driver', 'provision_state', 'target_provision_state', 'power_state',
   'target_power_state', 'maintenance', 'maintenance_reason', 'fault', 'last_error', 'owner', 'lessee',
@@ -67,25 +68,25 @@ function json(v) {
   return el('pre', {}, JSON.stringify(v, null, 2));
 }
 
-async function consolePanel(uuid) {
-  try {
-    const r = await fetch(`/v1/nodes/${uuid}/console/log`, { credentials: 'same-origin', headers: { 'X-OpenStack-Ironic-API-Version': 'latest' } });
-    if (!r.ok) return el('p', { class: 'muted', id: 'console' }, 'console not enabled');
-    const body = await r.text();
-    return el('pre', { class: 'console', id: 'console' }, body.slice(-20000));
-  } catch {
-    return el('p', { class: 'muted', id: 'console' }, 'console not enabled');
-  }
-}
-
 export async function nodePage(root, me, fsm, ident) {
   let node = await api('GET', `/v1/nodes/${encodeURIComponent(ident)}`);
   const uuid = encodeURIComponent(node.uuid);
   let refreshing = false;
   let again = false;
+  // The live console outlives redraws (a node change must not reconnect it).
+  let live = null;
+
+  async function consolePanel() {
+    if (node.console_enabled) {
+      if (!live) live = liveConsole(uuid);
+      return live.element;
+    }
+    if (live) { live.close(); live = null; }
+    return capturedLog(uuid);
+  }
 
   async function draw() {
-    const [tl, inv, con] = await Promise.all([timeline(uuid), inventory(uuid), consolePanel(uuid)]);
+    const [tl, inv, con] = await Promise.all([timeline(uuid), inventory(uuid), consolePanel()]);
     root.replaceChildren(
       el('p', {}, el('a', { href: '/ui/' }, '← fleet')),
       el('h1', {}, node.name || node.uuid, ' ', el('span', { class: 'state', id: 'node-state', 'data-state': node.provision_state }, node.provision_state)),

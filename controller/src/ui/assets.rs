@@ -16,6 +16,18 @@ const FILES: &[(&str, &str, &str)] = &[
     ("fleet.js", JS, include_str!("../../web/fleet.js")),
     ("node.js", JS, include_str!("../../web/node.js")),
     ("verbs.js", JS, include_str!("../../web/verbs.js")),
+    ("console.js", JS, include_str!("../../web/console.js")),
+    // Vendored, unchanged (web/vendor/xterm/README.md): loaded by console.js only.
+    (
+        "xterm.js",
+        JS,
+        include_str!("../../web/vendor/xterm/lib/xterm.js"),
+    ),
+    (
+        "xterm.css",
+        "text/css; charset=utf-8",
+        include_str!("../../web/vendor/xterm/css/xterm.css"),
+    ),
     (
         "style.css",
         "text/css; charset=utf-8",

@@ -44,6 +44,17 @@ pub fn routes(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The UI's content security policy.
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+
+/// The node page's: as [`CSP`], but xterm.js (the console panel) sizes and colours its rows
+/// with `<style>` elements it creates, which `style-src 'self'` blocks. Styles only: scripts
+/// stay `'self'`, so injected markup still cannot run anything.
+const CSP_NODE_PAGE: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+                   img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; \
+                   form-action 'self'";
+
 /// Headers every UI answer carries: scripts and styles only from rivetd itself (no inline
 /// script, so injected markup cannot run), never framed, no referrer leaving the site
 /// (`same-origin`, not `no-referrer`: under that a browser posts the log-in form with
@@ -52,13 +63,9 @@ pub fn routes(state: AppState) -> Router {
 async fn security_headers(req: Request, next: Next) -> Response {
     let mut resp = next.run(req).await;
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-             connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
-        ),
-    );
+    // A page that needs more (the node page) sets its own.
+    h.entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(CSP));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),

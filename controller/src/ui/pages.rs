@@ -4,7 +4,7 @@
 use super::{assets, viewer};
 use crate::api::AppState;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Redirect, Response};
 
 fn shell(state: &AppState, headers: &HeaderMap) -> Response {
@@ -22,5 +22,10 @@ pub async fn fleet(State(state): State<AppState>, headers: HeaderMap) -> Respons
 /// `GET /ui/nodes/{ident}`: one node (the identifier is read by the page, never echoed into
 /// the HTML).
 pub async fn node(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    shell(&state, &headers)
+    let mut resp = shell(&state, &headers);
+    resp.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(super::CSP_NODE_PAGE),
+    );
+    resp
 }
