@@ -740,3 +740,62 @@ emit(out)
     ensure!(v["deleted"] == true, "an available node is deleted: {v}");
     Ok(())
 }
+
+/// `baremetal node set --driver X --reset-interfaces` (1.45): every interface the request
+/// does not name goes back to the new driver's default, the inspection included (which stayed
+/// `redfish` before; Ironic's API test changes the driver and reads the node back).
+#[test]
+fn reset_interfaces_through_the_baremetal_cli() -> Result<()> {
+    if !clients::available() {
+        return Ok(());
+    }
+    let (_dir, d) = start()?;
+    baremetal(
+        &d,
+        &[
+            "node",
+            "create",
+            "--driver",
+            "redfish",
+            "--name",
+            "rs",
+            "--inspect-interface",
+            "redfish",
+            "--boot-interface",
+            "redfish-virtual-media",
+            "--rescue-interface",
+            "agent",
+        ],
+    )?;
+    // Without the reset, redfish's interfaces do not suit ipmi: refused, nothing changed.
+    let err = baremetal_failing(&d, &["node", "set", "rs", "--driver", "ipmi"])?;
+    ensure!(err.contains("interface"), "{err}");
+    ensure!(baremetal_json(&d, &["node", "show", "rs"])?["driver"] == "redfish");
+    baremetal(
+        &d,
+        &[
+            "node",
+            "set",
+            "rs",
+            "--driver",
+            "ipmi",
+            "--reset-interfaces",
+            "--raid-interface",
+            "agent",
+        ],
+    )?;
+    let n = baremetal_json(&d, &["node", "show", "rs"])?;
+    for (field, want) in [
+        ("driver", "ipmi"),
+        ("boot_interface", "ipxe"),
+        ("deploy_interface", "direct"),
+        ("power_interface", "ipmitool"),
+        ("management_interface", "ipmitool"),
+        ("inspect_interface", "agent"),
+        ("rescue_interface", "no-rescue"),
+        ("raid_interface", "agent"),
+    ] {
+        ensure!(n[field] == want, "{field} after the reset: {n}");
+    }
+    Ok(())
+}
