@@ -441,18 +441,37 @@ impl Conductor {
     }
 
     /// `abort` from `service failed` back to `active`: if the ramdisk ran, the instance is
-    /// booted again (best effort, logged) and the run forgotten.
-    pub(crate) async fn leave_service_failed(&self, node: &Node) {
-        let uuid = node.uuid.clone();
-        let booted = run_of(node).is_some_and(|r| r.ramdisk_booted);
+    /// booted again (best effort, logged) and the run forgotten. `left` is the node as the
+    /// abort wrote it; this runs in the background after that write, so the node may already
+    /// have started something new (a `service` sent the moment it read `active`): then the
+    /// run on it is the new one and is left alone.
+    pub(crate) async fn leave_service_failed(&self, left: &Node) {
+        let uuid = left.uuid.clone();
+        let booted = run_of(left).is_some_and(|r| r.ramdisk_booted);
+        let mut power = None;
+        if booted {
+            let Ok(mut n) = self.store.get_node(&uuid).await else {
+                return;
+            };
+            let Ok(bmc) = self.bmc(&n) else { return };
+            match self.boot_instance_again(&mut n, bmc.as_ref()).await {
+                Ok(()) => power = n.power_state,
+                Err(e) => {
+                    tracing::warn!(node = %uuid, error = %e, "could not boot the instance again after servicing was abandoned; power it on from its disk by hand")
+                }
+            }
+        }
+        // Read again after the BMC's round trips: only the node the abort left is ours.
         let Ok(mut n) = self.store.get_node(&uuid).await else {
             return;
         };
-        if booted {
-            let Ok(bmc) = self.bmc(&n) else { return };
-            if let Err(e) = self.boot_instance_again(&mut n, bmc.as_ref()).await {
-                tracing::warn!(node = %uuid, error = %e, "could not boot the instance again after servicing was abandoned; power it on from its disk by hand");
-            }
+        if n.provision_state != left.provision_state
+            || n.provision_updated_at != left.provision_updated_at
+        {
+            return;
+        }
+        if power.is_some() {
+            n.power_state = power;
         }
         n.runs.service = None;
         if let Err(e) = self.update_node(&n).await {
