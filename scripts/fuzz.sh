@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Runs the cargo-fuzz targets in fuzz/ for a bounded time each and reports what ran.
 #   bash scripts/fuzz.sh [SECONDS] [TARGET...]    (default: 10 s each, every target)
+#   bash scripts/fuzz.sh --build-only             (build every target, run none: scripts/test.sh
+#                                                  builds them beside the tests)
 # Seeds are fuzz/corpus/<target>/ (committed); inputs a run finds interesting go to
 # fuzz/work/<target>/ (git-ignored) and are reused by the next run; a crash stops the run
 # and is saved under fuzz/artifacts/<target>/ with the command that reproduces it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+build_only=0
+if [ "${1:-}" = --build-only ]; then
+  build_only=1
+  shift
+fi
 secs=${1:-10}
 shift || true
 # cargo-fuzz passes unstable flags (-Zsanitizer…): nightly when the machine has it, else the
@@ -37,6 +44,7 @@ echo "fuzz: building ${#targets[@]} targets (toolchain ${toolchain#+})"
 start=$(date +%s)
 cargo $toolchain fuzz build --fuzz-dir fuzz
 echo "fuzz: built in $(( $(date +%s) - start )) s"
+[ "$build_only" = 1 ] && exit 0
 
 # One target a core at a time (libFuzzer runs one process a target): same seconds each, less
 # wall time. A crash is reported with its log when its target ends; the run then fails.

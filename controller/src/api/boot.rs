@@ -16,7 +16,7 @@
 //!   MAC no node has gets the ramdisk without `rivet.node` (its lookup finds nothing, so the
 //!   agent sends its inventory to discovery), as Ironic's inspector serves unknown machines.
 
-use super::{ApiError, AppState};
+use super::{file_body, ApiError, AppState};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -27,7 +27,6 @@ use futures_util::StreamExt;
 use rivet_conductor::agent::LOOKUP_ALLOWED;
 use rivet_model::node::Node;
 use rivet_store::{normalize_mac, StoreError};
-use std::io::Read;
 
 /// The only files `GET /boot/{file}` serves (image-build's output names).
 pub const ARTEFACTS: &[&str] = &["vmlinuz", "rivet.initramfs", "rivet.iso"];
@@ -76,7 +75,10 @@ async fn artefact(
         }
     };
     tracing::info!(file = %file, bytes = len, "serving boot artefact");
-    Ok(octet_stream(Body::from_stream(file_stream(f)), len))
+    Ok(file_body::octet_stream(
+        Body::from_stream(file_body::stream(f, len, CHUNK, ())),
+        len,
+    ))
 }
 
 async fn node_iso(
@@ -121,7 +123,7 @@ async fn node_iso(
     tracing::info!(node = %node.uuid, bytes = len, "serving the node's virtual-media ISO");
     let region = Bytes::from(region.into_bytes());
     let mut at = 0u64;
-    let body = file_stream(f).map(move |chunk| {
+    let body = file_body::stream(f, len, CHUNK, ()).map(move |chunk| {
         chunk.map(|c| {
             let (from, to) = (at, at + c.len() as u64);
             at = to;
@@ -137,43 +139,7 @@ async fn node_iso(
             Bytes::from(c)
         })
     });
-    Ok(octet_stream(Body::from_stream(body), len))
-}
-
-/// A binary download of `len` bytes.
-fn octet_stream(body: Body, len: u64) -> Response {
-    let mut resp = body.into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    resp
-}
-
-/// The file as a stream of chunks, each read on the blocking pool.
-fn file_stream(
-    f: std::fs::File,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    futures_util::stream::unfold(Some(f), |state| async move {
-        let mut f = state?;
-        let read = tokio::task::spawn_blocking(move || {
-            let mut buf = vec![0u8; CHUNK];
-            let r = f.read(&mut buf).map(|n| {
-                buf.truncate(n);
-                buf
-            });
-            (f, r)
-        })
-        .await;
-        match read {
-            Ok((_, Ok(buf))) if buf.is_empty() => None,
-            Ok((f, Ok(buf))) => Some((Ok(Bytes::from(buf)), Some(f))),
-            Ok((_, Err(e))) => Some((Err(e), None)),
-            Err(e) => Some((Err(std::io::Error::other(e)), None)),
-        }
-    })
+    Ok(file_body::octet_stream(Body::from_stream(body), len))
 }
 
 #[derive(serde::Deserialize)]

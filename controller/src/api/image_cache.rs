@@ -8,8 +8,8 @@
 //! audit row, whose path would not carry the token anyway: it travels in a header). Tokens
 //! are never logged.
 
-use super::{ApiError, ApiResult, AppState};
-use axum::body::{Body, Bytes};
+use super::{file_body, ApiError, ApiResult, AppState};
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use rivet_conductor::ImageRefusal;
 use serde_json::{json, Value};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Seek, SeekFrom};
 
 /// Bytes read from the cached file per body chunk.
 const CHUNK: usize = 1 << 20;
@@ -31,12 +31,18 @@ pub fn download_routes() -> Router<AppState> {
     Router::new().route("/image-cache/{name}", get(download))
 }
 
-async fn list(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+/// The cache with its index read from disk (the first call after a start reads it).
+async fn loaded(state: &AppState) -> ApiResult<&rivet_conductor::image_cache::ImageCache> {
     let cache = &state.conductor.image_cache;
     cache
         .load()
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(cache)
+}
+
+async fn list(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+    let cache = loaded(&state).await?;
     let (images, stats) = cache.list();
     let c = &state.conductor.config.image_cache;
     Ok(Json(json!({
@@ -50,11 +56,7 @@ async fn list(State(state): State<AppState>) -> ApiResult<Json<Value>> {
 }
 
 async fn purge(State(state): State<AppState>) -> ApiResult<Json<Value>> {
-    let cache = &state.conductor.image_cache;
-    cache
-        .load()
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    let cache = loaded(&state).await?;
     let (removed, kept) = cache.purge();
     tracing::info!(
         removed = removed.len(),
@@ -167,45 +169,10 @@ async fn download(
     }
     tracing::info!(node = %node, image = %name, from = start, bytes = count, "image cache: serving an image");
     // The guard rides in the stream: the image is in use until the body is done or dropped.
-    let stream = futures_util::stream::unfold(
-        (Some(file), count, guard),
-        |(file, left, guard)| async move {
-            let mut f = file?;
-            if left == 0 {
-                return None;
-            }
-            let want = (left.min(CHUNK as u64)) as usize;
-            let read = tokio::task::spawn_blocking(move || {
-                let mut buf = vec![0u8; want];
-                let r = f.read(&mut buf).map(|n| {
-                    buf.truncate(n);
-                    buf
-                });
-                (f, r)
-            })
-            .await;
-            match read {
-                Ok((_, Ok(buf))) if buf.is_empty() => Some((
-                    Err(std::io::Error::other("the cached image ended early")),
-                    (None, 0, guard),
-                )),
-                Ok((f, Ok(buf))) => {
-                    let n = buf.len() as u64;
-                    Some((Ok(Bytes::from(buf)), (Some(f), left - n, guard)))
-                }
-                Ok((_, Err(e))) => Some((Err(e), (None, 0, guard))),
-                Err(e) => Some((Err(std::io::Error::other(e)), (None, 0, guard))),
-            }
-        },
-    );
-    let mut resp = Body::from_stream(stream).into_response();
+    let stream = file_body::stream(file, count, CHUNK, guard);
+    let mut resp = file_body::octet_stream(Body::from_stream(stream), count);
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if status == StatusCode::PARTIAL_CONTENT {
         if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{}/{len}", start + count - 1))

@@ -19,6 +19,7 @@ mod deploy_templates;
 mod discovery;
 mod drivers;
 mod events;
+mod file_body;
 pub mod gates;
 mod history;
 mod image_cache;

@@ -144,7 +144,8 @@ impl ConsoleHub {
         let uuid = node.uuid.clone();
         let started = self.start(&uuid, target, Some(tx));
         let hub = self.clone();
-        tokio::spawn(async move {
+        // Tracked by the conductor like its node tasks: shutdown waits for it (bounded).
+        self.conductor.tasks.spawn(async move {
             let outcome = match started {
                 Err(e) => Err(e),
                 Ok(()) => rx
@@ -279,7 +280,10 @@ impl ConsoleHub {
             0 => None,
             s => Some(Duration::from_secs(s)),
         };
-        tokio::spawn(tcp::serve(session.clone(), bound.listener, idle));
+        // The listener and the session's supervisor end when the session is cancelled (at
+        // the latest at shutdown, whose grace period waits for their `sol deactivate`).
+        let tasks = &self.conductor.tasks;
+        tasks.spawn(tcp::serve(session.clone(), bound.listener, idle));
         let spec = RunSpec {
             target,
             drivers: self.conductor.config.drivers.clone(),
@@ -287,7 +291,7 @@ impl ConsoleHub {
             capture,
             first,
         };
-        tokio::spawn(self.clone().supervise(session, spec, input, done_tx));
+        tasks.spawn(self.clone().supervise(session, spec, input, done_tx));
         Ok(())
     }
 

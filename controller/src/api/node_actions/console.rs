@@ -102,7 +102,10 @@ pub(super) async fn console_set(
             if kept.console_enabled || open_here {
                 // Ending the session waits for `sol deactivate`: not on the request.
                 let uuid = node.uuid.clone();
-                tokio::spawn(async move { hub.disable(&uuid).await });
+                state
+                    .conductor
+                    .tasks
+                    .spawn(async move { hub.disable(&uuid).await });
             }
         }
         tracing::info!(node = %node.uuid, enabled = on, "console set (ipmitool-socat)");
