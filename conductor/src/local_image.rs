@@ -170,7 +170,7 @@ impl Conductor {
             .key()
             .ok_or_else(|| ImageRefusal::Unavailable("the image cache is not loaded".into()))?;
         let good = run.and_then(|r| r.local_image.as_deref()) == Some(name)
-            && token::same(token, &token::token(key, &node.uuid, command, name));
+            && token::valid(key, &node.uuid, command, name, token);
         if !good {
             return Err(ImageRefusal::Forbidden(format!(
                 "this token does not let node {} read image {name}",
