@@ -449,3 +449,183 @@ fn web_ui_in_a_real_browser() -> Result<()> {
     assert_eq!(verbs, 0, "a reader was offered verbs");
     Ok(())
 }
+
+/// The charts page in a real browser: after one fake deploy, the deploy-duration chart holds
+/// exactly one sample and the time-per-state chart names the states the nodes went through.
+/// With `RIVET_SCREENSHOTS=DIR` it also saves the README's pictures (fleet, node, charts).
+#[test]
+fn web_ui_charts_after_a_deploy() -> Result<()> {
+    let Some((chromium, chromedriver)) = webdriver::installed() else {
+        rivet_tests::prerequisite(
+            false,
+            "chromium and chromedriver (scripts/setup-browser.sh)",
+        );
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let r = rivetd(dir.path(), "")?;
+    let verb = |n: &str, target: &str| -> Result<()> {
+        let (s, v) = admin(
+            &r,
+            "PUT",
+            &format!("/v1/nodes/{n}/states/provision"),
+            Some(json!({ "target": target })),
+        )?;
+        ensure!(s == 202, "{target}: {s} {v}");
+        Ok(())
+    };
+    let mut nodes = Vec::new();
+    for (i, owner) in ["team-a", "team-a", "team-b", "team-b", "team-c"]
+        .iter()
+        .enumerate()
+    {
+        let n = create_node(
+            &r,
+            json!({"driver": "fake-hardware", "name": format!("rack1-u{:02}", i * 2 + 1),
+                   "owner": owner, "resource_class": "bm-large"}),
+        )?;
+        nodes.push(n);
+    }
+    for n in &nodes[..4] {
+        verb(n, "manage")?;
+    }
+    for n in &nodes[..4] {
+        wait_node(&r, n, "manageable", |v| {
+            v["provision_state"] == "manageable"
+        })?;
+    }
+    // One deploy (fake deploy interface: nothing written), from available to active.
+    let deployed = &nodes[0];
+    verb(deployed, "provide")?;
+    wait_node(&r, deployed, "available", |v| {
+        v["provision_state"] == "available"
+    })?;
+    let (s, v) = admin(
+        &r,
+        "PATCH",
+        &format!("/v1/nodes/{deployed}"),
+        Some(json!([{"op": "add", "path": "/instance_info/image_source",
+                      "value": "http://images.example/ubuntu.img"}])),
+    )?;
+    ensure!(s == 200, "{v}");
+    verb(deployed, "active")?;
+    wait_node(&r, deployed, "active", |v| v["provision_state"] == "active")?;
+    let (s, v) = admin(
+        &r,
+        "PUT",
+        &format!("/v1/nodes/{}/maintenance", nodes[3]),
+        Some(json!({"reason": "fan failure"})),
+    )?;
+    ensure!((200..300).contains(&s), "{v}");
+
+    let b = Browser::start(&chromium, &chromedriver)?;
+    let t = Duration::from_secs(20);
+    b.goto(&format!("{}/ui/login", r.url))?;
+    let u = b.wait_for("input[name=username]", t)?;
+    b.type_into(&u, "admin")?;
+    let p = b.wait_for("input[name=password]", t)?;
+    b.type_into(&p, ADMIN_PW)?;
+    let go = b.wait_for("button[type=submit]", t)?;
+    b.click(&go)?;
+    b.wait_until(
+        "five rows",
+        &format!("return {ROWS}.length === 5"),
+        json!([]),
+        t,
+    )?;
+    // Rows are placed one under the other (their `top` is set through the CSSOM, which the
+    // CSP allows, not a style attribute, which it refuses).
+    let tops = b.script(
+        "return [...document.querySelectorAll('[data-node]')].map(r => r.getBoundingClientRect().top)",
+        json!([]),
+    )?;
+    let tops: Vec<f64> = tops
+        .as_array()
+        .context("tops")?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    ensure!(
+        tops.windows(2).all(|w| w[1] > w[0]),
+        "rows overlap: {tops:?}"
+    );
+    // The counts per state are chips, one per state (3 manageable here).
+    let counts = b.script(
+        "return document.getElementById('counts').textContent",
+        json!([]),
+    )?;
+    let counts = counts.as_str().unwrap_or_default();
+    ensure!(
+        counts.contains("manageable 3") && !counts.contains("[object"),
+        "counts: {counts}"
+    );
+    b.screenshot_to_env("fleet")?;
+
+    let nav = b.wait_for("#nav-charts", t)?;
+    b.click(&nav)?;
+    b.wait_until(
+        "the deploy chart with one deploy",
+        "const f = document.querySelector('[data-chart=deploys]'); return !!f && f.dataset.total === '1'",
+        json!([]),
+        t,
+    )?;
+    // Exactly one bar of the distribution holds the sample (a fake deploy: ≤ 1 s or ≤ 10 s).
+    let bars = b.script(
+        "return [...document.querySelectorAll('[data-chart=deploys] rect')].map(r => Number(r.dataset.value))",
+        json!([]),
+    )?;
+    let bars: Vec<f64> = bars
+        .as_array()
+        .context("bars")?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    ensure!(
+        bars.len() == 11 && bars.iter().sum::<f64>() == 1.0,
+        "deploy buckets: {bars:?}"
+    );
+    // Time per provision state: every state the deploy passed through is named, as text.
+    let states = b.script(
+        "return [...document.querySelectorAll('[data-chart=states] rect')].map(r => r.dataset.label)",
+        json!([]),
+    )?;
+    for s in [
+        "enroll",
+        "verifying",
+        "manageable",
+        "available",
+        "deploying",
+    ] {
+        ensure!(
+            states.as_array().is_some_and(|a| a.iter().any(|v| v == s)),
+            "{s} missing from the time-per-state chart: {states}"
+        );
+    }
+    // Nodes per state now: 5 in all.
+    let total = b.script(
+        "return document.querySelector('[data-chart=nodes]').dataset.total",
+        json!([]),
+    )?;
+    assert_eq!(total, "5");
+    b.screenshot_to_env("charts")?;
+
+    // The same figures through the JSON the page reads, and on /metrics.
+    let (s, doc) = admin(&r, "GET", "/ui/charts.json", None)?;
+    ensure!(s == 200, "{doc}");
+    assert_eq!(doc["deploys"]["count"], 1, "{doc}");
+    let metrics = client()?
+        .get(format!("{}/metrics", r.url))
+        .basic_auth("admin", Some(ADMIN_PW))
+        .send()?
+        .text()?;
+    ensure!(
+        metrics.contains("rivet_deploy_duration_seconds_count 1"),
+        "no deploy in /metrics"
+    );
+
+    b.goto(&format!("{}/ui/nodes/{deployed}", r.url))?;
+    b.wait_for("#node-state", t)?;
+    b.wait_for("#timeline", t)?;
+    b.screenshot_to_env("node")?;
+    Ok(())
+}

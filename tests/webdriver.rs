@@ -197,6 +197,28 @@ impl Browser {
         }
     }
 
+    /// A PNG of the viewport (WebDriver answers it as base64).
+    pub fn screenshot(&self) -> Result<Vec<u8>> {
+        use base64::Engine as _;
+        let b64 = self.call(reqwest::Method::GET, "/screenshot", None)?;
+        let b64 = b64.as_str().context("screenshot: no base64 string")?;
+        Ok(base64::engine::general_purpose::STANDARD.decode(b64)?)
+    }
+
+    /// With `RIVET_SCREENSHOTS=DIR`, save the viewport as `DIR/<name>.png` (the README's
+    /// pictures come from such a run); otherwise nothing, so CI never rewrites the repository.
+    pub fn screenshot_to_env(&self, name: &str) -> Result<()> {
+        let Some(dir) = std::env::var_os("RIVET_SCREENSHOTS") else {
+            return Ok(());
+        };
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir)?;
+        let png = self.screenshot()?;
+        anyhow::ensure!(png.starts_with(b"\x89PNG"), "screenshot is not a PNG");
+        std::fs::write(dir.join(format!("{name}.png")), png)?;
+        Ok(())
+    }
+
     /// The browser's cookies for the current page (HttpOnly ones included).
     pub fn cookies(&self) -> Result<Vec<Value>> {
         Ok(self
