@@ -629,3 +629,141 @@ fn web_ui_charts_after_a_deploy() -> Result<()> {
     b.screenshot_to_env("node")?;
     Ok(())
 }
+
+/// A test exec plugin with one step that reports its progress (`progress i/n` on stderr),
+/// a tenth of a second a unit.
+const PROGRESS_PLUGIN: &str = r#"#!/bin/sh
+case "${1:-}" in
+describe) echo '{"name": "ui-steps", "support_level": 1}' ;;
+steps) echo '[{"interface": "deploy", "step": "burn_in", "priority": 0, "abortable": true, "argsinfo": {}}]' ;;
+execute)
+  cat >/dev/null
+  n=40; i=0
+  while [ $i -lt $n ]; do sleep 0.1; i=$((i + 1)); echo "progress $i/$n" >&2; done
+  echo '{}' ;;
+esac
+"#;
+
+/// The running step's progress, live: the real agent runs a manual clean step that reports
+/// progress, and the fleet row and the node page show it move without a reload.
+#[test]
+fn web_ui_shows_step_progress_live() -> Result<()> {
+    let Some((chromium, chromedriver)) = webdriver::installed() else {
+        rivet_tests::prerequisite(
+            false,
+            "chromium and chromedriver (scripts/setup-browser.sh)",
+        );
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let r = Rivetd::start_in(
+        dir.path(),
+        "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n",
+    )?;
+    let (s, v) = r.call(
+        "POST",
+        "/v1/nodes",
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "burner"})),
+    )?;
+    ensure!(s == 201, "{v}");
+    let uuid = v["uuid"].as_str().context("uuid")?.to_string();
+    r.call(
+        "PUT",
+        "/v1/nodes/burner/states/provision",
+        Some(json!({"target": "manage"})),
+    )?;
+    r.wait_node("burner", Duration::from_secs(10), |v| {
+        v["provision_state"] == "manageable"
+    })?;
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins)?;
+    let plugin = plugins.join("ui-steps");
+    std::fs::write(&plugin, PROGRESS_PLUGIN)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
+
+    let b = Browser::start(&chromium, &chromedriver)?;
+    let t = Duration::from_secs(20);
+    b.goto(&format!("{}/ui/", r.url))?;
+    b.wait_until(
+        "the fleet",
+        &format!("return {ROWS}.length === 1"),
+        json!([]),
+        t,
+    )?;
+    let (s, v) = r.call(
+        "PUT",
+        "/v1/nodes/burner/states/provision",
+        Some(
+            json!({"target": "clean", "clean_steps": [{"interface": "deploy", "step": "burn_in"}]}),
+        ),
+    )?;
+    ensure!(s == 202, "{v}");
+    r.wait_node("burner", Duration::from_secs(10), |v| {
+        v["provision_state"] == "clean wait"
+    })?;
+    let disk = dir.path().join("disk0.img");
+    std::fs::File::create(&disk)?.set_len(16 << 20)?;
+    let _agent = rivet_tests::agentproc::AgentProcess::start(
+        &r.url,
+        &uuid,
+        &[&disk],
+        Some(&plugins),
+        &dir.path().join("agent.log"),
+        &[],
+    )?;
+    // The row's step cell: the step's name and a percentage that grows while the page stays.
+    let pct = "((u) => { const p = document.querySelector(`[data-node=\"${u}\"] [data-field=progress]`); \
+               return p && p.dataset.pct !== '' ? Number(p.dataset.pct) : -1; })(arguments[0])";
+    b.script("window.__sameDocument = 46; return true", json!([]))?;
+    b.wait_until(
+        "progress in the row",
+        &format!("return ({pct}) > 0 && ({pct}) < 100"),
+        json!([uuid]),
+        t,
+    )?;
+    let first = b
+        .script(&format!("return {pct}"), json!([uuid]))?
+        .as_i64()
+        .unwrap_or(-1);
+    b.wait_until(
+        "the progress moves on",
+        &format!("return window.__sameDocument === 46 && ({pct}) > {first}"),
+        json!([uuid]),
+        t,
+    )?;
+    let cell = b.script(
+        "return document.querySelector(`[data-node=\"${arguments[0]}\"] [data-field=step]`).textContent",
+        json!([uuid]),
+    )?;
+    ensure!(
+        cell.as_str().is_some_and(|c| c.contains("deploy.burn_in")),
+        "step cell: {cell}"
+    );
+    b.screenshot_to_env("fleet-progress")?;
+    // The node page shows it too, and it moves there as well.
+    b.goto(&format!("{}/ui/nodes/{uuid}", r.url))?;
+    let cell_pct =
+        "(() => { const p = document.querySelector('td[data-field=step] [data-field=progress]'); \
+                    return p && p.dataset.pct !== '' ? Number(p.dataset.pct) : -1; })()";
+    b.wait_until(
+        "progress on the node page",
+        &format!("return ({cell_pct}) > 0"),
+        json!([]),
+        t,
+    )?;
+    let first = b
+        .script(&format!("return {cell_pct}"), json!([]))?
+        .as_i64()
+        .unwrap_or(-1);
+    b.wait_until(
+        "the node page's progress moves on",
+        &format!("return ({cell_pct}) > {first} || ({cell_pct}) === -1"),
+        json!([]),
+        t,
+    )?;
+    r.wait_node("burner", Duration::from_secs(30), |v| {
+        v["provision_state"] == "manageable"
+    })?;
+    Ok(())
+}
