@@ -255,6 +255,36 @@ fn web_ui_sessions_cookies_csrf_and_failed_logins() -> Result<()> {
     // Nothing secret reached the log.
     let log = r.log_text();
     assert!(!log.contains(ADMIN_PW) && !log.contains(&id) && !log.contains(&csrf));
+    // Log-ins (accepted and refused, not the flood over the limit) and the log-out are in
+    // the audit trail, with nothing secret; the UI's requests are counted in /metrics.
+    let (s, audit) = admin(&r, "GET", "/v1/audit?limit=1000", None)?;
+    ensure!(s == 200, "{audit}");
+    let rows = audit["audit"].as_array().context("audit rows")?;
+    let count = |action: &str, status: u64, actor: &str| {
+        rows.iter()
+            .filter(|r| {
+                r["action"] == action
+                    && r["status"] == status
+                    && r["actor"].as_str().is_some_and(|a| a.contains(actor))
+            })
+            .count()
+    };
+    assert_eq!(count("ui:login", 303, "admin (role admin)"), 1, "{audit}");
+    assert_eq!(count("ui:login", 303, "viewer (role reader)"), 1, "{audit}");
+    assert!(count("ui:login", 401, "log-in as admin") >= 2, "{audit}");
+    assert_eq!(count("ui:logout", 204, "admin (role admin)"), 1, "{audit}");
+    assert_eq!(count("ui:login", 429, ""), 0, "{audit}");
+    let text = audit.to_string();
+    assert!(!text.contains(ADMIN_PW) && !text.contains(&id) && !text.contains("guess"));
+    let metrics = client()?
+        .get(format!("{}/metrics", r.url))
+        .basic_auth("admin", Some(ADMIN_PW))
+        .send()?
+        .text()?;
+    ensure!(
+        metrics.contains("route=\"/ui/login\"") && metrics.contains("route=\"/ui/whoami\""),
+        "UI requests not in /metrics"
+    );
     Ok(())
 }
 
@@ -390,16 +420,14 @@ fn web_ui_in_a_real_browser() -> Result<()> {
 
     // Power it on (no confirmation needed), then off: a destructive verb asks in a dialog and
     // acts only once confirmed; the change is read back through the API.
-    let on = b.wait_for("[data-verb=power-on]", t)?;
-    b.click(&on)?;
+    b.click_css("[data-verb=power-on]", t)?;
     wait_node(&r, &alpha, "powered on", |v| v["power_state"] == "power on")?;
-    let off = b.wait_for("[data-verb=power-off]", t)?;
-    b.click(&off)?;
-    let accept = b.wait_for("dialog[open] [data-confirm]", t)?;
+    b.click_css("[data-verb=power-off]", t)?;
+    b.wait_for("dialog[open] [data-confirm]", t)?;
     std::thread::sleep(Duration::from_millis(300));
     let (_, v) = admin(&r, "GET", &format!("/v1/nodes/{alpha}"), None)?;
     assert_eq!(v["power_state"], "power on", "acted before confirmation");
-    b.click(&accept)?;
+    b.click_css("dialog[open] [data-confirm]", t)?;
     wait_node(&r, &alpha, "powered off", |v| {
         v["power_state"] == "power off"
     })?;

@@ -154,6 +154,22 @@ impl Browser {
             .map(|_| ())
     }
 
+    /// Find the element matching `css` and click it, finding it again when the page redrew
+    /// it in between (a live page replaces its elements when the node changes).
+    pub fn click_css(&self, css: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let el = self.wait_for(css, timeout)?;
+            match self.click(&el) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.to_string().contains("stale element") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Type `text` into element `el`.
     pub fn type_into(&self, el: &str, text: &str) -> Result<()> {
         self.call(

@@ -121,7 +121,7 @@ pub struct StepProgress {
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeEvent {
     /// A node was written (or deleted).
-    Change(NodeChange),
+    Change(Box<NodeChange>),
     /// A running step's progress moved.
     Progress(StepProgress),
 }
@@ -152,7 +152,7 @@ impl NodeEvents {
             // An error only means the last watcher left meanwhile.
             let _ = self
                 .tx
-                .send(Arc::new(NodeEvent::Change(NodeChange::of(node))));
+                .send(Arc::new(NodeEvent::Change(Box::new(NodeChange::of(node)))));
         }
     }
 
@@ -183,7 +183,9 @@ impl NodeEvents {
         if self.tx.receiver_count() > 0 {
             let _ = self
                 .tx
-                .send(Arc::new(NodeEvent::Change(NodeChange::removed(uuid))));
+                .send(Arc::new(NodeEvent::Change(Box::new(NodeChange::removed(
+                    uuid,
+                )))));
         }
     }
 }

@@ -45,6 +45,8 @@ pub fn routes(state: AppState) -> Router {
         .route("/ui/assets/{file}", get(assets::serve))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(security_headers))
+        // Counted and timed like the API's requests, by route template (`/ui/nodes/{ident}`).
+        .layer(middleware::from_fn(rivet_support::metrics::http))
         .with_state(state)
 }
 
