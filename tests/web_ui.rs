@@ -255,6 +255,36 @@ fn web_ui_sessions_cookies_csrf_and_failed_logins() -> Result<()> {
     // Nothing secret reached the log.
     let log = r.log_text();
     assert!(!log.contains(ADMIN_PW) && !log.contains(&id) && !log.contains(&csrf));
+    // Log-ins (accepted and refused, not the flood over the limit) and the log-out are in
+    // the audit trail, with nothing secret; the UI's requests are counted in /metrics.
+    let (s, audit) = admin(&r, "GET", "/v1/audit?limit=1000", None)?;
+    ensure!(s == 200, "{audit}");
+    let rows = audit["audit"].as_array().context("audit rows")?;
+    let count = |action: &str, status: u64, actor: &str| {
+        rows.iter()
+            .filter(|r| {
+                r["action"] == action
+                    && r["status"] == status
+                    && r["actor"].as_str().is_some_and(|a| a.contains(actor))
+            })
+            .count()
+    };
+    assert_eq!(count("ui:login", 303, "admin (role admin)"), 1, "{audit}");
+    assert_eq!(count("ui:login", 303, "viewer (role reader)"), 1, "{audit}");
+    assert!(count("ui:login", 401, "log-in as admin") >= 2, "{audit}");
+    assert_eq!(count("ui:logout", 204, "admin (role admin)"), 1, "{audit}");
+    assert_eq!(count("ui:login", 429, ""), 0, "{audit}");
+    let text = audit.to_string();
+    assert!(!text.contains(ADMIN_PW) && !text.contains(&id) && !text.contains("guess"));
+    let metrics = client()?
+        .get(format!("{}/metrics", r.url))
+        .basic_auth("admin", Some(ADMIN_PW))
+        .send()?
+        .text()?;
+    ensure!(
+        metrics.contains("route=\"/ui/login\"") && metrics.contains("route=\"/ui/whoami\""),
+        "UI requests not in /metrics"
+    );
     Ok(())
 }
 
@@ -390,16 +420,14 @@ fn web_ui_in_a_real_browser() -> Result<()> {
 
     // Power it on (no confirmation needed), then off: a destructive verb asks in a dialog and
     // acts only once confirmed; the change is read back through the API.
-    let on = b.wait_for("[data-verb=power-on]", t)?;
-    b.click(&on)?;
+    b.click_css("[data-verb=power-on]", t)?;
     wait_node(&r, &alpha, "powered on", |v| v["power_state"] == "power on")?;
-    let off = b.wait_for("[data-verb=power-off]", t)?;
-    b.click(&off)?;
-    let accept = b.wait_for("dialog[open] [data-confirm]", t)?;
+    b.click_css("[data-verb=power-off]", t)?;
+    b.wait_for("dialog[open] [data-confirm]", t)?;
     std::thread::sleep(Duration::from_millis(300));
     let (_, v) = admin(&r, "GET", &format!("/v1/nodes/{alpha}"), None)?;
     assert_eq!(v["power_state"], "power on", "acted before confirmation");
-    b.click(&accept)?;
+    b.click_css("dialog[open] [data-confirm]", t)?;
     wait_node(&r, &alpha, "powered off", |v| {
         v["power_state"] == "power off"
     })?;
@@ -447,5 +475,323 @@ fn web_ui_in_a_real_browser() -> Result<()> {
         json!([]),
     )?;
     assert_eq!(verbs, 0, "a reader was offered verbs");
+    Ok(())
+}
+
+/// The charts page in a real browser: after one fake deploy, the deploy-duration chart holds
+/// exactly one sample and the time-per-state chart names the states the nodes went through.
+/// With `RIVET_SCREENSHOTS=DIR` it also saves the README's pictures (fleet, node, charts).
+#[test]
+fn web_ui_charts_after_a_deploy() -> Result<()> {
+    let Some((chromium, chromedriver)) = webdriver::installed() else {
+        rivet_tests::prerequisite(
+            false,
+            "chromium and chromedriver (scripts/setup-browser.sh)",
+        );
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let r = rivetd(dir.path(), "")?;
+    let verb = |n: &str, target: &str| -> Result<()> {
+        let (s, v) = admin(
+            &r,
+            "PUT",
+            &format!("/v1/nodes/{n}/states/provision"),
+            Some(json!({ "target": target })),
+        )?;
+        ensure!(s == 202, "{target}: {s} {v}");
+        Ok(())
+    };
+    let mut nodes = Vec::new();
+    for (i, owner) in ["team-a", "team-a", "team-b", "team-b", "team-c"]
+        .iter()
+        .enumerate()
+    {
+        let n = create_node(
+            &r,
+            json!({"driver": "fake-hardware", "name": format!("rack1-u{:02}", i * 2 + 1),
+                   "owner": owner, "resource_class": "bm-large"}),
+        )?;
+        nodes.push(n);
+    }
+    for n in &nodes[..4] {
+        verb(n, "manage")?;
+    }
+    for n in &nodes[..4] {
+        wait_node(&r, n, "manageable", |v| {
+            v["provision_state"] == "manageable"
+        })?;
+    }
+    // One deploy (fake deploy interface: nothing written), from available to active.
+    let deployed = &nodes[0];
+    verb(deployed, "provide")?;
+    wait_node(&r, deployed, "available", |v| {
+        v["provision_state"] == "available"
+    })?;
+    let (s, v) = admin(
+        &r,
+        "PATCH",
+        &format!("/v1/nodes/{deployed}"),
+        Some(json!([{"op": "add", "path": "/instance_info/image_source",
+                      "value": "http://images.example/ubuntu.img"}])),
+    )?;
+    ensure!(s == 200, "{v}");
+    verb(deployed, "active")?;
+    wait_node(&r, deployed, "active", |v| v["provision_state"] == "active")?;
+    let (s, v) = admin(
+        &r,
+        "PUT",
+        &format!("/v1/nodes/{}/maintenance", nodes[3]),
+        Some(json!({"reason": "fan failure"})),
+    )?;
+    ensure!((200..300).contains(&s), "{v}");
+
+    let b = Browser::start(&chromium, &chromedriver)?;
+    let t = Duration::from_secs(20);
+    b.goto(&format!("{}/ui/login", r.url))?;
+    let u = b.wait_for("input[name=username]", t)?;
+    b.type_into(&u, "admin")?;
+    let p = b.wait_for("input[name=password]", t)?;
+    b.type_into(&p, ADMIN_PW)?;
+    let go = b.wait_for("button[type=submit]", t)?;
+    b.click(&go)?;
+    b.wait_until(
+        "five rows",
+        &format!("return {ROWS}.length === 5"),
+        json!([]),
+        t,
+    )?;
+    // Rows are placed one under the other (their `top` is set through the CSSOM, which the
+    // CSP allows, not a style attribute, which it refuses).
+    let tops = b.script(
+        "return [...document.querySelectorAll('[data-node]')].map(r => r.getBoundingClientRect().top)",
+        json!([]),
+    )?;
+    let tops: Vec<f64> = tops
+        .as_array()
+        .context("tops")?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    ensure!(
+        tops.windows(2).all(|w| w[1] > w[0]),
+        "rows overlap: {tops:?}"
+    );
+    // The counts per state are chips, one per state (3 manageable here).
+    let counts = b.script(
+        "return document.getElementById('counts').textContent",
+        json!([]),
+    )?;
+    let counts = counts.as_str().unwrap_or_default();
+    ensure!(
+        counts.contains("manageable 3") && !counts.contains("[object"),
+        "counts: {counts}"
+    );
+    b.screenshot_to_env("fleet")?;
+
+    let nav = b.wait_for("#nav-charts", t)?;
+    b.click(&nav)?;
+    b.wait_until(
+        "the deploy chart with one deploy",
+        "const f = document.querySelector('[data-chart=deploys]'); return !!f && f.dataset.total === '1'",
+        json!([]),
+        t,
+    )?;
+    // Exactly one bar of the distribution holds the sample (a fake deploy: ≤ 1 s or ≤ 10 s).
+    let bars = b.script(
+        "return [...document.querySelectorAll('[data-chart=deploys] rect')].map(r => Number(r.dataset.value))",
+        json!([]),
+    )?;
+    let bars: Vec<f64> = bars
+        .as_array()
+        .context("bars")?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    ensure!(
+        bars.len() == 11 && bars.iter().sum::<f64>() == 1.0,
+        "deploy buckets: {bars:?}"
+    );
+    // Time per provision state: every state the deploy passed through is named, as text.
+    let states = b.script(
+        "return [...document.querySelectorAll('[data-chart=states] rect')].map(r => r.dataset.label)",
+        json!([]),
+    )?;
+    for s in [
+        "enroll",
+        "verifying",
+        "manageable",
+        "available",
+        "deploying",
+    ] {
+        ensure!(
+            states.as_array().is_some_and(|a| a.iter().any(|v| v == s)),
+            "{s} missing from the time-per-state chart: {states}"
+        );
+    }
+    // Nodes per state now: 5 in all.
+    let total = b.script(
+        "return document.querySelector('[data-chart=nodes]').dataset.total",
+        json!([]),
+    )?;
+    assert_eq!(total, "5");
+    b.screenshot_to_env("charts")?;
+
+    // The same figures through the JSON the page reads, and on /metrics.
+    let (s, doc) = admin(&r, "GET", "/ui/charts.json", None)?;
+    ensure!(s == 200, "{doc}");
+    assert_eq!(doc["deploys"]["count"], 1, "{doc}");
+    let metrics = client()?
+        .get(format!("{}/metrics", r.url))
+        .basic_auth("admin", Some(ADMIN_PW))
+        .send()?
+        .text()?;
+    ensure!(
+        metrics.contains("rivet_deploy_duration_seconds_count 1"),
+        "no deploy in /metrics"
+    );
+
+    b.goto(&format!("{}/ui/nodes/{deployed}", r.url))?;
+    b.wait_for("#node-state", t)?;
+    b.wait_for("#timeline", t)?;
+    b.screenshot_to_env("node")?;
+    Ok(())
+}
+
+/// A test exec plugin with one step that reports its progress (`progress i/n` on stderr),
+/// a tenth of a second a unit.
+const PROGRESS_PLUGIN: &str = r#"#!/bin/sh
+case "${1:-}" in
+describe) echo '{"name": "ui-steps", "support_level": 1}' ;;
+steps) echo '[{"interface": "deploy", "step": "burn_in", "priority": 0, "abortable": true, "argsinfo": {}}]' ;;
+execute)
+  cat >/dev/null
+  n=40; i=0
+  while [ $i -lt $n ]; do sleep 0.1; i=$((i + 1)); echo "progress $i/$n" >&2; done
+  echo '{}' ;;
+esac
+"#;
+
+/// The running step's progress, live: the real agent runs a manual clean step that reports
+/// progress, and the fleet row and the node page show it move without a reload.
+#[test]
+fn web_ui_shows_step_progress_live() -> Result<()> {
+    let Some((chromium, chromedriver)) = webdriver::installed() else {
+        rivet_tests::prerequisite(
+            false,
+            "chromium and chromedriver (scripts/setup-browser.sh)",
+        );
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let r = Rivetd::start_in(
+        dir.path(),
+        "[agent]\nlong_poll_s = 2\n[conductor]\ncheck_interval_s = 1\n",
+    )?;
+    let (s, v) = r.call(
+        "POST",
+        "/v1/nodes",
+        Some(json!({"driver": "fake-hardware", "deploy_interface": "direct", "name": "burner"})),
+    )?;
+    ensure!(s == 201, "{v}");
+    let uuid = v["uuid"].as_str().context("uuid")?.to_string();
+    r.call(
+        "PUT",
+        "/v1/nodes/burner/states/provision",
+        Some(json!({"target": "manage"})),
+    )?;
+    r.wait_node("burner", Duration::from_secs(10), |v| {
+        v["provision_state"] == "manageable"
+    })?;
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins)?;
+    let plugin = plugins.join("ui-steps");
+    std::fs::write(&plugin, PROGRESS_PLUGIN)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
+
+    let b = Browser::start(&chromium, &chromedriver)?;
+    let t = Duration::from_secs(20);
+    b.goto(&format!("{}/ui/", r.url))?;
+    b.wait_until(
+        "the fleet",
+        &format!("return {ROWS}.length === 1"),
+        json!([]),
+        t,
+    )?;
+    let (s, v) = r.call(
+        "PUT",
+        "/v1/nodes/burner/states/provision",
+        Some(
+            json!({"target": "clean", "clean_steps": [{"interface": "deploy", "step": "burn_in"}]}),
+        ),
+    )?;
+    ensure!(s == 202, "{v}");
+    r.wait_node("burner", Duration::from_secs(10), |v| {
+        v["provision_state"] == "clean wait"
+    })?;
+    let disk = dir.path().join("disk0.img");
+    std::fs::File::create(&disk)?.set_len(16 << 20)?;
+    let _agent = rivet_tests::agentproc::AgentProcess::start(
+        &r.url,
+        &uuid,
+        &[&disk],
+        Some(&plugins),
+        &dir.path().join("agent.log"),
+        &[],
+    )?;
+    // The row's step cell: the step's name and a percentage that grows while the page stays.
+    let pct = "((u) => { const p = document.querySelector(`[data-node=\"${u}\"] [data-field=progress]`); \
+               return p && p.dataset.pct !== '' ? Number(p.dataset.pct) : -1; })(arguments[0])";
+    b.script("window.__sameDocument = 46; return true", json!([]))?;
+    b.wait_until(
+        "progress in the row",
+        &format!("return ({pct}) > 0 && ({pct}) < 100"),
+        json!([uuid]),
+        t,
+    )?;
+    let first = b
+        .script(&format!("return {pct}"), json!([uuid]))?
+        .as_i64()
+        .unwrap_or(-1);
+    b.wait_until(
+        "the progress moves on",
+        &format!("return window.__sameDocument === 46 && ({pct}) > {first}"),
+        json!([uuid]),
+        t,
+    )?;
+    let cell = b.script(
+        "return document.querySelector(`[data-node=\"${arguments[0]}\"] [data-field=step]`).textContent",
+        json!([uuid]),
+    )?;
+    ensure!(
+        cell.as_str().is_some_and(|c| c.contains("deploy.burn_in")),
+        "step cell: {cell}"
+    );
+    b.screenshot_to_env("fleet-progress")?;
+    // The node page shows it too, and it moves there as well.
+    b.goto(&format!("{}/ui/nodes/{uuid}", r.url))?;
+    let cell_pct =
+        "(() => { const p = document.querySelector('td[data-field=step] [data-field=progress]'); \
+                    return p && p.dataset.pct !== '' ? Number(p.dataset.pct) : -1; })()";
+    b.wait_until(
+        "progress on the node page",
+        &format!("return ({cell_pct}) > 0"),
+        json!([]),
+        t,
+    )?;
+    let first = b
+        .script(&format!("return {cell_pct}"), json!([]))?
+        .as_i64()
+        .unwrap_or(-1);
+    b.wait_until(
+        "the node page's progress moves on",
+        &format!("return ({cell_pct}) > {first} || ({cell_pct}) === -1"),
+        json!([]),
+        t,
+    )?;
+    r.wait_node("burner", Duration::from_secs(30), |v| {
+        v["provision_state"] == "manageable"
+    })?;
     Ok(())
 }

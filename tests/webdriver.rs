@@ -154,6 +154,22 @@ impl Browser {
             .map(|_| ())
     }
 
+    /// Find the element matching `css` and click it, finding it again when the page redrew
+    /// it in between (a live page replaces its elements when the node changes).
+    pub fn click_css(&self, css: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let el = self.wait_for(css, timeout)?;
+            match self.click(&el) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.to_string().contains("stale element") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Type `text` into element `el`.
     pub fn type_into(&self, el: &str, text: &str) -> Result<()> {
         self.call(
@@ -195,6 +211,28 @@ impl Browser {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// A PNG of the viewport (WebDriver answers it as base64).
+    pub fn screenshot(&self) -> Result<Vec<u8>> {
+        use base64::Engine as _;
+        let b64 = self.call(reqwest::Method::GET, "/screenshot", None)?;
+        let b64 = b64.as_str().context("screenshot: no base64 string")?;
+        Ok(base64::engine::general_purpose::STANDARD.decode(b64)?)
+    }
+
+    /// With `RIVET_SCREENSHOTS=DIR`, save the viewport as `DIR/<name>.png` (the README's
+    /// pictures come from such a run); otherwise nothing, so CI never rewrites the repository.
+    pub fn screenshot_to_env(&self, name: &str) -> Result<()> {
+        let Some(dir) = std::env::var_os("RIVET_SCREENSHOTS") else {
+            return Ok(());
+        };
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir)?;
+        let png = self.screenshot()?;
+        anyhow::ensure!(png.starts_with(b"\x89PNG"), "screenshot is not a PNG");
+        std::fs::write(dir.join(format!("{name}.png")), png)?;
+        Ok(())
     }
 
     /// The browser's cookies for the current page (HttpOnly ones included).

@@ -86,7 +86,7 @@ fn template(uuid: &str) -> Node {
 }
 
 /// Fill `db` with `n` nodes; their UUIDs in id order.
-async fn prefill(db: &Path, n: usize) -> Result<Vec<String>> {
+pub(crate) async fn prefill(db: &Path, n: usize) -> Result<Vec<String>> {
     let path = db.to_str().context("database path is not UTF-8")?;
     let first = uuid::Uuid::new_v4().to_string();
     {

@@ -7,7 +7,9 @@
 //! - `agent`: static agent size, inventory time and peak RSS;
 //! - `deploy`: the static agent's `write_image` against `curl | dd` on a loop device (root);
 //! - `soak`: N agents cycling clean → deploy → undeploy with agent crashes and rivetd
-//!   restarts; checks resting states, no step run twice, rivetd RSS (see soak.rs).
+//!   restarts; checks resting states, no step run twice, rivetd RSS (see soak.rs);
+//! - `ui`: the web UI's fleet page with N nodes in headless Chromium over WebDriver: first
+//!   render, bytes, a state change in its row, scrolling, RSS with open event streams.
 //!
 //! rivetd runs as a child (`target/release/rivetd` next to this binary, or `--rivetd`) on a
 //! free 127.0.0.1 port with a SQLite file in a temporary directory; it is killed at the end.
@@ -24,6 +26,7 @@ mod rivetd;
 mod sim;
 mod soak;
 mod stats;
+mod ui;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -196,6 +199,31 @@ enum Cmd {
         #[command(flatten)]
         common: Common,
     },
+    /// The web UI's fleet page in headless Chromium (scripts/setup-browser.sh): first
+    /// render, bytes on first load, a state change in its row, scrolling, RSS with N open
+    /// event streams.
+    Ui {
+        /// Nodes in the store.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        /// Reloads measured after the cold first load.
+        #[arg(long, default_value_t = 5)]
+        reloads: usize,
+        /// State changes measured.
+        #[arg(long, default_value_t = 10)]
+        changes: usize,
+        /// Frames of scrolling.
+        #[arg(long, default_value_t = 300)]
+        scroll_frames: usize,
+        /// Pixels scrolled per frame.
+        #[arg(long, default_value_t = 200)]
+        scroll_px: usize,
+        /// UI event streams held open for the RSS figure.
+        #[arg(long, default_value_t = 100)]
+        sessions: usize,
+        #[command(flatten)]
+        common: Common,
+    },
     /// `write_image` (raw, qcow2, zstd) against `curl | dd` on a loop device (needs root).
     Deploy {
         /// Image size in GiB.
@@ -326,6 +354,24 @@ fn main() -> Result<()> {
                 heartbeat_timeout_s: heartbeat_timeout_s.max(LONG_POLL_FLOOR_S),
             }))?
         }
+        Cmd::Ui {
+            nodes,
+            reloads,
+            changes,
+            scroll_frames,
+            scroll_px,
+            sessions,
+            common,
+        } => ui::run(ui::UiOpts {
+            nodes,
+            reloads,
+            changes: changes.clamp(1, 20),
+            scroll_frames: scroll_frames.max(10),
+            scroll_px,
+            sessions: sessions.max(1),
+            rivetd: common.rivetd,
+            keep: common.keep,
+        })?,
         Cmd::Agent { agent_bin, runs } => agent::run(agent::AgentOpts { agent_bin, runs })?,
         Cmd::Deploy {
             size_gib,

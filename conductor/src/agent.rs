@@ -478,6 +478,12 @@ impl Conductor {
             .unwrap_or(false);
         let progress_changed = progress.is_some() && progress != node.liveness.progress;
         let version_changed = node.liveness.agent_version.as_deref() != Some(&req.agent_version);
+        if progress_changed {
+            if let Some(p) = &progress {
+                // Live views show it now; the store has it within liveness::FLUSH_EVERY.
+                self.events.publish_progress(&uuid, p);
+            }
+        }
         if !recent || progress_changed || version_changed {
             let liveness = rivet_model::node::Liveness {
                 last_heartbeat: Some(Utc::now()),

@@ -530,6 +530,8 @@ impl Conductor {
             }
             t => t,
         };
+        // When it entered the state it leaves (enrolment, if it never moved).
+        let since = node.provision_updated_at.or(Some(node.created_at));
         node.provision_updated_at = Some(Utc::now());
         if let Some(err) = last_error {
             node.last_error = Some(err);
@@ -567,7 +569,7 @@ impl Conductor {
         node.runs.failure_power_pending = to == ProvisionState::DeployFailed;
         tracing::info!(node = %node.uuid, from = %from, to = %to, event = event.as_str(), "provision state changed");
         let node = self.update_node(&node).await?;
-        self.record_transition(&node, from, &format!("event: {}", event.as_str()))
+        self.record_transition(&node, from, since, &format!("event: {}", event.as_str()))
             .await;
         if to.is_stable() {
             // The agent's token is gone: release its long poll so it hears so at once.

@@ -1,6 +1,7 @@
 //! Live node changes for watchers in this process (rivetd's web UI): every node record the
 //! conductor writes ([`crate::Conductor::update_node`]) is published, as a small summary, on a
-//! tokio broadcast channel. The conductor knows nothing of who listens; the controller
+//! tokio broadcast channel, and so is each new step progress an agent reports (written
+//! outside the node's version, so no node write carries it). The conductor knows nothing of who listens; the controller
 //! subscribes and turns the stream into server-sent events.
 //!
 //! A bounded channel: a watcher that falls behind gets `Lagged` and must re-read the fleet
@@ -72,8 +73,8 @@ impl NodeChange {
             last_error: node.last_error.clone(),
             owner: node.attrs.owner.clone(),
             resource_class: node.resource_class.clone(),
-            clean_step: node.clean_step.clone(),
-            deploy_step: node.deploy_step.clone(),
+            clean_step: node.step_with_progress(&node.clean_step),
+            deploy_step: node.step_with_progress(&node.deploy_step),
             provision_updated_at: node.provision_updated_at,
             removed: false,
         }
@@ -102,10 +103,33 @@ impl NodeChange {
     }
 }
 
+/// The progress an agent just reported for the step it runs (`progress`: `{"done", "total",
+/// "message", "rate"}`, as the node's `clean_step.progress` shows it).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StepProgress {
+    /// Node UUID.
+    pub uuid: String,
+    /// The agent command running the step.
+    pub command_id: Option<String>,
+    /// The step's name, as the agent reported it.
+    pub step: Option<String>,
+    /// The progress.
+    pub progress: Value,
+}
+
+/// One event for watchers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeEvent {
+    /// A node was written (or deleted).
+    Change(Box<NodeChange>),
+    /// A running step's progress moved.
+    Progress(StepProgress),
+}
+
 /// The broadcast of node changes.
 #[derive(Debug)]
 pub struct NodeEvents {
-    tx: broadcast::Sender<Arc<NodeChange>>,
+    tx: broadcast::Sender<Arc<NodeEvent>>,
 }
 
 impl Default for NodeEvents {
@@ -118,7 +142,7 @@ impl Default for NodeEvents {
 
 impl NodeEvents {
     /// A new watcher: it sees changes published from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<NodeChange>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<NodeEvent>> {
         self.tx.subscribe()
     }
 
@@ -126,14 +150,42 @@ impl NodeEvents {
     pub fn publish(&self, node: &Node) {
         if self.tx.receiver_count() > 0 {
             // An error only means the last watcher left meanwhile.
-            let _ = self.tx.send(Arc::new(NodeChange::of(node)));
+            let _ = self
+                .tx
+                .send(Arc::new(NodeEvent::Change(Box::new(NodeChange::of(node)))));
+        }
+    }
+
+    /// Publish a step's new progress on node `uuid` (`liveness_progress`: the node's
+    /// `liveness.progress`, `{"command_id", "step", "progress"}`).
+    pub fn publish_progress(&self, uuid: &str, liveness_progress: &Value) {
+        if self.tx.receiver_count() > 0 {
+            let Some(progress) = liveness_progress.get("progress") else {
+                return;
+            };
+            let text = |k: &str| {
+                liveness_progress
+                    .get(k)
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            };
+            let _ = self.tx.send(Arc::new(NodeEvent::Progress(StepProgress {
+                uuid: uuid.to_string(),
+                command_id: text("command_id"),
+                step: text("step"),
+                progress: progress.clone(),
+            })));
         }
     }
 
     /// Publish that node `uuid` was deleted.
     pub fn publish_removed(&self, uuid: &str) {
         if self.tx.receiver_count() > 0 {
-            let _ = self.tx.send(Arc::new(NodeChange::removed(uuid)));
+            let _ = self
+                .tx
+                .send(Arc::new(NodeEvent::Change(Box::new(NodeChange::removed(
+                    uuid,
+                )))));
         }
     }
 }
@@ -150,10 +202,25 @@ mod tests {
         let mut rx = events.subscribe();
         events.publish(&node);
         events.publish_removed("u1");
-        let first = rx.recv().await.expect("first change");
+        let change = |e: Arc<NodeEvent>| match &*e {
+            NodeEvent::Change(c) => c.clone(),
+            NodeEvent::Progress(p) => panic!("not a change: {p:?}"),
+        };
+        let first = change(rx.recv().await.expect("first change"));
         assert_eq!(first.uuid, "u1");
         assert!(!first.removed);
-        assert!(rx.recv().await.expect("removal").removed);
+        assert!(change(rx.recv().await.expect("removal")).removed);
+        events.publish_progress(
+            "u1",
+            &serde_json::json!({"command_id": "c1", "step": "erase_devices", "progress": {"done": 1, "total": 4}}),
+        );
+        match &*rx.recv().await.expect("progress") {
+            NodeEvent::Progress(p) => {
+                assert_eq!(p.command_id.as_deref(), Some("c1"));
+                assert_eq!(p.progress["total"], 4);
+            }
+            NodeEvent::Change(c) => panic!("not progress: {c:?}"),
+        }
         assert!(rx.try_recv().is_err(), "nothing before the subscription");
     }
 }

@@ -1,10 +1,11 @@
 //! Admin requests: provision verbs, power, maintenance. Each validates first and writes
 //! nothing when it refuses.
 
+use super::metrics;
 use super::steps::{self, PlannedStep, Source};
 use super::text::truncate_chars;
 use super::{Conductor, ConductorError};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use rivet_model::fsm::{self, Event};
 use rivet_model::internal_info;
 use rivet_model::node::Node;
@@ -458,6 +459,9 @@ impl Conductor {
             node.target_provision_state = target;
         }
         node.provision_state = to;
+        // When it entered the state it leaves (time per state, charts and metrics).
+        // (A node never moved since enrolment entered `enroll` when it was created.)
+        let since = node.provision_updated_at.or(Some(node.created_at));
         node.provision_updated_at = Some(Utc::now());
         if verb == Verb::Abort {
             node.last_error = Some(format!(
@@ -515,7 +519,7 @@ impl Conductor {
             super::agent::forget_agent_token(&mut node);
         }
         let node = self.update_node(&node).await?;
-        self.record_transition(&node, state, &format!("verb: {verb}"))
+        self.record_transition(&node, state, since, &format!("verb: {verb}"))
             .await;
         tracing::info!(node = %node.uuid, from = %state, to = %to, verb = %verb, "provision verb accepted");
         if verb == Verb::Abort && state == ProvisionState::InspectWait {
@@ -921,8 +925,20 @@ impl Conductor {
     /// Append the audit row of a provision transition just written: `from -> to (how[;
     /// target: T]; cause: …)`, the cause being the verb and caller that started the operation, and the
     /// error when the node failed. A failed insert is a warning, never a failed transition.
-    pub(super) async fn record_transition(&self, node: &Node, from: ProvisionState, how: &str) {
+    pub(super) async fn record_transition(
+        &self,
+        node: &Node,
+        from: ProvisionState,
+        since: Option<DateTime<Utc>>,
+        how: &str,
+    ) {
         let to = node.provision_state;
+        metrics::provision_transition(from.as_str(), to.as_str(), since, to.is_failed());
+        if to == ProvisionState::Active && from != ProvisionState::Active {
+            if let Some(started) = self.deploy_started_at(&node.uuid).await {
+                metrics::deploy_finished(started);
+            }
+        }
         let origin = internal_info::provision_cause(&node.driver_internal_info);
         // A failure event records its error even when the node falls back to a stable state
         // (verifying -> enroll): node history shows it as an ERROR entry.
@@ -978,6 +994,30 @@ impl Conductor {
         if let Err(e) = self.store.append_audit(&entry).await {
             tracing::warn!(node = %node.uuid, error = %e, "could not record a provision transition in the audit log");
         }
+    }
+
+    /// When the deploy that just made node `uuid` active started: the newest transition
+    /// into `deploying` a verb made (`active`, `rebuild`), read back from the audit trail so
+    /// a deploy accepted by another controller, or before a restart, still counts. None when
+    /// it is not among the node's last rows (an adoption, a trail cut short).
+    async fn deploy_started_at(&self, uuid: &str) -> Option<DateTime<Utc>> {
+        let rows = self
+            .store
+            .list_audit(&rivet_store::AuditQuery {
+                node_uuid: Some(uuid.to_string()),
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .ok()?;
+        rows.iter()
+            .filter(|r| r.action == "transition")
+            .find(|r| {
+                r.detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains(" -> deploying (verb: "))
+            })
+            .map(|r| r.created_at)
     }
 
     /// Whether a node may be deleted now.

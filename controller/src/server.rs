@@ -118,7 +118,9 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     state.console.reopen_enabled().await;
     // The web UI beside the API, on the same listener: its routes are all under /ui/, which
     // the API's router (a fallback service) never answers.
-    let app = crate::ui::routes(state.clone()).merge(api::router(state));
+    let app = crate::ui::routes(state.clone())
+        .merge(api::router(state))
+        .layer(axum::middleware::from_fn(crate::ui::compress::for_pages));
     Ok((conductor, app))
 }
 

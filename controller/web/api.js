@@ -51,8 +51,9 @@ export async function logout() {
 }
 
 // Live node changes. `onChange(summary)` per change; `onResync()` when changes were missed
-// (the stream lagged or reconnected), so the caller re-reads what it shows.
-export function watch(onChange, onResync) {
+// (the stream lagged or reconnected), so the caller re-reads what it shows; `onProgress(ev)`
+// (optional) when a running step's progress moved (`{uuid, command_id, step, progress}`).
+export function watch(onChange, onResync, onProgress) {
   const es = new EventSource('/ui/events');
   let opened = false;
   es.addEventListener('hello', () => { if (opened) onResync(); opened = true; });
@@ -60,6 +61,11 @@ export function watch(onChange, onResync) {
     try { onChange(JSON.parse(e.data)); } catch (err) { console.warn('bad node event', err); }
   });
   es.addEventListener('resync', () => onResync());
+  if (onProgress) {
+    es.addEventListener('progress', (e) => {
+      try { onProgress(JSON.parse(e.data)); } catch (err) { console.warn('bad progress event', err); }
+    });
+  }
   es.addEventListener('error', async () => {
     // A closed stream reconnects by itself; an ended session must log in again.
     if (es.readyState === EventSource.CLOSED) {

@@ -1,8 +1,10 @@
-// The UI's entry: who is logged in, then the view the path names (/ui/ or /ui/nodes/<id>).
-import { whoami, logout } from './api.js';
+// The UI's entry: who is logged in, then the view the path names (/ui/, /ui/charts or
+// /ui/nodes/<id>).
+import { whoami, logout, watch } from './api.js';
 import { el } from './dom.js';
 import { fleetPage } from './fleet.js';
 import { nodePage } from './node.js';
+import { chartsPage } from './charts.js';
 
 async function main() {
   const root = document.getElementById('main');
@@ -19,6 +21,7 @@ async function main() {
   const m = location.pathname.match(/^\/ui\/nodes\/([^/]+)\/?$/);
   try {
     if (m) await nodePage(root, me, fsm, decodeURIComponent(m[1]));
+    else if (/^\/ui\/charts\/?$/.test(location.pathname)) await chartsPage(root, (c, r) => watch(c, r));
     else await fleetPage(root, me, fsm);
   } catch (e) {
     root.replaceChildren(el('p', { class: 'error', role: 'alert' }, String(e.message || e)));

@@ -42,3 +42,42 @@ export function bytes(n) {
   while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
+
+// A running step's progress as its agent reported it (`clean_step.progress` /
+// `deploy_step.progress`: done, total, message, rate): the percentage when the total is known,
+// and a short text.
+export function stepProgress(step) {
+  const p = step && step.progress;
+  if (!p || typeof p !== 'object') return null;
+  const done = Number(p.done) || 0;
+  const total = Number(p.total) || 0;
+  const pct = total > 0 ? Math.min(100, Math.floor((done * 100) / total)) : null;
+  const parts = [];
+  if (pct !== null) parts.push(`${pct} %`);
+  if (p.message) parts.push(String(p.message));
+  if (p.rate) parts.push(`${bytes(Number(p.rate))}/s`);
+  return { pct, text: parts.join(', ') };
+}
+
+// The step's name with a small progress bar after it (the bar only when the total is known).
+export function stepCell(step) {
+  const name = stepName(step);
+  const p = stepProgress(step);
+  if (!name || !p) return [name];
+  const out = [name];
+  if (p.pct !== null) {
+    const fill = el('i');
+    fill.style.width = `${p.pct}%`;
+    out.push(el('span', { class: 'progress', role: 'progressbar', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': p.pct }, fill));
+  }
+  out.push(' ', el('span', { 'data-field': 'progress', 'data-pct': p.pct === null ? '' : p.pct }, p.text));
+  return out;
+}
+
+// A step with a progress event merged in (`{step, progress}` from /ui/events), when the event
+// is about this step; else the step unchanged.
+export function withProgress(step, ev) {
+  if (!step || typeof step !== 'object' || !step.step) return step;
+  if (ev.step && ev.step !== step.step) return step;
+  return { ...step, progress: ev.progress };
+}

@@ -1,7 +1,7 @@
 // One node: its fields, the timeline of its history with durations, inventory, RAID, boot
 // mode, the verbs the viewer may send now, and the serial console when rivetd has one.
 import { api, watch, ApiError } from './api.js';
-import { el, text, stepName, duration, bytes } from './dom.js';
+import { el, text, stepName, stepCell, withProgress, duration, bytes } from './dom.js';
 import { verbBar } from './verbs.js';
 import { liveConsole, capturedLog } from './console.js';
 
@@ -17,8 +17,8 @@ function section(title, ...body) {
 function fieldsTable(node) {
   const rows = SHOWN.filter((k) => k in node).map((k) => el('tr', {},
     el('th', {}, k), el('td', { 'data-field': k }, typeof node[k] === 'boolean' ? String(node[k]) : text(node[k]))));
-  const step = stepName(node.clean_step) || stepName(node.deploy_step);
-  if (step) rows.push(el('tr', {}, el('th', {}, 'current step'), el('td', { 'data-field': 'step' }, step)));
+  const step = stepName(node.clean_step) ? node.clean_step : node.deploy_step;
+  if (stepName(step)) rows.push(el('tr', {}, el('th', {}, 'current step'), el('td', { 'data-field': 'step' }, stepCell(step))));
   if (node.traits && node.traits.length) rows.push(el('tr', {}, el('th', {}, 'traits'), el('td', {}, node.traits.join(', '))));
   return el('table', { class: 'fields' }, el('tbody', {}, rows));
 }
@@ -121,6 +121,13 @@ export async function nodePage(root, me, fsm, ident) {
   watch((c) => {
     if (c.uuid !== node.uuid || document.getElementById('confirm-dialog')) return;
     refresh();
-  }, () => refresh());
+  }, () => refresh(), (ev) => {
+    // Progress moves often: only the step's cell is redrawn.
+    if (ev.uuid !== node.uuid) return;
+    node = { ...node, clean_step: withProgress(node.clean_step, ev), deploy_step: withProgress(node.deploy_step, ev) };
+    const cell = document.querySelector('td[data-field=step]');
+    const step = stepName(node.clean_step) ? node.clean_step : node.deploy_step;
+    if (cell) cell.replaceChildren(...stepCell(step));
+  });
   await draw();
 }

@@ -141,6 +141,26 @@ pub struct Liveness {
 }
 
 impl Node {
+    /// `step` (the node's `clean_step` or `deploy_step`) as shown: with the progress its agent
+    /// last reported for the command running it (`{"done", "total", "message", "rate"}`);
+    /// an earlier command's progress is not shown. None and `{}` stay as they are.
+    pub fn step_with_progress(&self, step: &Option<Value>) -> Option<Value> {
+        let mut step = step.clone()?;
+        let running = self.runs.running_command();
+        let progress = self
+            .liveness
+            .progress
+            .as_ref()
+            .filter(|p| running.is_some() && p.get("command_id").and_then(Value::as_str) == running)
+            .and_then(|p| p.get("progress"));
+        if let (Some(p), Some(obj)) = (progress, step.as_object_mut()) {
+            if !obj.is_empty() {
+                obj.insert("progress".into(), p.clone());
+            }
+        }
+        Some(step)
+    }
+
     /// A new node in `enroll`.
     pub fn new(uuid: String, driver: String) -> Node {
         Node {

@@ -11,6 +11,8 @@
 
 pub use rivet_model::config::MetricsConfig;
 
+pub mod charts;
+
 #[cfg(feature = "http")]
 use axum::extract::{MatchedPath, Request};
 #[cfg(feature = "http")]
@@ -115,6 +117,9 @@ struct Metrics {
     steps_finished: Family<StepLabels, Counter>,
     steps_failed: Family<StepLabels, Counter>,
     step_seconds: HistogramFamily<StepOutcomeLabels>,
+    state_seconds: HistogramFamily<StateLabels>,
+    provision_failures: Family<StateLabels, Counter>,
+    deploy_seconds: Histogram,
     bmc_requests: Family<BmcLabels, Counter>,
     bmc_seconds: HistogramFamily<BmcOperationLabels>,
     store_seconds: HistogramFamily<AccessLabels>,
@@ -164,6 +169,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         steps_finished: Family::default(),
         steps_failed: Family::default(),
         step_seconds: Family::new_with_constructor(step_buckets),
+        state_seconds: Family::new_with_constructor(step_buckets),
+        provision_failures: Family::default(),
+        deploy_seconds: step_buckets(),
         bmc_requests: Family::default(),
         bmc_seconds: Family::new_with_constructor(bmc_buckets),
         store_seconds: Family::new_with_constructor(store_buckets),
@@ -224,6 +232,21 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "step_duration_seconds",
         "Time from a step's start to its result, by outcome",
         m.step_seconds.clone(),
+    );
+    r.register(
+        "provision_state_duration_seconds",
+        "Time a node spent in a provision state, observed when it left it",
+        m.state_seconds.clone(),
+    );
+    r.register(
+        "provision_failures",
+        "Transitions into a failed provision state, by the state entered",
+        m.provision_failures.clone(),
+    );
+    r.register(
+        "deploy_duration_seconds",
+        "Time from a deploy verb (active, rebuild) to the node being active",
+        m.deploy_seconds.clone(),
     );
     r.register(
         "bmc_requests",
@@ -410,7 +433,8 @@ fn step_ended(
         m.steps_failed.get_or_create(&labels).inc();
     }
     if let Some(started) = started_at {
-        let secs = (Utc::now() - started).num_milliseconds().max(0) as f64 / 1000.0;
+        let secs = seconds_since(started);
+        charts::step_ended(operation, &labels.interface, &labels.step, secs);
         m.step_seconds
             .get_or_create(&StepOutcomeLabels {
                 operation,
@@ -434,6 +458,40 @@ pub fn step_finished(
 /// A step failed or was aborted.
 pub fn step_failed(operation: &'static str, step: &PlannedStep, started_at: Option<DateTime<Utc>>) {
     step_ended(operation, step, started_at, false);
+}
+
+fn seconds_since(t: DateTime<Utc>) -> f64 {
+    (Utc::now() - t).num_milliseconds().max(0) as f64 / 1000.0
+}
+
+/// A node went from provision state `from` (entered at `since`, when known) to `to`;
+/// `failed` when `to` is a failed state.
+pub fn provision_transition(from: &str, to: &str, since: Option<DateTime<Utc>>, failed: bool) {
+    let m = &*METRICS;
+    if let Some(since) = since {
+        let secs = seconds_since(since);
+        m.state_seconds
+            .get_or_create(&StateLabels {
+                provision_state: from.to_string(),
+            })
+            .observe(secs);
+        charts::state_left(from, secs);
+    }
+    if failed {
+        m.provision_failures
+            .get_or_create(&StateLabels {
+                provision_state: to.to_string(),
+            })
+            .inc();
+        charts::failed(to, Utc::now().timestamp());
+    }
+}
+
+/// A deploy started at `started` (its verb) reached `active`.
+pub fn deploy_finished(started: DateTime<Utc>) {
+    let secs = seconds_since(started);
+    METRICS.deploy_seconds.observe(secs);
+    charts::deployed(secs);
 }
 
 /// Times one store query while alive.

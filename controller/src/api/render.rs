@@ -313,21 +313,7 @@ fn runs_shown(n: &Node, internal: &mut Map<String, Value>) {
 /// `clean_step` and `deploy_step` as shown: the running step with the progress its agent
 /// last reported for that very command (an earlier command's progress is not shown).
 pub(super) fn steps_with_progress(n: &Node) -> (Value, Value) {
-    let running = n.runs.running_command().map(str::to_string);
-    let progress = n.liveness.progress.as_ref().filter(|p| {
-        running.is_some() && p.get("command_id").and_then(Value::as_str) == running.as_deref()
-    });
-    let show = |step: &Option<Value>| {
-        let mut step = step.clone().unwrap_or_else(|| json!({}));
-        if let (Some(p), Some(obj)) = (progress, step.as_object_mut()) {
-            if !obj.is_empty() {
-                if let Some(v) = p.get("progress") {
-                    obj.insert("progress".into(), v.clone());
-                }
-            }
-        }
-        step
-    };
+    let show = |step: &Option<Value>| n.step_with_progress(step).unwrap_or_else(|| json!({}));
     (show(&n.clean_step), show(&n.deploy_step))
 }
 

@@ -1,6 +1,7 @@
 //! `GET /ui/events`: live node changes as server-sent events, fed by the conductor's own
 //! writes (`rivet_conductor::node_events`), not by polling. Events: `node` (a node's summary
-//! as just written, JSON; `removed: true` when deleted) and `resync` (this watcher fell behind
+//! as just written, JSON; `removed: true` when deleted), `progress` (a running step's new
+//! progress: `{uuid, command_id, step, progress}`) and `resync` (this watcher fell behind
 //! and missed changes: re-read the fleet). The stream ends when rivetd shuts down or the
 //! session ends (log-out, expiry), so the browser reconnects — or is sent to the log-in page.
 
@@ -11,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
+use rivet_conductor::node_events::NodeEvent;
 use rivet_model::config::Role;
 use std::convert::Infallible;
 use std::time::Duration;
@@ -62,10 +64,16 @@ pub async fn stream(State(state): State<AppState>, headers: HeaderMap) -> Respon
                     return None;
                 }
                 let event = match next {
-                    Ok(change) => match serde_json::to_string(&*change) {
-                        Ok(json) => Event::default().event("node").data(json),
-                        Err(_) => continue,
-                    },
+                    Ok(event) => {
+                        let (name, json) = match &*event {
+                            NodeEvent::Change(c) => ("node", serde_json::to_string(c)),
+                            NodeEvent::Progress(p) => ("progress", serde_json::to_string(p)),
+                        };
+                        match json {
+                            Ok(json) => Event::default().event(name).data(json),
+                            Err(_) => continue,
+                        }
+                    }
                     Err(RecvError::Lagged(_)) => Event::default().event("resync").data("{}"),
                     Err(RecvError::Closed) => return None,
                 };

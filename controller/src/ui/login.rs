@@ -2,7 +2,9 @@
 //! (the same argon2 hashes as the API's basic credentials) and starts a session
 //! (`api::sessions`); failed attempts count against the API's own failed-authentication limit
 //! (`[api] failed_auth_per_minute`), and a source over it is refused before its password is
-//! even checked. Nothing secret ever goes into a URL or the log.
+//! even checked. Log-ins (accepted and refused, as the API's refusals are: not the flood over
+//! the limit) and log-outs are rows of the audit trail (`ui:login`, `ui:logout`). Nothing
+//! secret ever goes into a URL, the log or the trail.
 
 use super::viewer;
 use crate::api::{auth, sessions, AppState};
@@ -43,6 +45,31 @@ fn page(status: StatusCode, error: Option<&str>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// Append an audit row for a log-in or log-out; a failure is logged, never shown to the user.
+async fn audit(
+    state: &AppState,
+    actor: String,
+    source: Option<std::net::IpAddr>,
+    action: &str,
+    status: StatusCode,
+) {
+    let entry = rivet_store::AuditEntry {
+        seq: 0,
+        created_at: chrono::Utc::now(),
+        actor,
+        source: source.map(|ip| ip.to_string()),
+        method: Some("POST".into()),
+        path: Some(format!("/{}", action.replace(':', "/"))),
+        node_uuid: None,
+        action: action.into(),
+        status: Some(status.as_u16()),
+        detail: None,
+    };
+    if let Err(e) = state.conductor.store.append_audit(&entry).await {
+        tracing::warn!(error = %e, action, "could not record a web UI log-in or log-out in the audit log");
+    }
 }
 
 /// Whether a browser's `Origin` (when it sends one) is this server: a log-in posted from
@@ -127,6 +154,19 @@ pub async fn submit(
             user = if known { f.username.as_str() } else { "(unknown)" },
             "web UI log-in refused: wrong user name or password"
         );
+        let who = if known {
+            f.username.as_str()
+        } else {
+            "(unknown user)"
+        };
+        audit(
+            &state,
+            format!("unauthenticated (web UI log-in as {who})"),
+            ip,
+            "ui:login",
+            StatusCode::UNAUTHORIZED,
+        )
+        .await;
         return page(
             StatusCode::UNAUTHORIZED,
             Some("Wrong user name or password."),
@@ -140,6 +180,14 @@ pub async fn submit(
     }
     let id = state.sessions.create(&user.name, user.role);
     tracing::info!(source = ?ip, user = %user.name, role = user.role.as_str(), "web UI log-in");
+    audit(
+        &state,
+        format!("{} (role {})", user.name, user.role.as_str()),
+        ip,
+        "ui:login",
+        StatusCode::SEE_OTHER,
+    )
+    .await;
     let mut resp = Redirect::to("/ui/").into_response();
     if let Ok(v) = HeaderValue::from_str(&sessions::set_cookie(&id, secure(&state))) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
@@ -165,6 +213,14 @@ pub async fn logout(State(state): State<AppState>, method: Method, headers: Head
             }
             state.sessions.remove(id);
             tracing::info!(user = %user.name, "web UI log-out");
+            audit(
+                &state,
+                format!("{} (role {})", user.name, user.role.as_str()),
+                None,
+                "ui:logout",
+                StatusCode::NO_CONTENT,
+            )
+            .await;
         }
     }
     let mut resp = StatusCode::NO_CONTENT.into_response();

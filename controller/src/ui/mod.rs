@@ -3,13 +3,15 @@
 //! binary ([`assets`]); every datum they show comes from the `/v1` API, called by the browser
 //! with the session cookie (checked by the API's auth layer, `api::sessions`). What the UI
 //! adds on the server is only what the API cannot say: who is logged in ([`login`]), live node
-//! changes as server-sent events ([`events`]) and the state machine's verbs
-//! ([`state_machine`]).
+//! changes as server-sent events ([`events`]), the state machine's verbs
+//! ([`state_machine`]) and the charts' figures from rivetd's own metrics ([`charts`]).
 //!
 //! With `--no-auth` the API is open on loopback, and so is the UI: no log-in, the viewer is
 //! an anonymous admin, as for the API.
 
 mod assets;
+mod charts;
+pub mod compress;
 mod events;
 mod login;
 mod pages;
@@ -33,14 +35,18 @@ pub fn routes(state: AppState) -> Router {
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
         .route("/ui/", get(pages::fleet))
         .route("/ui/nodes/{ident}", get(pages::node))
+        .route("/ui/charts", get(pages::fleet))
         .route("/ui/login", get(login::form).post(login::submit))
         .route("/ui/logout", post(login::logout))
         .route("/ui/whoami", get(login::whoami))
         .route("/ui/events", get(events::stream))
         .route("/ui/state-machine.json", get(state_machine::serve))
+        .route("/ui/charts.json", get(charts::serve))
         .route("/ui/assets/{file}", get(assets::serve))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(security_headers))
+        // Counted and timed like the API's requests, by route template (`/ui/nodes/{ident}`).
+        .layer(middleware::from_fn(rivet_support::metrics::http))
         .with_state(state)
 }
 
