@@ -191,6 +191,7 @@ async fn download(
                 )),
                 Ok((f, Ok(buf))) => {
                     let n = buf.len() as u64;
+                    rivet_support::metrics::image_cache_served_bytes(n);
                     Some((Ok(Bytes::from(buf)), (Some(f), left - n, guard)))
                 }
                 Ok((_, Err(e))) => Some((Err(e), (None, 0, guard))),
