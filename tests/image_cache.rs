@@ -11,19 +11,31 @@
 //!   the origin's or the checksum's error in its last_error;
 //! - a cached file corrupted on disk is discarded and fetched again;
 //! - a restarted rivetd keeps the cache;
-//! - `[conductor] max_concurrent_deploy` refuses a deploy past it with Ironic's 503.
+//! - `[conductor] max_concurrent_deploy` refuses a deploy past it with Ironic's 503;
+//! - over `max_bytes`, the least recently used image goes but never one a running deploy
+//!   reads (a simulated ramdisk holds its `write_image` open); the cache URL answers
+//!   `Range` requests with 206 and exactly those bytes, and a download under way while
+//!   another image is evicted reads on to the end;
+//! - an origin that drops the connection half-way fails every node waiting on the one
+//!   download with that in its last_error, and leaves nothing cached;
+//! - `instance_info.image_download_source = "http"` on a node sends its agent to the origin
+//!   though the config says `local`.
 //!
 //! Needs root (loop devices) and sgdisk; skips without them unless `RIVET_REQUIRE_PEERS=1`.
 
 use anyhow::{ensure, Context, Result};
+use rivet_protocol::agent::{Command as AgentCommand, CommandKind};
+use rivet_protocol::deploy::{WRITE_IMAGE, WRITE_IMAGE_PRIORITY};
+use rivet_protocol::steps::StepDescriptor;
 use rivet_tests::agentproc::{have, is_root, read_at, AgentProcess, LoopDevice};
 use rivet_tests::fileserver::FileServer;
+use rivet_tests::simagent::{SimAgent, Steps};
 use rivet_tests::{prerequisite, run_tool, sha256_file, Rivetd};
 use serde_json::{json, Value};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 const IMAGE_MIB: u64 = 16;
@@ -35,11 +47,11 @@ fn ready() -> bool {
 
 /// rivetd's configuration: local downloads, no automated cleaning (provide goes straight
 /// to available), every validation asked of the origin.
-fn config(extra: &str) -> String {
+fn config(extra: &str, cache: &str) -> String {
     format!(
         "[agent]\nlong_poll_s = 2\nimage_download_source = \"local\"\n\
          [conductor]\ncheck_interval_s = 1\nautomated_clean = false\n{extra}\n\
-         [image_cache]\nrevalidate_after_s = 0\n"
+         [image_cache]\nrevalidate_after_s = 0\n{cache}\n"
     )
 }
 
@@ -83,8 +95,13 @@ struct Fleet {
 impl Fleet {
     /// rivetd, the origin and `n` nodes `n0…` in available, each with its own loop device.
     fn new(n: usize, extra: &str) -> Result<Fleet> {
+        Self::new_with(n, extra, "")
+    }
+
+    /// As [`Fleet::new`], with more `[image_cache]` settings.
+    fn new_with(n: usize, extra: &str, cache: &str) -> Result<Fleet> {
         let dir = tempfile::tempdir()?;
-        let rivetd = Rivetd::start_in(dir.path(), &config(extra))?;
+        let rivetd = Rivetd::start_in(dir.path(), &config(extra, cache))?;
         let www = dir.path().join("www");
         std::fs::create_dir(&www)?;
         let origin = FileServer::start(&www)?;
@@ -290,6 +307,14 @@ fn five_nodes_one_origin_download_then_revalidated_and_tokens_checked() -> Resul
     assert!(text.contains("rivet_image_cache_misses_total 1"), "{text}");
     assert!(
         text.contains(&format!("rivet_image_cache_hits_total {}", N - 1)),
+        "{text}"
+    );
+    // Every agent read the image once from rivetd, whole.
+    assert!(
+        text.contains(&format!(
+            "rivet_image_cache_served_bytes_total {}",
+            N as u64 * IMAGE_MIB * MIB
+        )),
         "{text}"
     );
 
@@ -500,5 +525,218 @@ fn max_concurrent_deploy_refuses_with_ironic_s_503() -> Result<()> {
     f.boot(1)?;
     f.verb(1, json!({"target": "active"}))?;
     f.state(1, "active", 120)?;
+    Ok(())
+}
+
+/// The simulated ramdisk of a deploy that is still reading: it hands its `write_image`
+/// arguments (rivetd's cache URL with the node's token) to the test and never finishes
+/// the step, so the node's deploy stays running and its image pinned until the test ends.
+struct HeldWrite {
+    args: std::sync::mpsc::Sender<Value>,
+}
+
+impl Steps for HeldWrite {
+    async fn execute(&mut self, _node: &str, cmd: &AgentCommand) -> Value {
+        match &cmd.kind {
+            CommandKind::GetDeploySteps => json!({
+                "deploy_steps": [StepDescriptor::in_band(WRITE_IMAGE, WRITE_IMAGE_PRIORITY)],
+                "hardware_manager_versions": {"image-cache-test": "1"}
+            }),
+            CommandKind::ExecuteStep { step, args, .. } if step == WRITE_IMAGE => {
+                let _ = self.args.send(Value::Object(args.clone()));
+                std::future::pending::<()>().await;
+                json!({})
+            }
+            _ => json!({}),
+        }
+    }
+
+    fn unexpected(&mut self, _node: &str, _what: &str, _status: u16, _body: &str) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn an_image_being_read_is_not_evicted_and_the_cache_answers_ranges() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    // Room for two of the three 16 MiB images.
+    let mut f = Fleet::new_with(3, "", &format!("max_bytes = {}", 40 * MIB))?;
+    let mut images = Vec::new();
+    for (i, name) in ["a.raw", "b.raw", "c.raw"].iter().enumerate() {
+        let p = f.path(name);
+        make_image(&p, 21 + i as u64)?;
+        let d = sha256_file(&p)?;
+        f.set_image(&[i], &p, &d)?;
+        images.push((p, format!("sha256-{d}")));
+    }
+    // n0's deploy: image a cached and handed to a ramdisk that is still writing it.
+    let uuid0 = f.rivetd.node("n0")?["uuid"]
+        .as_str()
+        .context("uuid")?
+        .to_string();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sim = SimAgent::new(
+        &uuid0,
+        vec![f.rivetd.url.clone()],
+        "image-cache-test",
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(15))
+            .build()?,
+        HeldWrite { args: tx },
+    );
+    let _held = rt.spawn(sim.run(Instant::now() + Duration::from_secs(300)));
+    f.verb(0, json!({"target": "active"}))?;
+    let args = rx
+        .recv_timeout(Duration::from_secs(120))
+        .map_err(|e| anyhow::anyhow!("no write_image for n0 ({e})\n{}", f.logs()))?;
+    let url = args["image_source"]
+        .as_str()
+        .context("image_source")?
+        .to_string();
+    ensure!(
+        url.contains(&format!("/image-cache/{}", images[0].1)),
+        "{url}"
+    );
+    let cache = f.cache()?;
+    assert_eq!(cache["images"][0]["pinned_by"], json!([uuid0]), "{cache}");
+
+    // Ranges, as a resuming agent asks: 206 with exactly those bytes.
+    let want = std::fs::read(&images[0].0)?;
+    let m = MIB as usize;
+    let (s, body) = get_status(&url, None, Some("bytes=1048576-1049599"))?;
+    assert_eq!(s, 206);
+    assert!(body == want[m..m + 1024], "bytes 1 MiB … +1 KiB");
+    let (s, tail) = get_status(&url, None, Some(&format!("bytes={}-", want.len() - 4096)))?;
+    assert_eq!(s, 206);
+    assert!(tail == want[want.len() - 4096..], "the last 4 KiB");
+    // A download of it under way: opened, its first MiB read.
+    let mut reading = reqwest::blocking::Client::new().get(&url).send()?;
+    ensure!(reading.status() == 200, "{}", reading.status());
+    let mut got = vec![0u8; m];
+    reading.read_exact(&mut got)?;
+
+    // b, then c: c needs room, and the least recently used image not being read is b.
+    for i in [1, 2] {
+        f.boot(i)?;
+        f.verb(i, json!({"target": "active"}))?;
+        f.state(i, "active", 120)?;
+    }
+    let cache = f.cache()?;
+    let mut names: Vec<&str> = cache["images"]
+        .as_array()
+        .context("images")?
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    let mut kept = vec![images[0].1.as_str(), images[2].1.as_str()];
+    kept.sort_unstable();
+    assert_eq!(names, kept, "a (being read) and c kept, b evicted\n{cache}");
+    assert_eq!(cache["stats"]["evictions"], 1, "{cache}");
+    let stored = f.dir.path().join("image-cache/images");
+    assert!(!stored.join(&images[1].1).exists(), "b's file is gone");
+    // The download that was under way reads on to the end, every byte right.
+    reading.read_to_end(&mut got)?;
+    assert!(got == want, "the reader got image a whole");
+    rt.shutdown_background();
+    Ok(())
+}
+
+#[test]
+fn an_origin_that_cuts_the_download_fails_every_waiting_node_and_caches_nothing() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut f = Fleet::new(3, "")?;
+    let image = f.path("cut.raw");
+    make_image(&image, 17)?;
+    let digest = sha256_file(&image)?;
+    f.set_image(&[0, 1, 2], &image, &digest)?;
+    // Half the image in a second, then the connection drops; a node that came late and
+    // started a download of its own would fail alike.
+    f.origin.set_pace(8 * MIB);
+    f.origin.cut_next(3, IMAGE_MIB * MIB / 2);
+    for i in 0..3 {
+        f.boot(i)?;
+        f.verb(i, json!({"target": "active"}))?;
+    }
+    for i in 0..3 {
+        let failed = f.state(i, "deploy failed", 120)?;
+        let err = failed["last_error"].as_str().unwrap_or_default();
+        assert!(
+            err.contains("cut.raw")
+                && (err.contains("download cut after")
+                    || err.contains(&format!("of {} bytes", IMAGE_MIB * MIB))),
+            "n{i}: {err}"
+        );
+    }
+    assert_eq!(f.origin.full_gets(), 1, "one download for the three");
+    assert_eq!(f.cache()?["images"], json!([]), "nothing cached");
+    let partial = f.dir.path().join("image-cache/partial");
+    assert_eq!(
+        std::fs::read_dir(&partial)?.count(),
+        0,
+        "no partial file left in {}",
+        partial.display()
+    );
+    // The origin whole again: the next deploy fetches it and succeeds.
+    f.origin.cut_next(0, 0);
+    f.origin.set_pace(0);
+    f.boot(0)?;
+    f.verb(0, json!({"target": "rebuild"}))?;
+    let active = f.state(0, "active", 120)?;
+    assert_eq!(
+        active["driver_internal_info"]["deployed_image"]["hash_value"],
+        digest.as_str()
+    );
+    assert_eq!(f.origin.full_gets(), 2);
+    Ok(())
+}
+
+#[test]
+fn a_node_s_instance_info_http_reads_the_origin_while_the_config_says_local() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut f = Fleet::new(1, "")?;
+    let image = f.path("direct.raw");
+    make_image(&image, 19)?;
+    let digest = sha256_file(&image)?;
+    let url = f.set_image(&[0], &image, &digest)?;
+    let (s, v) = f.rivetd.call(
+        "PATCH",
+        "/v1/nodes/n0",
+        Some(
+            json!([{"op": "add", "path": "/instance_info/image_download_source", "value": "http"}]),
+        ),
+    )?;
+    ensure!(s == 200, "{v}");
+    f.boot(0)?;
+    f.verb(0, json!({"target": "active"}))?;
+    let active = f.state(0, "active", 120)?;
+    assert_eq!(
+        active["driver_internal_info"]["deployed_image"]["hash_value"],
+        digest.as_str()
+    );
+    assert_eq!(f.origin.full_gets(), 1, "the agent's own GET");
+    let cache = f.cache()?;
+    assert_eq!(cache["images"], json!([]), "{cache}");
+    assert_eq!(cache["stats"]["misses"], 0, "{cache}");
+    assert_eq!(cache["stats"]["hits"], 0, "{cache}");
+    // The agent was given the origin's URL, not rivetd's.
+    let log = f.agents[0]
+        .as_ref()
+        .map(|a| a.log_text())
+        .unwrap_or_default();
+    assert!(
+        log.contains(&url) && !log.contains("/image-cache/"),
+        "{log}"
+    );
     Ok(())
 }

@@ -6,6 +6,8 @@
 //! - `api`: node listing and GET latency with N nodes in the store, rivetd RSS;
 //! - `agent`: static agent size, inventory time and peak RSS;
 //! - `deploy`: the static agent's `write_image` against `curl | dd` on a loop device (root);
+//! - `fleet-deploy`: N real agents deploying one image at once, `http` against `local`
+//!   (rivetd's image cache): origin bytes, wall time, rivetd CPU/RSS (see fleet_deploy.rs);
 //! - `soak`: N agents cycling clean → deploy → undeploy with agent crashes and rivetd
 //!   restarts; checks resting states, no step run twice, rivetd RSS (see soak.rs);
 //! - `ui`: the web UI's fleet page with N nodes in headless Chromium over WebDriver: first
@@ -21,6 +23,7 @@ mod agent;
 mod api;
 mod deploy;
 mod fleet;
+mod fleet_deploy;
 mod procstat;
 mod rivetd;
 mod sim;
@@ -239,6 +242,30 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// N real agents (disks are files) deploying one image at once, `image_download_source`
+    /// `http` against `local`: origin bytes, wall time, rivetd CPU and RSS; every disk checked.
+    FleetDeploy {
+        /// Fleet sizes, one round each per source.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        nodes: Vec<usize>,
+        /// Image size in MiB (the disks need N × this under --dir).
+        #[arg(long, default_value_t = 64)]
+        image_mib: u64,
+        /// Sources, in order.
+        #[arg(long, value_delimiter = ',', default_value = "http,local")]
+        sources: Vec<String>,
+        /// Directory for the image, the disk files and rivetd's state (default: the temp dir).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// The agent binary (default: `rivet-agent` next to rivetd).
+        #[arg(long, value_name = "PATH")]
+        agent_bin: Option<PathBuf>,
+        /// Upper bound of one round, seconds.
+        #[arg(long, default_value_t = 600)]
+        round_limit_s: u64,
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 /// The soak's heartbeat timeout must outlast its long poll (5 s) and a restart's downtime.
@@ -384,6 +411,26 @@ fn main() -> Result<()> {
             agent_bin,
             dir,
         })?,
+        Cmd::FleetDeploy {
+            nodes,
+            image_mib,
+            sources,
+            dir,
+            agent_bin,
+            round_limit_s,
+            common,
+        } => {
+            runtime(common.threads)?.block_on(fleet_deploy::run(fleet_deploy::FleetDeployOpts {
+                nodes: nodes.into_iter().filter(|n| *n > 0).collect(),
+                image_mib: image_mib.max(1),
+                sources,
+                dir,
+                rivetd: common.rivetd,
+                agent_bin,
+                round_limit: Duration::from_secs(round_limit_s),
+                keep: common.keep,
+            }))?
+        }
     };
     if cli.header {
         println!("| What | Result | Command |");

@@ -27,6 +27,12 @@ pub struct Settings {
     pub secrets_key_file: Option<PathBuf>,
     /// `[store] sqlite_readers` (None: rivetd's default).
     pub sqlite_readers: Option<usize>,
+    /// More `key = value` lines for `[agent]` (the fleet-deploy bench's image cache).
+    pub agent_extra: String,
+    /// More `key = value` lines for `[conductor]`.
+    pub conductor_extra: String,
+    /// Whole tables appended after the rest (`[image_cache]` …).
+    pub tables: String,
 }
 
 impl Default for Settings {
@@ -39,6 +45,9 @@ impl Default for Settings {
             power_sync_interval_s: 60,
             secrets_key_file: None,
             sqlite_readers: None,
+            agent_extra: String::new(),
+            conductor_extra: String::new(),
+            tables: String::new(),
         }
     }
 }
@@ -48,8 +57,8 @@ impl Settings {
         // Every simulated agent speaks from 127.0.0.1, so the per-source agent limits (sized
         // for real sources) are off: the benchmark measures throughput, not the limiter.
         let mut t = format!(
-            "[agent]\nlong_poll_s = {}\nheartbeat_timeout_s = {}\nlookup_per_minute = 0\nfailed_auth_per_minute = 0\n\n[conductor]\ncheck_interval_s = {}\n\n[power_sync]\ninterval_s = {}\n",
-            self.long_poll_s, self.heartbeat_timeout_s, self.check_interval_s, self.power_sync_interval_s
+            "[agent]\nlong_poll_s = {}\nheartbeat_timeout_s = {}\nlookup_per_minute = 0\nfailed_auth_per_minute = 0\n{}\n[conductor]\ncheck_interval_s = {}\n{}\n[power_sync]\ninterval_s = {}\n",
+            self.long_poll_s, self.heartbeat_timeout_s, self.agent_extra, self.check_interval_s, self.conductor_extra, self.power_sync_interval_s
         );
         if let Some(r) = self.sqlite_readers {
             t.push_str(&format!("\n[store]\nsqlite_readers = {r}\n"));
@@ -61,6 +70,7 @@ impl Settings {
                 k.display().to_string()
             ));
         }
+        t.push_str(&self.tables);
         t
     }
 }

@@ -133,6 +133,7 @@ struct Metrics {
     cache_revalidated: Counter,
     cache_evictions: Counter,
     cache_origin_bytes: Counter,
+    cache_served_bytes: Counter,
     cache_bytes: Gauge,
     cache_images: Family<ImageLabels, Gauge>,
 }
@@ -185,6 +186,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         cache_revalidated: Counter::default(),
         cache_evictions: Counter::default(),
         cache_origin_bytes: Counter::default(),
+        cache_served_bytes: Counter::default(),
         cache_bytes: Gauge::default(),
         cache_images: Family::default(),
     };
@@ -312,6 +314,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "image_cache_origin_bytes",
         "Image bytes the image cache received from origins",
         m.cache_origin_bytes.clone(),
+    );
+    r.register(
+        "image_cache_served_bytes",
+        "Image bytes rivetd sent to agents from the image cache (its egress for local downloads)",
+        m.cache_served_bytes.clone(),
     );
     r.register(
         "image_cache_bytes",
@@ -627,6 +634,11 @@ pub fn image_cache_evicted(n: u64) {
 /// Count bytes received from an origin.
 pub fn image_cache_origin_bytes(n: u64) {
     METRICS.cache_origin_bytes.inc_by(n);
+}
+
+/// Count bytes of a cached image handed to an agent's download.
+pub fn image_cache_served_bytes(n: u64) {
+    METRICS.cache_served_bytes.inc_by(n);
 }
 
 /// Replace the cache's contents: `(content address, bytes, read by a running deploy)`.

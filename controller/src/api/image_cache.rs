@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use base64::Engine as _;
+use futures_util::StreamExt;
 use rivet_conductor::ImageRefusal;
 use serde_json::{json, Value};
 use std::io::{Seek, SeekFrom};
@@ -169,7 +170,11 @@ async fn download(
     }
     tracing::info!(node = %node, image = %name, from = start, bytes = count, "image cache: serving an image");
     // The guard rides in the stream: the image is in use until the body is done or dropped.
-    let stream = file_body::stream(file, count, CHUNK, guard);
+    let stream = file_body::stream(file, count, CHUNK, guard).inspect(|chunk| {
+        if let Ok(c) = chunk {
+            rivet_support::metrics::image_cache_served_bytes(c.len() as u64);
+        }
+    });
     let mut resp = file_body::octet_stream(Body::from_stream(stream), count);
     *resp.status_mut() = status;
     let h = resp.headers_mut();
