@@ -733,8 +733,13 @@ BMC_DIR="$LAB/bmc"
 #   chassis-control DOMAIN get power|boot ...        prints PARM:VALUE for each
 #   chassis-control DOMAIN set PARM VALUE [...]      power 0|1, reset 1, shutdown 1,
 #                                                    boot none|pxe|default|cdrom|bios
-# ipmi_sim runs it through popen(3) and waits for it; on failure it prints why on stdout
-# (ipmi_sim logs it) and exits non-zero (the IPMI request then fails). ipmi_sim hands it only
+# ipmi_sim runs it through popen(3) and answers nothing else until it returns, and ipmitool
+# gives up on a request after ~3 s (rivetd's -N 1 -R 2): power changes, which take seconds
+# (QEMU took 2 s to exit after libvirt's SIGTERM on a loaded machine, and rivetd's `power off`
+# failed), therefore run in the background, one at a time per domain (flock), their errors in
+# bmc/DOMAIN/chassis.log, and the power state shows the change once it is done, as a real
+# BMC's does (rivetd polls it). Anything else that fails prints why on stdout (ipmi_sim logs
+# it) and exits non-zero (the IPMI request then fails). ipmi_sim hands it only
 # the boot device selector: the persistent and EFI flags of `chassis bootdev … options=` are
 # dropped, and the device is written into the domain's definition (one <os><boot dev=…/>,
 # per-device boot orders removed) as VirtualBMC did: it holds from the next start on.
@@ -749,6 +754,7 @@ op="$2"
 shift 2
 
 fail() { echo "$dom: $*"; exit 1; }
+dir="$(dirname "$0")/$dom"
 active() {
     state="$(virsh -q domstate "$dom" 2>&1)" || fail "virsh domstate: $state"
     case "$state" in
@@ -757,6 +763,18 @@ active() {
     esac
 }
 run() { out="$("$@" 2>&1)" || fail "$*: $out"; }
+# later CMD...: CMD in the background after the domain's earlier power changes; no descriptor
+# of ipmi_sim's pipe stays open, so ipmi_sim gets its answer now.
+later() {
+    (
+        flock 9 || exit 1
+        out="$("$@" 2>&1)" || echo "$(date -u +%FT%TZ) $*: $out"
+    ) 9>"$dir/power.lock" >>"$dir/chassis.log" 2>&1 </dev/null &
+}
+on() { active || run virsh -q start "$dom"; }
+off() { ! active || run virsh -q destroy "$dom"; }
+reset() { ! active || run virsh -q reset "$dom"; }
+acpi_off() { ! active || run virsh -q shutdown "$dom"; }
 
 # The first <boot dev=…/> of the definition, as ipmi_sim names it.
 get_boot() {
@@ -814,10 +832,10 @@ case "$op" in
             val="$2"
             shift 2
             case "$parm:$val" in
-                power:1) active || run virsh -q start "$dom" ;;
-                power:0) ! active || run virsh -q destroy "$dom" ;;
-                reset:1) ! active || run virsh -q reset "$dom" ;;
-                shutdown:1) ! active || run virsh -q shutdown "$dom" ;;
+                power:1) later on ;;
+                power:0) later off ;;
+                reset:1) later reset ;;
+                shutdown:1) later acpi_off ;;
                 boot:*) set_boot "$val" ;;
                 identify:*) ;;
                 *) fail "cannot set $parm to $val" ;;

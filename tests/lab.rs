@@ -769,21 +769,15 @@ fn locked(m: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
 }
 
 impl Tap {
-    fn new(what: &'static str) -> (Tap, Arc<Mutex<Vec<u8>>>, Arc<AtomicBool>, Arc<AtomicBool>) {
-        let (seen, closed, stop) = (
-            Arc::new(Mutex::new(Vec::new())),
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let tap = Tap {
+    fn new(what: &'static str) -> Tap {
+        Tap {
             what,
-            seen: seen.clone(),
-            closed: closed.clone(),
-            stop: stop.clone(),
+            seen: Arc::new(Mutex::new(Vec::new())),
+            closed: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new(AtomicBool::new(false)),
             keys: None,
             thread: None,
-        };
-        (tap, seen, closed, stop)
+        }
     }
 
     /// The raw TCP console (`console_info.url`), as `socat`/`telnet` users read it.
@@ -792,7 +786,8 @@ impl Tap {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
             .with_context(|| format!("connect to the TCP console on port {port}"))?;
         s.set_read_timeout(Some(Duration::from_millis(200)))?;
-        let (mut tap, seen, closed, stop) = Tap::new("TCP viewer");
+        let mut tap = Tap::new("TCP viewer");
+        let (seen, closed, stop) = (tap.seen.clone(), tap.closed.clone(), tap.stop.clone());
         tap.thread = Some(std::thread::spawn(move || {
             let mut buf = vec![0u8; 65536];
             while !stop.load(Ordering::Relaxed) {
@@ -819,7 +814,8 @@ impl Tap {
             &format!("/v1/nodes/{uuid}/console/ws"),
             None,
         )?;
-        let (mut tap, seen, closed, stop) = Tap::new("WebSocket viewer");
+        let mut tap = Tap::new("WebSocket viewer");
+        let (seen, closed, stop) = (tap.seen.clone(), tap.closed.clone(), tap.stop.clone());
         let (tx, rx) = mpsc::channel::<Vec<u8>>();
         tap.keys = Some(tx);
         tap.thread = Some(std::thread::spawn(move || {
@@ -910,6 +906,23 @@ impl Drop for Tap {
     }
 }
 
+/// The child's exit status if it ends within `limit`.
+fn wait_exit(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Result<Option<std::process::ExitStatus>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Some(s));
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The ipmi node's serial console, enabled before it first boots its ramdisk: rivetd holds the
 /// SOL session of the guest's BMC (ipmi_sim, whose SOL device is the guest's serial port), a
 /// TCP viewer and a WebSocket viewer watch it, and the WebSocket types the rescue login.
@@ -976,47 +989,34 @@ impl NodeConsole {
     /// BMC opened a session (ended again here); Ok(false): it refused, saying SOL is already
     /// active elsewhere.
     fn try_sol(&self) -> Result<bool> {
-        use std::io::Read;
+        // ipmitool's stdout is a pipe here, so it may hold "[SOL Session operational…]" in
+        // its buffer until it exits: it goes to a file, read once ipmitool has ended. A
+        // refusal ends ipmitool within a second or two; a session keeps it running until its
+        // stdin closes, which ends the session.
+        let dir = tempfile::tempdir()?;
+        let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
         let mut child = self
             .ipmitool("activate")?
             .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
+            .stdout(std::fs::File::create(&out)?)
+            .stderr(std::fs::File::create(&err)?)
             .spawn()
             .context("ipmitool sol activate")?;
-        let mut out = child.stdout.take().context("stdout")?;
-        let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            let mut seen = Vec::new();
-            while let Ok(n) = out.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                seen.extend_from_slice(&buf[..n]);
-                if crate::console::contains(&seen, b"SOL Session operational") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        let opened = rx.recv_timeout(Duration::from_secs(20)).is_ok();
-        // Closing stdin ends ipmitool's session (docs/console.md); kill it if it lingers.
+        let early = wait_exit(&mut child, Duration::from_secs(5))?;
         drop(child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let status = child.wait()?;
-        let _ = reader.join();
-        let mut err = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        if opened {
+        let status = match early {
+            Some(s) => s,
+            None => match wait_exit(&mut child, Duration::from_secs(10))? {
+                Some(s) => s,
+                None => {
+                    let _ = child.kill();
+                    child.wait()?
+                }
+            },
+        };
+        let said = std::fs::read_to_string(&out).unwrap_or_default();
+        let err = std::fs::read_to_string(&err).unwrap_or_default();
+        if said.contains("SOL Session operational") {
             // Leave the BMC as it was, whatever ipmitool did on its way out.
             let _ = self
                 .ipmitool("deactivate")?
@@ -1026,7 +1026,7 @@ impl NodeConsole {
         }
         ensure!(
             !status.success() && err.contains("SOL payload already active"),
-            "sol activate neither opened a session nor was refused as busy: {status}, {err}"
+            "sol activate neither opened a session nor was refused as busy: {status}, {said:?}, {err:?}"
         );
         Ok(false)
     }
