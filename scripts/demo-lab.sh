@@ -23,7 +23,7 @@ esac
 
 echo "== building rivetd, rivet and rivet-agent"
 cargo build -q --workspace --bins
-echo "== the lab: libvirt guest, sushy-tools (Redfish), VirtualBMC (IPMI), dnsmasq, rivetd"
+echo "== the lab: libvirt guest, sushy-tools (Redfish), ipmi_sim (IPMI + SOL), dnsmasq, rivetd"
 bash scripts/lab.sh up --nodes 1 >/dev/null
 
 lab=target/lab/lab.json
@@ -68,7 +68,7 @@ if [ "$mode" = vmedia ]; then
         --driver-info "redfish_username=$(field 'd["nodes"][0]["redfish"]["username"]')" \
         --driver-info "redfish_password=$(field 'd["nodes"][0]["redfish"]["password"]')" >/dev/null
 else
-    echo "== enroll $name: IPMI BMC (VirtualBMC), boot interface ipxe, port $mac"
+    echo "== enroll $name: IPMI BMC (ipmi_sim), boot interface ipxe, port $mac"
     rivet node create --driver ipmi --name "$name" --boot-interface ipxe \
         --driver-info "ipmi_address=$(field 'd["nodes"][0]["ipmi"]["address"]')" \
         --driver-info "ipmi_port=$(field 'd["nodes"][0]["ipmi"]["port"]')" \

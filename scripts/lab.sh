@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A virtual bare-metal lab on this machine: libvirt guests (TCG) that PXE-boot or boot
-# virtual media like real servers, with Redfish (sushy-emulator) and IPMI (VirtualBMC) BMCs,
-# DHCP/TFTP (dnsmasq) on a private bridge, and, unless --no-rivetd, a rivetd for them.
+# virtual media like real servers, with Redfish (sushy-emulator) and IPMI (OpenIPMI's ipmi_sim,
+# Serial-over-LAN included) BMCs, DHCP/TFTP (dnsmasq) on a private bridge, and, unless
+# --no-rivetd, a rivetd for them.
 #
 #   scripts/lab.sh image [--force]          # build the ramdisk and the test image
 #   scripts/lab.sh up [--nodes N] [--firmware F[,F...]] [--secure-boot] [--no-rivetd]
@@ -52,8 +53,8 @@ API_PORT=6385               # rivetd as guests reach it (the forwarder in the na
 RIVETD_PORT=16385           # rivetd on the host's loopback
 FILE_PORT=8080              # the instance-image server in the namespace
 SUSHY_PORT=8101
-VBMC_FIRST_PORT=6231
-VBMC_CONTROL_PORT=50991     # vbmcd's ZMQ control port (not the default, to stay clear of others)
+IPMI_FIRST_PORT=6231        # guest N's IPMI BMC (ipmi_sim) on UDP 127.0.0.1:6231+N
+SERIAL_FIRST_PORT=6331      # guest N's serial port: QEMU listens on TCP 127.0.0.1:6331+N; its BMC's SOL connects
 MAC_PREFIX=52:54:00:6c:ab
 DISK_BYTES=$((8 * 1024 * 1024 * 1024))   # sparse; IPA's root-disk floor is 4 GiB
 # OVMF (Debian ovmf). The Secure Boot capable code serves every UEFI guest (it needs SMM, so
@@ -73,6 +74,7 @@ PUBLIC_URL="http://$NS_IP:$API_PORT"
 IMAGE_URL="http://$NS_IP:$FILE_PORT/testimage.raw"
 
 export LIBVIRT_DEFAULT_URI=qemu:///system
+# Only to stop the VirtualBMC an older lab.sh started (legacy_vbmcd_down).
 export VIRTUALBMC_CONFIG="$LAB/vbmc.conf"
 
 log() { echo "lab: $*" >&2; }
@@ -134,7 +136,7 @@ stop_proc() {
     local name="$1" pid i target
     if pid="$(alive "$name")"; then
         # What start_bg started leads its own process group: signal the group, so that
-        # socat's forks and vbmcd's per-BMC children go too.
+        # socat's forks go too.
         target="$pid"
         if [ -f "$RUN/$name.group" ] && [ "$(ps -o pgid= -p "$pid" | tr -d ' ')" = "$pid" ]; then
             target="-$pid"
@@ -410,7 +412,7 @@ dhcp-boot=tag:!ipxe,tag:efi64,ipxe.efi,,$NS_IP
 dhcp-boot=tag:!ipxe,tag:!efi64,undionly.kpxe,,$NS_IP
 enable-tftp
 tftp-root=$LAB/tftp
-# dnsmasq would drop to `nobody` after start-up, and nobody cannot read a checkout in a home
+# dnsmasq would drop to 'nobody' after start-up, and nobody cannot read a checkout in a home
 # directory of mode 0700 (/root): TFTP then fails with "TFTP directory inaccessible". It keeps
 # root here, where it reads only the lab's files and answers only inside the lab's namespace.
 user=root
@@ -465,9 +467,11 @@ domain_name() { echo "$DOMAIN_PREFIX$1"; }
 tap_name() { echo "$TAP_PREFIX$1"; }
 domain_mac() { printf '%s:%02x\n' "$MAC_PREFIX" "$1"; }
 serial_log() { echo "$LAB/serial/$(domain_name "$1").log"; }
-# The serial port is also a socket QEMU listens on (what the guest prints still goes to the
-# log): a test types into it, e.g. to log in as the rescue user. Output nobody reads is dropped.
-console_socket() { echo "$LAB/serial/$(domain_name "$1").sock"; }
+# The serial port is also a TCP port QEMU listens on (what the guest prints still goes to the
+# log). It takes one client, the guest's BMC: ipmi_sim connects to it as its SOL device
+# (bmcs_up), so typing into the guest goes through Serial-over-LAN, as on a server. TCP
+# rather than a Unix socket because ipmi_sim's SOL device is a tty or tcp:/telnet: only.
+serial_port() { echo $((SERIAL_FIRST_PORT + $1)); }
 
 # Ours: the description we put there. Anything else with our name is left alone.
 is_lab_domain() { [ "$(virsh_q desc "$1" 2>/dev/null)" = "$DOMAIN_TAG" ]; }
@@ -577,8 +581,9 @@ $(os_xml "$fw" "$name")
       <target dev='$(tap_name "$i")' managed='no'/>
       <model type='virtio'/>
     </interface>
-    <serial type='unix'>
-      <source mode='bind' path='$(console_socket "$i")'/>
+    <serial type='tcp'>
+      <source mode='bind' host='127.0.0.1' service='$(serial_port "$i")'/>
+      <protocol type='raw'/>
       <log file='$(serial_log "$i")' append='on'/>
       <target port='0'/>
     </serial>
@@ -622,11 +627,11 @@ guests_up() {
             if [ "$(stat -c %s "$LAB/disks/$name.raw")" -lt "$DISK_BYTES" ]; then
                 truncate -s "$DISK_BYTES" "$LAB/disks/$name.raw"
             fi
-            # Redefine, disk kept: a guest from an older lab.sh (serial port only a file), one
-            # whose firmware was asked to change, or one whose firmware drifted (a test switched
-            # it through its BMC and stopped before switching back).
+            # Redefine, disk kept: a guest from an older lab.sh (serial port a file or a Unix
+            # socket), one whose firmware was asked to change, or one whose firmware drifted (a
+            # test switched it through its BMC and stopped before switching back).
             had="$(domain_firmware "$name")"
-            if [[ "$(virsh_q dumpxml --inactive "$name")" != *"$(console_socket "$i")"* ]] || [ "$had" != "$fw" ]; then
+            if [[ "$(virsh_q dumpxml --inactive "$name")" != *"service='$(serial_port "$i")'"* ]] || [ "$had" != "$fw" ]; then
                 log "redefining $name ($had → $fw firmware)"
                 virsh_q destroy "$name" >/dev/null 2>&1 || true
                 virsh_q undefine --nvram "$name" >/dev/null 2>&1 || virsh_q undefine "$name" >/dev/null || die "virsh undefine $name failed"
@@ -655,8 +660,6 @@ guests_up() {
 remove_guest() {
     local name="$1" uuid v
     uuid="$(virsh_q domuuid "$name" 2>/dev/null || true)"
-    vbmc_cmd delete "$name" >/dev/null 2>&1 || true
-    rm -rf "${LAB:?}/vbmc/$name"
     virsh_q destroy "$name" >/dev/null 2>&1 || true
     # UEFI guests have an NVRAM file, which plain undefine refuses to leave behind.
     virsh_q undefine --nvram "$name" >/dev/null 2>&1 || virsh_q undefine "$name" >/dev/null || log "warning: undefine $name failed"
@@ -672,7 +675,7 @@ remove_guest() {
 }
 
 # ---------------------------------------------------------------------------------------
-# BMCs: sushy-emulator (Redfish) for all guests, one VirtualBMC (IPMI) per guest.
+# BMCs: sushy-emulator (Redfish) for all guests, one ipmi_sim (IPMI and SOL) per guest.
 
 ensure_password() {
     if [ ! -s "$LAB/password" ]; then
@@ -721,47 +724,215 @@ EOF
         || die "sushy-emulator does not answer on 127.0.0.1:$SUSHY_PORT (see $LAB/sushy.log$(tail -n 3 "$LAB/sushy.log" | sed 's/^/\n    /'))"
 }
 
-vbmc_cmd() { "$VENV/bin/vbmc" "$@"; }
+# One OpenIPMI ipmi_sim per guest: IPMI 2.0 (RMCP+) on UDP 127.0.0.1:6231+N with power and
+# boot-device control through chassis-control (below), and Serial-over-LAN onto the guest's
+# serial port (`sol "tcp:127.0.0.1:6331+N"`). What was checked about it: docs/console.md.
+BMC_DIR="$LAB/bmc"
 
-vbmcd_up() {
-    mkdir -p "$LAB/vbmc"
-    chmod 700 "$LAB/vbmc"   # vbmcd stores the BMC passwords there in clear
-    cat > "$VIRTUALBMC_CONFIG" <<EOF
-# Generated by scripts/lab.sh: the lab's own VirtualBMC state, not ~/.vbmc.
-[default]
-config_dir = $LAB/vbmc
-# vbmcd writes 0 here; lab.sh tracks vbmcd by the pid it started instead (vbmcd.pid).
-pid_file = $RUN/vbmcd.writes-zero.pid
-server_port = $VBMC_CONTROL_PORT
-[log]
-logfile = $LAB/vbmcd.log
-EOF
-    if ! alive vbmcd >/dev/null; then
-        start_bg vbmcd "$LAB/vbmcd.log" "$VENV/bin/vbmcd" --foreground
+# ipmi_sim's chassis_control program, shared by the guests (the domain is its first argument):
+#   chassis-control DOMAIN get power|boot ...        prints PARM:VALUE for each
+#   chassis-control DOMAIN set PARM VALUE [...]      power 0|1, reset 1, shutdown 1,
+#                                                    boot none|pxe|default|cdrom|bios
+# ipmi_sim runs it through popen(3) and answers nothing else until it returns, and ipmitool
+# gives up on a request after ~3 s (rivetd's -N 1 -R 2): power changes, which take seconds
+# (QEMU took 2 s to exit after libvirt's SIGTERM on a loaded machine, and rivetd's `power off`
+# failed), therefore run in the background, one at a time per domain (flock), their errors in
+# bmc/DOMAIN/chassis.log, and the power state shows the change once it is done, as a real
+# BMC's does (rivetd polls it). Anything else that fails prints why on stdout (ipmi_sim logs
+# it) and exits non-zero (the IPMI request then fails). ipmi_sim hands it only
+# the boot device selector: the persistent and EFI flags of `chassis bootdev … options=` are
+# dropped, and the device is written into the domain's definition (one <os><boot dev=…/>,
+# per-device boot orders removed) as VirtualBMC did: it holds from the next start on.
+write_chassis_control() {
+    cat > "$BMC_DIR/chassis-control.tmp" <<'EOF'
+#!/bin/sh
+# Generated by scripts/lab.sh: a lab guest's power and boot device for ipmi_sim.
+export LIBVIRT_DEFAULT_URI=qemu:///system
+dom="$1"
+op="$2"
+[ -n "$dom" ] && [ -n "$op" ] || { echo "usage: $0 DOMAIN get|set ..."; exit 1; }
+shift 2
+
+fail() { echo "$dom: $*"; exit 1; }
+dir="$(dirname "$0")/$dom"
+active() {
+    state="$(virsh -q domstate "$dom" 2>&1)" || fail "virsh domstate: $state"
+    case "$state" in
+        "shut off"|crashed) return 1 ;;
+        *) return 0 ;;
+    esac
+}
+run() { out="$("$@" 2>&1)" || fail "$*: $out"; }
+# later CMD...: CMD in the background after the domain's earlier power changes; no descriptor
+# of ipmi_sim's pipe stays open, so ipmi_sim gets its answer now.
+later() {
+    (
+        flock 9 || exit 1
+        out="$("$@" 2>&1)" || echo "$(date -u +%FT%TZ) $*: $out"
+    ) 9>"$dir/power.lock" >>"$dir/chassis.log" 2>&1 </dev/null &
+}
+on() { active || run virsh -q start "$dom"; }
+off() { ! active || run virsh -q destroy "$dom"; }
+reset() { ! active || run virsh -q reset "$dom"; }
+acpi_off() { ! active || run virsh -q shutdown "$dom"; }
+
+# The first <boot dev=…/> of the definition, as ipmi_sim names it.
+get_boot() {
+    xml="$(virsh -q dumpxml --inactive "$dom" 2>&1)" || fail "virsh dumpxml: $xml"
+    dev="$(printf '%s\n' "$xml" | sed -n "s/.*<boot dev='\([a-z]*\)'.*/\1/p" | sed -n 1p)"
+    case "$dev" in
+        network) echo pxe ;;
+        cdrom) echo cdrom ;;
+        *) echo default ;;
+    esac
+}
+
+set_boot() {
+    case "$1" in
+        none) return 0 ;;   # IPMI: no override requested
+        pxe) dev=network ;;
+        default) dev=hd ;;
+        cdrom) dev=cdrom ;;
+        *) fail "boot device $1 has no libvirt equivalent" ;;
+    esac
+    xml="$(virsh -q dumpxml --inactive --security-info "$dom" 2>&1)" || fail "virsh dumpxml: $xml"
+    tmp="$(mktemp)" || fail "mktemp"
+    if ! printf '%s' "$xml" | /usr/bin/python3 -c '
+import sys, xml.etree.ElementTree as ET
+tree = ET.fromstring(sys.stdin.read())
+for parent in tree.findall("devices/*") + tree.findall("os"):
+    for b in parent.findall("boot"):
+        parent.remove(b)
+ET.SubElement(tree.find("os"), "boot", {"dev": sys.argv[1]})
+sys.stdout.write(ET.tostring(tree, encoding="unicode"))
+' "$dev" > "$tmp" 2>&1; then
+        msg="$(cat "$tmp")"
+        rm -f "$tmp"
+        fail "rewriting the boot order: $msg"
     fi
-    wait_for vbmcd 20 vbmc_cmd list || die "vbmcd does not answer (see $LAB/vbmcd.log)"
+    out="$(virsh -q define "$tmp" 2>&1)"
+    rc=$?
+    rm -f "$tmp"
+    [ "$rc" = 0 ] || fail "virsh define: $out"
 }
 
+case "$op" in
+    get)
+        for parm in "$@"; do
+            case "$parm" in
+                power) if active; then echo power:1; else echo power:0; fi ;;
+                boot) echo "boot:$(get_boot)" ;;
+                *) fail "cannot get $parm" ;;
+            esac
+        done
+        ;;
+    set)
+        while [ $# -ge 2 ]; do
+            parm="$1"
+            val="$2"
+            shift 2
+            case "$parm:$val" in
+                power:1) later on ;;
+                power:0) later off ;;
+                reset:1) later reset ;;
+                shutdown:1) later acpi_off ;;
+                boot:*) set_boot "$val" ;;
+                identify:*) ;;
+                *) fail "cannot set $parm to $val" ;;
+            esac
+        done
+        ;;
+    *) fail "unknown operation $op" ;;
+esac
+EOF
+    chmod 700 "$BMC_DIR/chassis-control.tmp"
+    mv "$BMC_DIR/chassis-control.tmp" "$BMC_DIR/chassis-control"
+}
+
+ipmi_port() { echo $((IPMI_FIRST_PORT + $1)); }
+
+# `chassis power status` answers (-C 3: without a cipher suite ipmitool probes for seconds).
 ipmi_ok() {
-    ipmitool -I lanplus -H 127.0.0.1 -p "$1" -U "$BMC_USER" -P "$(password)" power status
+    IPMI_PASSWORD="$(password)" ipmitool -I lanplus -H 127.0.0.1 -p "$1" -C 3 -N 1 -R 2 \
+        -U "$BMC_USER" -E power status
 }
 
-vbmcs_up() {
-    local n="$1" i name port
+# A VirtualBMC left by an older lab.sh holds the BMC ports: stop it (its BMCs go with it).
+legacy_vbmcd_down() {
+    if alive vbmcd >/dev/null; then
+        stop_proc vbmcd
+        log "stopped the VirtualBMC of an older lab.sh"
+    fi
+    rm -rf "${LAB:?}/vbmc" "$LAB/vbmc.conf" "$RUN/vbmcd.pid" "$RUN/vbmcd.group" "$RUN/vbmcd.writes-zero.pid"
+}
+
+bmcs_up() {
+    local n="$1" i name dir port f
+    legacy_vbmcd_down
+    mkdir -p "$BMC_DIR"
+    chmod 700 "$BMC_DIR"   # lan.conf holds the BMC password in clear
+    write_chassis_control
     for ((i = 0; i < n; i++)); do
         name="$(domain_name "$i")"
-        port=$((VBMC_FIRST_PORT + i))
-        if ! vbmc_cmd show "$name" >/dev/null 2>&1; then
-            vbmc_cmd add "$name" --address 127.0.0.1 --port "$port" --username "$BMC_USER" \
-                --password "$(password)" --libvirt-uri qemu:///system >/dev/null \
-                || die "vbmc add $name failed (see $LAB/vbmcd.log)"
+        dir="$BMC_DIR/$name"
+        port="$(ipmi_port "$i")"
+        mkdir -p "$dir/state"
+        # The BMC's GUID is the machine's UUID, as servers report it.
+        (umask 077 && cat > "$dir/lan.conf.new" <<EOF
+# Generated by scripts/lab.sh: $name's BMC.
+name "$name"
+set_working_mc 0x20
+startlan 1
+  addr 127.0.0.1 $port
+  priv_limit admin
+  allowed_auths_callback none md2 md5 straight
+  allowed_auths_user none md2 md5 straight
+  allowed_auths_operator none md2 md5 straight
+  allowed_auths_admin none md2 md5 straight
+  guid $(virsh_q domuuid "$name" | tr -d -- '-\n')
+endlan
+chassis_control "$BMC_DIR/chassis-control $name"
+sol "tcp:127.0.0.1:$(serial_port "$i")" 115200
+user 2 true "$BMC_USER" "$(password)" admin 10 none md2 md5 straight
+EOF
+        )
+        cat > "$dir/sim.emu" <<EOF
+mc_setbmc 0x20
+mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr
+sel_enable 0x20 1000 0x0a
+mc_enable 0x20
+EOF
+        if alive "ipmi-sim-$i" >/dev/null && cmp -s "$dir/lan.conf.new" "$dir/lan.conf"; then
+            rm -f "$dir/lan.conf.new"
+        else
+            stop_proc "ipmi-sim-$i"
+            mv "$dir/lan.conf.new" "$dir/lan.conf"
+            start_bg "ipmi-sim-$i" "$dir/ipmi_sim.log" \
+                ipmi_sim -n -c "$dir/lan.conf" -f "$dir/sim.emu" -s "$dir/state"
         fi
-        if ! vbmc_cmd show "$name" -f value -c Property -c Value | matches '^status running$'; then
-            vbmc_cmd start "$name" >/dev/null 2>&1 || die "vbmc start $name failed (see $LAB/vbmcd.log)"
-        fi
-        wait_for vbmcd 20 ipmi_ok "$port" \
-            || die "ipmitool power status on 127.0.0.1:$port fails (see $LAB/vbmcd.log)"
+        wait_for "ipmi-sim-$i" 20 ipmi_ok "$port" \
+            || die "ipmitool power status on 127.0.0.1:$port fails (see $dir/ipmi_sim.log)"
     done
+    # The BMCs of guests beyond --nodes (an earlier, bigger lab).
+    for f in "$RUN"/ipmi-sim-*.pid; do
+        [ -e "$f" ] || continue
+        i="${f##*/ipmi-sim-}"
+        i="${i%.pid}"
+        if [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -ge "$n" ]; then
+            stop_proc "ipmi-sim-$i"
+            rm -rf "${BMC_DIR:?}/$(domain_name "$i")"
+        fi
+    done
+}
+
+bmcs_down() {
+    local f
+    for f in "$RUN"/ipmi-sim-*.pid; do
+        [ -e "$f" ] || continue
+        f="${f##*/}"
+        stop_proc "${f%.pid}"
+    done
+    rm -rf "${BMC_DIR:?}"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -850,7 +1021,7 @@ write_lab_json() {
     for ((i = 0; i < n; i++)); do
         name="$(domain_name "$i")"
         nodes+=("$name" "$(domain_mac "$i")" "$(virsh_q domuuid "$name")" \
-                "$((VBMC_FIRST_PORT + i))" "$(serial_log "$i")" "$(firmware_of "$i")")
+                "$(ipmi_port "$i")" "$(serial_log "$i")" "$(firmware_of "$i")" "$(serial_port "$i")")
     done
     /usr/bin/python3 - "$LAB/lab.json" "$rivetd_started" "$(password)" "$(cat "$LAB/rivetd-token")" \
         "${nodes[@]}" <<EOF
@@ -858,8 +1029,8 @@ import json, os, sys
 out, started, password, token = sys.argv[1:5]
 rest = sys.argv[5:]
 nodes = []
-for k in range(0, len(rest), 6):
-    name, mac, uuid, port, serial, firmware = rest[k:k + 6]
+for k in range(0, len(rest), 7):
+    name, mac, uuid, port, serial, firmware, serial_port = rest[k:k + 7]
     nodes.append({
         "name": name,
         "firmware": firmware,
@@ -871,7 +1042,8 @@ for k in range(0, len(rest), 6):
         "ipmi": {"address": "127.0.0.1", "port": int(port),
                  "username": "$BMC_USER", "password": password},
         "serial_log": serial,
-        "console_socket": os.path.splitext(serial)[0] + ".sock",
+        # The guest's serial port (QEMU's TCP server): its one client is the BMC's SOL.
+        "serial_tcp": "127.0.0.1:" + serial_port,
         "disk": "$LAB/disks/" + name + ".raw",
     })
 lab = {
@@ -916,10 +1088,10 @@ need_root() { [ "$(id -u)" = 0 ] || die "run as root (network namespaces, bridge
 
 need_tools() {
     local t missing=()
-    for t in virsh libvirtd virtlogd dnsmasq socat ipmitool curl ip qemu-system-x86_64; do
+    for t in virsh libvirtd virtlogd dnsmasq socat ipmitool ipmi_sim curl ip qemu-system-x86_64; do
         command -v "$t" >/dev/null 2>&1 || missing+=("$t")
     done
-    [ -x "$VENV/bin/sushy-emulator" ] && [ -x "$VENV/bin/vbmcd" ] || missing+=("$VENV")
+    [ -x "$VENV/bin/sushy-emulator" ] || missing+=("$VENV")
     [ -f /usr/lib/ipxe/undionly.kpxe ] || missing+=("/usr/lib/ipxe/undionly.kpxe")
     [ -f /usr/lib/ipxe/ipxe.efi ] || missing+=("/usr/lib/ipxe/ipxe.efi")
     for t in "$OVMF_CODE" "$OVMF_VARS" "$OVMF_VARS_SB"; do [ -f "$t" ] || missing+=("$t"); done
@@ -961,8 +1133,7 @@ cmd_up() {
     fileserver_up
     guests_up "$n"
     sushy_up "$n"
-    vbmcd_up
-    vbmcs_up "$n"
+    bmcs_up "$n"
     if [ "$rivetd" = 1 ]; then rivetd_up; else stop_proc rivetd; fi
     echo "$n" > "$RUN/nodes"
     write_lab_json "$n" "$([ "$rivetd" = 1 ] && echo true || echo false)"
@@ -983,7 +1154,7 @@ cmd_status() {
     check "bridge $BRIDGE" ip link show "$BRIDGE" up
     check "libvirt (virsh list)" virsh_ok
     check "storage pool default" pool_running
-    for p in dnsmasq socat-host socat-ns fileserver sushy vbmcd; do
+    for p in dnsmasq socat-host socat-ns fileserver sushy; do
         check "$p" alive "$p"
     done
     if alive rivetd >/dev/null; then
@@ -1000,8 +1171,13 @@ cmd_status() {
         name="$(domain_name "$i")"
         state="$(virsh_q domstate "$name" 2>/dev/null || echo missing)"
         [ "$state" != missing ] || ok=1
-        port=$((VBMC_FIRST_PORT + i))
-        if ipmi_ok "$port" >/dev/null 2>&1; then bmc="IPMI 127.0.0.1:$port"; else bmc="IPMI DOWN"; ok=1; fi
+        port="$(ipmi_port "$i")"
+        if alive "ipmi-sim-$i" >/dev/null && ipmi_ok "$port" >/dev/null 2>&1; then
+            bmc="IPMI+SOL 127.0.0.1:$port"
+        else
+            bmc="IPMI DOWN"
+            ok=1
+        fi
         printf '  %-32s %s; %s\n' "$name" "$state" "$bmc"
     done
     [ "$ok" = 0 ] && echo "lab: up ($LAB/lab.json)" || echo "lab: not (fully) up"
@@ -1019,12 +1195,10 @@ cmd_down() {
         mkdir -p "$RUN"
         libvirt_up
     fi
+    # The BMCs first: nothing powers a guest on again while it is removed.
+    bmcs_down
+    legacy_vbmcd_down
     if virsh_ok; then
-        if alive vbmcd >/dev/null; then
-            for name in $(vbmc_cmd list -f value -c 'Domain name' 2>/dev/null); do
-                vbmc_cmd delete "$name" >/dev/null 2>&1 || true
-            done
-        fi
         for name in $(lab_domains); do remove_guest "$name"; done
         if [ -f "$RUN/pool.created" ]; then
             virsh_q pool-destroy default >/dev/null 2>&1 || true
@@ -1033,8 +1207,6 @@ cmd_down() {
             log "removed the storage pool 'default'"
         fi
     fi
-    stop_proc vbmcd
-    rm -rf "${LAB:?}/vbmc" "$RUN/vbmcd.writes-zero.pid"
     stop_proc sushy
     stop_proc dnsmasq
     stop_proc fileserver

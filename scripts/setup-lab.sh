@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the virtual bare-metal lab (scripts/lab.sh) needs, idempotently (Debian 12, as
-# root): libvirt + QEMU (TCG guests), dnsmasq and iPXE for PXE, and, in the venv .venv-lab,
-# sushy-tools (Redfish BMCs) and VirtualBMC (IPMI BMCs) on top of libvirt. Safe to run again:
-# it installs only what is missing and takes about a second when everything is there.
+# root): libvirt + QEMU (TCG guests), dnsmasq and iPXE for PXE, OpenIPMI's ipmi_sim (the IPMI
+# BMCs, with Serial-over-LAN) and, in the venv .venv-lab, sushy-tools (Redfish BMCs) on top of
+# libvirt. (The venv still holds VirtualBMC, which lab.sh used before ipmi_sim; dropping it
+# would rebuild every machine's venv for nothing.) Safe to run again: it installs only what is
+# missing and takes about a second when everything is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { echo "setup-lab: $*" >&2; }
 
 APT_PACKAGES=(libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils ovmf python3-libvirt
-              dnsmasq-base ipxe python3-venv ipmitool socat iproute2 curl
+              dnsmasq-base ipxe python3-venv ipmitool openipmi socat iproute2 curl
               shim-signed grub-efi-amd64-signed grub-efi-amd64-bin mtools dosfstools syslinux syslinux-common gdisk)
 SUSHY_TOOLS_VERSION=2.2.0
 VIRTUALBMC_VERSION=3.3.0

@@ -206,15 +206,15 @@ pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 type Ws = tungstenite::WebSocket<TcpStream>;
 
-/// A WebSocket viewer: console bytes and JSON events.
-struct WsViewer {
+/// A WebSocket viewer: console bytes and JSON events (lab.rs reads one from a thread).
+pub(crate) struct WsViewer {
     ws: Ws,
-    bytes: Vec<u8>,
-    events: Vec<Value>,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) events: Vec<Value>,
 }
 
 impl WsViewer {
-    fn connect(port: u16, path: &str, token: Option<&str>) -> Result<WsViewer> {
+    pub(crate) fn connect(port: u16, path: &str, token: Option<&str>) -> Result<WsViewer> {
         let mut req = format!("ws://127.0.0.1:{port}{path}").into_client_request()?;
         if let Some(t) = token {
             req.headers_mut()
@@ -231,7 +231,8 @@ impl WsViewer {
         })
     }
 
-    fn pump(&mut self) -> Result<()> {
+    /// Read one frame (or time out after 100 ms); an error once the socket is closed.
+    pub(crate) fn pump(&mut self) -> Result<()> {
         match self.ws.read() {
             Ok(Message::Binary(b)) => self.bytes.extend_from_slice(&b),
             Ok(Message::Text(t)) => self.events.push(serde_json::from_str(t.as_str())?),
@@ -282,7 +283,7 @@ impl WsViewer {
         Ok(())
     }
 
-    fn send_bytes(&mut self, b: &[u8]) -> Result<()> {
+    pub(crate) fn send_bytes(&mut self, b: &[u8]) -> Result<()> {
         self.ws.send(Message::Binary(b.to_vec().into()))?;
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! A server's whole life on VMs that behave like servers, driven through the public API only:
-//! the lab of `scripts/lab.sh` (libvirt TCG guests, sushy-tools for Redfish and VirtualBMC for
-//! IPMI in front of the same guests, a bridge and a network namespace with dnsmasq) and a
-//! rivetd on the host that the guests reach through the lab's forwarder.
+//! the lab of `scripts/lab.sh` (libvirt TCG guests, sushy-tools for Redfish and OpenIPMI's
+//! ipmi_sim for IPMI and Serial-over-LAN in front of the same guests, a bridge and a network
+//! namespace with dnsmasq) and a rivetd on the host that the guests reach through the lab's
+//! forwarder.
 //!
 //! Both guests boot UEFI (OVMF; lab.json `firmware`), with 8 GiB disks and no root device
 //! hint. The redfish node's image has its UEFI loader only at `\EFI\rivet\grubx64.efi`: the
@@ -23,9 +24,14 @@
 //!   (`driver_info.fast_track`): cleaning leaves the ramdisk up, and a deploy right after
 //!   starts `write_image` within a second of the request without a reboot (console checked).
 //! - `rivet-lab-1`, ipmi + `ipxe`: the same from manage to active and back, at the same time,
-//!   and while active: rescue with a password → the ramdisk offers a login on its serial
-//!   console; the test types into the serial port's socket (lab.json `console_socket`): a
-//!   wrong password is refused, the right one gives a shell as `rescue` → unrescue → the
+//!   with its serial console (`ipmitool-socat`) enabled before the ramdisk first boots: rivetd
+//!   holds a real SOL session with the guest's BMC (ipmi_sim, whose SOL device is the guest's
+//!   serial port); a TCP viewer, a WebSocket viewer and rivetd's console log all show the
+//!   ramdisk kernel booting and the instance's marker, and a second `ipmitool sol activate`
+//!   is refused by the BMC. While active: rescue with a password → the ramdisk offers a login
+//!   on its serial console; the test types through the console WebSocket: a wrong password is
+//!   refused, the right one gives a shell as `rescue`, whose answer both viewers see.
+//!   Disabling the console closes both viewers and lets a new SOL session in. Unrescue → the
 //!   instance boots again. Then the node is deleted (maintenance) and a redfish node for the
 //!   same instance is adopted (power, disk and console untouched) and serviced with
 //!   `bios.apply_configuration` (ProcTurboMode flipped, read back from sushy-tools' Bios
@@ -47,6 +53,8 @@ use rivet_tests::{bin, prerequisite, run_tool, Rivetd};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Where the lab's forwarder sends the guests' requests (lab.sh: 192.168.240.1:6385 → here).
@@ -71,9 +79,11 @@ fn ready() -> bool {
         Path::new("/usr/sbin/libvirtd").exists() && Path::new("/usr/sbin/dnsmasq").exists(),
         "libvirt and dnsmasq (scripts/setup-lab.sh installs them)",
     ) && prerequisite(
-        root().join(".venv-lab/bin/sushy-emulator").exists()
-            && root().join(".venv-lab/bin/vbmc").exists(),
-        "sushy-tools and virtualbmc in .venv-lab (scripts/setup-lab.sh)",
+        root().join(".venv-lab/bin/sushy-emulator").exists(),
+        "sushy-tools in .venv-lab (scripts/setup-lab.sh)",
+    ) && prerequisite(
+        rivet_tests::peers::have_ipmi_sim(),
+        "ipmi_sim and ipmitool, the lab's IPMI BMCs (scripts/setup-lab.sh)",
     ) && prerequisite(
         bin("rivetd").exists(),
         "rivetd is not built: cargo build --workspace --bins",
@@ -158,8 +168,8 @@ struct Guest {
     mac: String,
     disk_bytes: u64,
     serial_log: PathBuf,
-    /// The serial port's socket: what the test types into the guest.
-    console_socket: PathBuf,
+    /// lab.json's `ipmi`: the guest's IPMI BMC (ipmi_sim, with SOL onto the serial port).
+    ipmi: Value,
     /// The domain's disk file.
     disk: PathBuf,
     node: Value,
@@ -361,8 +371,11 @@ enum Start {
 
 /// enroll → manage → (inspect) → provide → deploy → the instance boots → power sync →
 /// undeploy.
-/// With `more`, the active node is also rescued, adopted and serviced before its undeploy
-/// (see [`rescue_adopt_service`]).
+/// With `more` (the ipmi node), the node's serial console is enabled before its ramdisk first
+/// boots (see [`NodeConsole`]): two viewers and rivetd's log show the ramdisk kernel's boot and
+/// the instance's marker, and the BMC refuses a second SOL session; the active node is then
+/// rescued (logged in through the console), the console disabled, and the node adopted and
+/// serviced before its undeploy (see [`rescue_adopt_service`]).
 fn lifecycle(
     d: &Rivetd,
     clock: &Clock,
@@ -385,6 +398,16 @@ fn lifecycle(
         verb(d, &uuid, json!({"target": "manage"}))?;
         wait_state(d, g, &uuid, "manageable", 60, g.serial_len())
     })?;
+    let console = if more {
+        Some(clock.phase(
+            name,
+            "console: enable, a TCP and a WebSocket viewer",
+            || NodeConsole::enable(d, g, &uuid),
+        )?)
+    } else {
+        None
+    };
+    let marks = console.as_ref().map(NodeConsole::marks);
 
     if inspect {
         let n = clock.phase(name, "inspect (in-band, ramdisk)", || {
@@ -439,8 +462,16 @@ fn lifecycle(
         );
         Ok(())
     })?;
+    if let (Some(c), Some(from)) = (&console, marks) {
+        clock.phase(name, "console: ramdisk boot seen; 2nd SOL refused", || {
+            // The ramdisk kernel's command line, as it prints it while booting.
+            c.everywhere(d, "rivet.controller=", from, 30)?;
+            c.second_session_refused()
+        })?;
+    }
 
     set_image(d, &uuid, image)?;
+    let marks = console.as_ref().map(NodeConsole::marks);
     let since = g.serial_len();
     let active = clock.phase(name, "deploy → active", || {
         let t = Instant::now();
@@ -489,6 +520,9 @@ fn lifecycle(
         line.ends_with(&format!("uuid={uuid}")),
         "{name}: the instance did not read the configdrive Rivet wrote: {line:?}"
     );
+    if let (Some(c), Some(from)) = (&console, marks) {
+        c.everywhere(d, &line, from, 30)?;
+    }
     let want = if g.firmware == "bios" {
         "bios secure_boot=none"
     } else {
@@ -502,10 +536,9 @@ fn lifecycle(
         })
     })?;
 
-    let uuid = if more {
-        rescue_adopt_service(d, clock, g, image, &uuid)?
-    } else {
-        uuid
+    let uuid = match console {
+        Some(c) => rescue_adopt_service(d, clock, g, image, &uuid, c)?,
+        None => uuid,
     };
 
     clock.phase(name, "undeploy → cleaning → available", || {
@@ -718,50 +751,346 @@ fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -
     })
 }
 
-/// A connection to a guest's serial port: what is written reaches the guest's ttyS0; what
-/// the guest prints is read (and dropped) by a thread, so QEMU never blocks on us; the log
-/// file keeps it all.
-struct Console {
-    stream: std::os::unix::net::UnixStream,
-    drain: Option<std::thread::JoinHandle<()>>,
+/// A viewer of a node's console read by a thread of its own while the scenario goes on: what
+/// it received so far and whether its connection ended. Dropping it stops and joins the
+/// thread.
+struct Tap {
+    what: &'static str,
+    seen: Arc<Mutex<Vec<u8>>>,
+    closed: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    /// Keystrokes to send (the WebSocket viewer only).
+    keys: Option<mpsc::Sender<Vec<u8>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Console {
-    fn connect(g: &Guest) -> Result<Console> {
-        let stream = std::os::unix::net::UnixStream::connect(&g.console_socket)
-            .with_context(|| format!("connect {}", g.console_socket.display()))?;
-        let mut reader = stream.try_clone()?;
-        let drain = std::thread::spawn(move || {
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        Ok(Console {
-            stream,
-            drain: Some(drain),
-        })
+fn locked(m: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tap {
+    fn new(what: &'static str) -> Tap {
+        Tap {
+            what,
+            seen: Arc::new(Mutex::new(Vec::new())),
+            closed: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new(AtomicBool::new(false)),
+            keys: None,
+            thread: None,
+        }
+    }
+
+    /// The raw TCP console (`console_info.url`), as `socat`/`telnet` users read it.
+    fn tcp(port: u16) -> Result<Tap> {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
+            .with_context(|| format!("connect to the TCP console on port {port}"))?;
+        s.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let mut tap = Tap::new("TCP viewer");
+        let (seen, closed, stop) = (tap.seen.clone(), tap.closed.clone(), tap.stop.clone());
+        tap.thread = Some(std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while !stop.load(Ordering::Relaxed) {
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => locked(&seen).extend_from_slice(&buf[..n]),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => break,
+                }
+            }
+            closed.store(true, Ordering::Relaxed);
+        }));
+        Ok(tap)
+    }
+
+    /// The console WebSocket (`/v1/nodes/{node}/console/ws`), which also types.
+    fn websocket(d: &Rivetd, uuid: &str) -> Result<Tap> {
+        let mut ws = crate::console::WsViewer::connect(
+            d.port,
+            &format!("/v1/nodes/{uuid}/console/ws"),
+            None,
+        )?;
+        let mut tap = Tap::new("WebSocket viewer");
+        let (seen, closed, stop) = (tap.seen.clone(), tap.closed.clone(), tap.stop.clone());
+        let (tx, rx) = mpsc::channel::<Vec<u8>>();
+        tap.keys = Some(tx);
+        tap.thread = Some(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                while let Ok(k) = rx.try_recv() {
+                    if ws.send_bytes(&k).is_err() {
+                        break;
+                    }
+                }
+                let r = ws.pump();
+                locked(&seen).append(&mut ws.bytes);
+                if r.is_err() {
+                    break;
+                }
+            }
+            closed.store(true, Ordering::Relaxed);
+        }));
+        Ok(tap)
+    }
+
+    fn len(&self) -> usize {
+        locked(&self.seen).len()
+    }
+
+    fn since(&self, from: usize) -> String {
+        let seen = locked(&self.seen);
+        String::from_utf8_lossy(&seen[from.min(seen.len())..]).into_owned()
+    }
+
+    /// Wait until the viewer has received `needle` after byte `from`.
+    fn wait_for(&self, needle: &str, from: usize, secs: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            {
+                let seen = locked(&self.seen);
+                if crate::console::contains(&seen[from.min(seen.len())..], needle.as_bytes()) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline || self.closed.load(Ordering::Relaxed) {
+                let text = self.since(from);
+                let tail: String = text
+                    .chars()
+                    .rev()
+                    .take(1500)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                bail!(
+                    "the {} did not receive {needle:?} in {secs} s (closed: {}); it received:\n{tail}",
+                    self.what,
+                    self.closed.load(Ordering::Relaxed)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Type a line (a serial terminal's Enter is a carriage return).
-    fn line(&mut self, text: &str) -> Result<()> {
-        use std::io::Write;
-        self.stream.write_all(format!("{text}\r").as_bytes())?;
-        Ok(self.stream.flush()?)
+    fn line(&self, text: &str) -> Result<()> {
+        let keys = self.keys.as_ref().context("this viewer cannot type")?;
+        keys.send(format!("{text}\r").into_bytes())
+            .map_err(|_| anyhow::anyhow!("the {} has ended", self.what))
+    }
+
+    /// Wait for the connection to end (rivetd closed it).
+    fn wait_closed(&self, secs: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !self.closed.load(Ordering::Relaxed) {
+            ensure!(
+                Instant::now() < deadline,
+                "the {} is still open {secs} s after the console was disabled",
+                self.what
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
     }
 }
 
-impl Drop for Console {
+impl Drop for Tap {
     fn drop(&mut self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(t) = self.drain.take() {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-/// Log in on the rescue ramdisk's serial console: a wrong password is refused, the right
-/// one gives a shell that runs as `rescue`.
-fn rescue_login(g: &Guest, password: &str, since: u64) -> Result<()> {
+/// The child's exit status if it ends within `limit`.
+fn wait_exit(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Result<Option<std::process::ExitStatus>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Some(s));
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The ipmi node's serial console, enabled before it first boots its ramdisk: rivetd holds the
+/// SOL session of the guest's BMC (ipmi_sim, whose SOL device is the guest's serial port), a
+/// TCP viewer and a WebSocket viewer watch it, and the WebSocket types the rescue login.
+struct NodeConsole {
+    uuid: String,
+    tcp: Tap,
+    ws: Tap,
+    /// lab.json's `ipmi` of the guest: a second SOL session is tried against it.
+    bmc: Value,
+}
+
+impl NodeConsole {
+    fn enable(d: &Rivetd, g: &Guest, uuid: &str) -> Result<NodeConsole> {
+        let (s, v) = d.call(
+            "PUT",
+            &format!("/v1/nodes/{uuid}/states/console"),
+            Some(json!({"enabled": true})),
+        )?;
+        ensure!(s == 202, "console enable: {s} {v}");
+        let n = d.wait_node(uuid, Duration::from_secs(60), |n| {
+            n["console_enabled"] == true || !n["last_error"].is_null()
+        })?;
+        ensure!(n["console_enabled"] == true, "console not enabled: {n}");
+        let (s, info) = d.call("GET", &format!("/v1/nodes/{uuid}/states/console"), None)?;
+        ensure!(s == 200, "{s} {info}");
+        let url = info["console_info"]["url"].as_str().unwrap_or_default();
+        let port: u16 = url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("console_info {info}"))?;
+        Ok(NodeConsole {
+            uuid: uuid.to_string(),
+            tcp: Tap::tcp(port)?,
+            ws: Tap::websocket(d, uuid)?,
+            bmc: g.ipmi.clone(),
+        })
+    }
+
+    /// Both viewers and rivetd's captured log have `needle`, which the guest printed after the
+    /// viewers' byte counts `from` (the log is bounded; `needle` is recent).
+    fn everywhere(&self, d: &Rivetd, needle: &str, from: (usize, usize), secs: u64) -> Result<()> {
+        self.tcp.wait_for(needle, from.0, secs)?;
+        self.ws.wait_for(needle, from.1, 30)?;
+        let r = reqwest::blocking::Client::new()
+            .get(format!("{}/v1/nodes/{}/console/log", d.url, self.uuid))
+            .timeout(Duration::from_secs(30))
+            .send()?;
+        ensure!(r.status().is_success(), "console log: {}", r.status());
+        let log = r.bytes()?;
+        ensure!(
+            crate::console::contains(&log, needle.as_bytes()),
+            "the console log ({} bytes) lacks {needle:?}",
+            log.len()
+        );
+        Ok(())
+    }
+
+    fn marks(&self) -> (usize, usize) {
+        (self.tcp.len(), self.ws.len())
+    }
+
+    /// `ipmitool … sol activate` against the guest's BMC, stdin a pipe kept open. Ok(true): the
+    /// BMC opened a session (ended again here); Ok(false): it refused, saying SOL is already
+    /// active elsewhere.
+    fn try_sol(&self) -> Result<bool> {
+        // ipmitool's stdout is a pipe here, so it may hold "[SOL Session operational…]" in
+        // its buffer until it exits: it goes to a file, read once ipmitool has ended. A
+        // refusal ends ipmitool within a second or two; a session keeps it running until its
+        // stdin closes, which ends the session.
+        let dir = tempfile::tempdir()?;
+        let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+        let mut child = self
+            .ipmitool("activate")?
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::fs::File::create(&out)?)
+            .stderr(std::fs::File::create(&err)?)
+            .spawn()
+            .context("ipmitool sol activate")?;
+        let early = wait_exit(&mut child, Duration::from_secs(5))?;
+        drop(child.stdin.take());
+        let status = match early {
+            Some(s) => s,
+            None => match wait_exit(&mut child, Duration::from_secs(10))? {
+                Some(s) => s,
+                None => {
+                    let _ = child.kill();
+                    child.wait()?
+                }
+            },
+        };
+        let said = std::fs::read_to_string(&out).unwrap_or_default();
+        let err = std::fs::read_to_string(&err).unwrap_or_default();
+        if said.contains("SOL Session operational") {
+            // Leave the BMC as it was, whatever ipmitool did on its way out.
+            let _ = self
+                .ipmitool("deactivate")?
+                .stdin(std::process::Stdio::null())
+                .output();
+            return Ok(true);
+        }
+        ensure!(
+            !status.success() && err.contains("SOL payload already active"),
+            "sol activate neither opened a session nor was refused as busy: {status}, {said:?}, {err:?}"
+        );
+        Ok(false)
+    }
+
+    /// `ipmitool -I lanplus … -E sol SUB` against the guest's BMC, the password in the
+    /// environment.
+    fn ipmitool(&self, sub: &str) -> Result<Command> {
+        let bmc = &self.bmc;
+        let mut c = Command::new("ipmitool");
+        c.args(["-I", "lanplus", "-C", "3", "-H"])
+            .arg(bmc["address"].as_str().context("ipmi address")?)
+            .arg("-p")
+            .arg(bmc["port"].as_u64().context("ipmi port")?.to_string())
+            .arg("-U")
+            .arg(bmc["username"].as_str().context("ipmi username")?)
+            .args(["-E", "sol", sub])
+            .env(
+                "IPMI_PASSWORD",
+                bmc["password"].as_str().context("ipmi password")?,
+            );
+        Ok(c)
+    }
+
+    /// While rivetd holds the session, the BMC refuses a second one.
+    fn second_session_refused(&self) -> Result<()> {
+        ensure!(
+            !self.try_sol()?,
+            "the BMC opened a second SOL session while rivetd holds one"
+        );
+        Ok(())
+    }
+
+    /// Disable: every viewer is closed and the BMC lets a new SOL session in.
+    fn disable(self, d: &Rivetd) -> Result<()> {
+        let (s, v) = d.call(
+            "PUT",
+            &format!("/v1/nodes/{}/states/console", self.uuid),
+            Some(json!({"enabled": false})),
+        )?;
+        ensure!(s == 202, "console disable: {s} {v}");
+        d.wait_node(&self.uuid, Duration::from_secs(60), |n| {
+            n["console_enabled"] == false
+        })?;
+        self.tcp.wait_closed(30)?;
+        self.ws.wait_closed(30)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.try_sol()? {
+            ensure!(
+                Instant::now() < deadline,
+                "the BMC still refuses a SOL session 30 s after the console was disabled"
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        Ok(())
+    }
+}
+
+/// Log in on the rescue ramdisk's serial console, typing through rivetd's console WebSocket
+/// (rivetd → ipmitool → the BMC's SOL → the serial port): a wrong password is refused, the
+/// right one gives a shell that runs as `rescue`, whose answer comes back to the viewers.
+fn rescue_login(g: &Guest, console: &NodeConsole, password: &str, since: u64) -> Result<()> {
     wait_console(g, "login:", since, 120)?;
-    let mut c = Console::connect(g)?;
+    let c = &console.ws;
+    let from = console.marks();
     let mark = g.serial_len();
     c.line("rescue")?;
     wait_console(g, "Password:", mark, 60)?;
@@ -788,10 +1117,13 @@ fn rescue_login(g: &Guest, password: &str, since: u64) -> Result<()> {
         );
     }
     ensure!(
-        !g.serial_since(mark).contains(password),
+        !g.serial_since(mark).contains(password) && !console.ws.since(from.1).contains(password),
         "{}: the password was echoed on the console",
         g.name
     );
+    // What was typed through the WebSocket came back to both viewers.
+    console.tcp.wait_for("rivet-42-rescue-0", from.0, 30)?;
+    console.ws.wait_for("rivet-42-rescue-0", from.1, 30)?;
     c.line("exit")?;
     Ok(())
 }
@@ -830,6 +1162,7 @@ fn rescue_adopt_service(
     g: &Guest,
     image: &Image,
     uuid: &str,
+    console: NodeConsole,
 ) -> Result<String> {
     let name = g.name.as_str();
     let password = "lab-rescue-Pw-42";
@@ -842,8 +1175,11 @@ fn rescue_adopt_service(
         )?;
         wait_state(d, g, uuid, "rescue", 900, since)
     })?;
-    clock.phase(name, "rescue login on the serial console", || {
-        rescue_login(g, password, since)
+    clock.phase(name, "rescue login through the console WebSocket", || {
+        rescue_login(g, &console, password, since)
+    })?;
+    clock.phase(name, "console: disable closes viewers, frees SOL", || {
+        console.disable(d)
     })?;
     let since = g.serial_len();
     clock.phase(name, "unrescue → instance boots again", || {
@@ -1020,7 +1356,7 @@ fn guest(lab: &Value, i: usize, node: Value) -> Result<Guest> {
         mac: n["macs"][0].as_str().context("mac")?.to_lowercase(),
         disk_bytes: n["disk_bytes"].as_u64().context("disk_bytes")?,
         serial_log: PathBuf::from(n["serial_log"].as_str().context("serial_log")?),
-        console_socket: PathBuf::from(n["console_socket"].as_str().context("console_socket")?),
+        ipmi: n["ipmi"].clone(),
         disk: PathBuf::from(n["disk"].as_str().context("disk")?),
         node,
         redfish: Redfish {
@@ -1130,6 +1466,7 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
         lab,
         1,
         json!({"driver": "ipmi", "name": n1["name"], "boot_interface": "ipxe", "rescue_interface": "agent",
+               "console_interface": "ipmitool-socat",
                "driver_info": {"ipmi_address": n1["ipmi"]["address"], "ipmi_port": n1["ipmi"]["port"],
                                "ipmi_username": n1["ipmi"]["username"], "ipmi_password": n1["ipmi"]["password"]},
                "automated_clean": true}),
