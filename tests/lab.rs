@@ -718,10 +718,11 @@ fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -
     })?;
     eprintln!("lab: fast track: deploy request → write_image {waited:.2?}");
     // Without fast track the ramdisk boots first: 17–18 s on a quiet machine, never under 8 s
-    // (docs/numbers.md). 5 s keeps that apart on a loaded CI machine (1.7 s was seen with
-    // three builds beside the run); the console check below is what proves no boot happened.
+    // (docs/numbers.md), and a loaded machine slows that boot far more than this round trip.
+    // Seen with fast track: 1.7 s with three builds beside the run, 5.7 s at a load of 11 on
+    // two cores (the guest is TCG). The console check below is what proves no boot happened.
     ensure!(
-        waited < Duration::from_secs(5),
+        waited < Duration::from_secs(8),
         "{name}: with fast track write_image started {waited:?} after the request"
     );
     clock.phase(name, "fast track: active, no reboot before it", || {
