@@ -5,6 +5,8 @@
 //! - `clean-fleet`: automated cleaning of N nodes whose agents offer no-op steps;
 //! - `api`: node listing and GET latency with N nodes in the store, rivetd RSS;
 //! - `agent`: static agent size, inventory time and peak RSS;
+//! - `console`: rivetd RSS per enabled serial console with N streaming, keystroke round trip
+//!   through the WebSocket (a stand-in ipmitool: this binary under the name `ipmitool`);
 //! - `deploy`: the static agent's `write_image` against `curl | dd` on a loop device (root);
 //! - `soak`: N agents cycling clean → deploy → undeploy with agent crashes and rivetd
 //!   restarts; checks resting states, no step run twice, rivetd RSS (see soak.rs).
@@ -17,6 +19,7 @@
 
 mod agent;
 mod api;
+mod console;
 mod deploy;
 mod fleet;
 mod procstat;
@@ -151,6 +154,24 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         runs: usize,
     },
+    /// rivetd RSS per enabled serial console with N streaming; keystroke round trip through
+    /// the WebSocket.
+    Console {
+        /// Console counts measured in turn; the last is the headline.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+        steps: Vec<usize>,
+        /// Each stand-in BMC prints a line this often (ms).
+        #[arg(long, default_value_t = 1000)]
+        line_every_ms: u64,
+        /// Seconds each step streams before RSS is sampled.
+        #[arg(long, default_value_t = 20)]
+        settle_s: u64,
+        /// Keystrokes timed through the WebSocket.
+        #[arg(long, default_value_t = 500)]
+        keystrokes: usize,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Chaos soak: N agents cycle clean → deploy → undeploy while agents crash and rivetd
     /// restarts; exits non-zero when a node does not rest, a step ran twice or RSS grew.
     Soak {
@@ -243,6 +264,14 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> Result<()> {
+    // Reached as `ipmitool` (a symlink the console bench makes): be the stand-in BMC.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv
+        .first()
+        .is_some_and(|a| a.ends_with(&format!("/{}", console::STAND_IN_NAME)))
+    {
+        std::process::exit(console::stand_in(&argv[1..]));
+    }
     let cli = Cli::parse();
     procstat::raise_nofile();
     let load = procstat::loadavg();
@@ -326,6 +355,20 @@ fn main() -> Result<()> {
                 heartbeat_timeout_s: heartbeat_timeout_s.max(LONG_POLL_FLOOR_S),
             }))?
         }
+        Cmd::Console {
+            steps,
+            line_every_ms,
+            settle_s,
+            keystrokes,
+            common,
+        } => runtime(common.threads)?.block_on(console::run(console::ConsoleOpts {
+            steps,
+            line_every_ms,
+            settle_s,
+            keystrokes,
+            rivetd: common.rivetd,
+            keep: common.keep,
+        }))?,
         Cmd::Agent { agent_bin, runs } => agent::run(agent::AgentOpts { agent_bin, runs })?,
         Cmd::Deploy {
             size_gib,

@@ -27,6 +27,8 @@ pub struct Settings {
     pub secrets_key_file: Option<PathBuf>,
     /// `[store] sqlite_readers` (None: rivetd's default).
     pub sqlite_readers: Option<usize>,
+    /// More TOML sections appended as they are (the console bench's `[drivers]`, `[console]`).
+    pub extra: String,
 }
 
 impl Default for Settings {
@@ -39,6 +41,7 @@ impl Default for Settings {
             power_sync_interval_s: 60,
             secrets_key_file: None,
             sqlite_readers: None,
+            extra: String::new(),
         }
     }
 }
@@ -61,6 +64,7 @@ impl Settings {
                 k.display().to_string()
             ));
         }
+        t.push_str(&self.extra);
         t
     }
 }
