@@ -79,6 +79,8 @@ run api --nodes 10000
 if ! $quick; then
     run api --nodes 100000
 fi
+# Serial consoles: RSS per console with 1,000 streaming, keystroke round trip (stand-in BMCs).
+run console --steps 100,1000
 run agent "${agent_args[@]}"
 # write_image against curl | dd on a loop device (root): raw, qcow2 and zstd of one 2 GiB image.
 run deploy --size-gib 2 --reps 3 "${agent_args[@]}"

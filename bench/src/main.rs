@@ -5,6 +5,8 @@
 //! - `clean-fleet`: automated cleaning of N nodes whose agents offer no-op steps;
 //! - `api`: node listing and GET latency with N nodes in the store, rivetd RSS;
 //! - `agent`: static agent size, inventory time and peak RSS;
+//! - `console`: rivetd RSS per enabled serial console with N streaming, keystroke round trip
+//!   through the WebSocket (a stand-in ipmitool: this binary under the name `ipmitool`);
 //! - `deploy`: the static agent's `write_image` against `curl | dd` on a loop device (root);
 //! - `fleet-deploy`: N real agents deploying one image at once, `http` against `local`
 //!   (rivetd's image cache): origin bytes, wall time, rivetd CPU/RSS (see fleet_deploy.rs);
@@ -21,6 +23,7 @@
 
 mod agent;
 mod api;
+mod console;
 mod deploy;
 mod fleet;
 mod fleet_deploy;
@@ -156,6 +159,24 @@ enum Cmd {
         /// Timed inventory runs.
         #[arg(long, default_value_t = 20)]
         runs: usize,
+    },
+    /// rivetd RSS per enabled serial console with N streaming; keystroke round trip through
+    /// the WebSocket.
+    Console {
+        /// Console counts measured in turn; the last is the headline.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+        steps: Vec<usize>,
+        /// Each stand-in BMC prints a line this often (ms).
+        #[arg(long, default_value_t = 1000)]
+        line_every_ms: u64,
+        /// Seconds each step streams before RSS is sampled.
+        #[arg(long, default_value_t = 20)]
+        settle_s: u64,
+        /// Keystrokes timed through the WebSocket.
+        #[arg(long, default_value_t = 500)]
+        keystrokes: usize,
+        #[command(flatten)]
+        common: Common,
     },
     /// Chaos soak: N agents cycle clean → deploy → undeploy while agents crash and rivetd
     /// restarts; exits non-zero when a node does not rest, a step ran twice or RSS grew.
@@ -298,6 +319,14 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> Result<()> {
+    // Reached as `ipmitool` (a symlink the console bench makes): be the stand-in BMC.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv
+        .first()
+        .is_some_and(|a| a.ends_with(&format!("/{}", console::STAND_IN_NAME)))
+    {
+        std::process::exit(console::stand_in(&argv[1..]));
+    }
     let cli = Cli::parse();
     procstat::raise_nofile();
     let load = procstat::loadavg();
@@ -399,6 +428,20 @@ fn main() -> Result<()> {
             rivetd: common.rivetd,
             keep: common.keep,
         })?,
+        Cmd::Console {
+            steps,
+            line_every_ms,
+            settle_s,
+            keystrokes,
+            common,
+        } => runtime(common.threads)?.block_on(console::run(console::ConsoleOpts {
+            steps,
+            line_every_ms,
+            settle_s,
+            keystrokes,
+            rivetd: common.rivetd,
+            keep: common.keep,
+        }))?,
         Cmd::Agent { agent_bin, runs } => agent::run(agent::AgentOpts { agent_bin, runs })?,
         Cmd::Deploy {
             size_gib,

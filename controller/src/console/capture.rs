@@ -7,8 +7,8 @@
 //! the oldest half is dropped in one rename — no rewriting, nothing read back, and a crash
 //! leaves two whole files. A reader concatenates `.1` then the current file.
 //!
-//! Plain blocking I/O: callers run it on a blocking thread (the session's writer, or
-//! `spawn_blocking`), never on the async runtime.
+//! Plain blocking I/O: callers run it under `spawn_blocking` (the hub's capture task hands
+//! it a batch of chunks at a time), never on the async runtime.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -45,6 +45,8 @@ pub const RESTART_AFTER_PANIC: Duration = Duration::from_secs(5);
 const WATCH_EVERY: Duration = Duration::from_secs(15);
 /// Chunks queued for the capture writer.
 const CAPTURE_QUEUE: usize = 1024;
+/// Most chunks one blocking write of the capture takes.
+const CAPTURE_BATCH: usize = 64;
 
 /// A running console.
 struct Running {
@@ -299,7 +301,7 @@ impl ConsoleHub {
     fn open_capture(&self, uuid: &str, port: u16) -> Result<mpsc::Sender<Bytes>, String> {
         let max = self.conductor.config.console.log_max_bytes;
         let paths = self.capture(uuid);
-        let mut writer = CaptureWriter::open(paths, max).map_err(|e| {
+        let writer = CaptureWriter::open(paths, max).map_err(|e| {
             format!(
                 "cannot write the console capture in {}: {e}",
                 self.dir.display()
@@ -310,10 +312,37 @@ impl ConsoleHub {
         }
         let (tx, mut rx) = mpsc::channel::<Bytes>(CAPTURE_QUEUE);
         let node = uuid.to_string();
-        tokio::task::spawn_blocking(move || {
+        // An async task that hands each batch of queued chunks to the blocking pool, rather
+        // than a blocking thread per console: tokio's pool has 512 threads, so with more
+        // consoles than that the later ones' writers never started (their capture stayed
+        // empty) and every other `spawn_blocking` in rivetd queued behind them
+        // (docs/numbers.md, "Serial consoles"). The task ends when the session drops its
+        // sender.
+        tokio::spawn(async move {
             let mut warned = false;
-            while let Some(b) = rx.blocking_recv() {
-                if let Err(e) = writer.append(&b) {
+            let mut writer = Some(writer);
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < CAPTURE_BATCH {
+                    match rx.try_recv() {
+                        Ok(b) => batch.push(b),
+                        Err(_) => break,
+                    }
+                }
+                let Some(mut w) = writer.take() else { break };
+                let wrote = tokio::task::spawn_blocking(move || {
+                    let mut failed = None;
+                    for b in &batch {
+                        if let Err(e) = w.append(b) {
+                            failed.get_or_insert(e);
+                        }
+                    }
+                    (w, failed)
+                })
+                .await;
+                let Ok((w, failed)) = wrote else { break };
+                writer = Some(w);
+                if let Some(e) = failed {
                     if !warned {
                         tracing::warn!(node = %node, error = %e, "console capture write failed");
                         warned = true;
