@@ -180,6 +180,22 @@ impl Fleet {
         Ok(())
     }
 
+    /// A fresh agent for node `i`, then the provision verb `target` (`active`, `rebuild`).
+    fn deploy(&mut self, i: usize, target: &str) -> Result<()> {
+        self.boot(i)?;
+        self.verb(i, json!({ "target": target }))
+    }
+
+    /// Every node of `which` ends in `deploy failed` with a `last_error` that `says` accepts.
+    fn all_failed(&self, which: &[usize], says: impl Fn(&str) -> bool) -> Result<()> {
+        for &i in which {
+            let failed = self.state(i, "deploy failed", 120)?;
+            let err = failed["last_error"].as_str().unwrap_or_default();
+            ensure!(says(err), "n{i}: {err}");
+        }
+        Ok(())
+    }
+
     fn logs(&self) -> String {
         let text = self.rivetd.log_text();
         let tail: Vec<&str> = text.lines().rev().take(60).collect();
@@ -341,8 +357,7 @@ fn five_nodes_one_origin_download_then_revalidated_and_tokens_checked() -> Resul
     assert!(!log.contains("Basic "), "no credentials in rivetd's log");
 
     // A second deploy of the same image: a conditional request answered 304, no download.
-    f.boot(0)?;
-    f.verb(0, json!({"target": "rebuild"}))?;
+    f.deploy(0, "rebuild")?;
     let again = f.state(0, "active", 120)?;
     assert!(again["last_error"].is_null(), "{again}");
     let (conditional, not_modified) = f.origin.conditional();
@@ -369,17 +384,11 @@ fn a_bad_checksum_or_an_origin_404_fails_every_waiting_node() -> Result<()> {
     f.set_image(&[0, 1, 2], &image, &wrong)?;
     f.origin.set_pace(16 * MIB);
     for i in 0..3 {
-        f.boot(i)?;
-        f.verb(i, json!({"target": "active"}))?;
+        f.deploy(i, "active")?;
     }
-    for i in 0..3 {
-        let failed = f.state(i, "deploy failed", 120)?;
-        let err = failed["last_error"].as_str().unwrap_or_default();
-        assert!(
-            err.contains("failed its checksum") && err.contains(&wrong) && err.contains(&real),
-            "n{i}: {err}"
-        );
-    }
+    f.all_failed(&[0, 1, 2], |err| {
+        err.contains("failed its checksum") && err.contains(&wrong) && err.contains(&real)
+    })?;
     assert_eq!(f.origin.full_gets(), 1, "one download for the three");
     assert_eq!(f.cache()?["images"], json!([]), "nothing cached");
 
@@ -394,8 +403,7 @@ fn a_bad_checksum_or_an_origin_404_fails_every_waiting_node() -> Result<()> {
             ])),
         )?;
         ensure!(s == 200, "{v}");
-        f.boot(i)?;
-        f.verb(i, json!({"target": "rebuild"}))?;
+        f.deploy(i, "rebuild")?;
     }
     for i in 0..3 {
         let failed = f
@@ -423,8 +431,7 @@ fn a_corrupted_cached_file_is_fetched_again_and_a_restart_keeps_the_cache() -> R
     make_image(&image, 9)?;
     let digest = sha256_file(&image)?;
     f.set_image(&[0], &image, &digest)?;
-    f.boot(0)?;
-    f.verb(0, json!({"target": "active"}))?;
+    f.deploy(0, "active")?;
     f.state(0, "active", 120)?;
     assert_eq!(f.origin.full_gets(), 1);
     // Restart: the index comes back from the directory; the image is revalidated (304).
@@ -438,8 +445,7 @@ fn a_corrupted_cached_file_is_fetched_again_and_a_restart_keeps_the_cache() -> R
         format!("sha256-{digest}"),
         "{cache}"
     );
-    f.boot(0)?;
-    f.verb(0, json!({"target": "rebuild"}))?;
+    f.deploy(0, "rebuild")?;
     f.state(0, "active", 120)?;
     assert_eq!(
         f.origin.full_gets(),
@@ -460,8 +466,7 @@ fn a_corrupted_cached_file_is_fetched_again_and_a_restart_keeps_the_cache() -> R
     file.seek(SeekFrom::Start(4 * MIB))?;
     file.write_all(b"corrupted")?;
     drop(file);
-    f.boot(0)?;
-    f.verb(0, json!({"target": "rebuild"}))?;
+    f.deploy(0, "rebuild")?;
     let active = f.state(0, "active", 120)?;
     assert_eq!(
         active["driver_internal_info"]["deployed_image"]["hash_value"],
@@ -522,8 +527,7 @@ fn max_concurrent_deploy_refuses_with_ironic_s_503() -> Result<()> {
     // Once n0 is done, n1 may deploy.
     f.boot(0)?;
     f.state(0, "active", 120)?;
-    f.boot(1)?;
-    f.verb(1, json!({"target": "active"}))?;
+    f.deploy(1, "active")?;
     f.state(1, "active", 120)?;
     Ok(())
 }
@@ -623,8 +627,7 @@ fn an_image_being_read_is_not_evicted_and_the_cache_answers_ranges() -> Result<(
 
     // b, then c: c needs room, and the least recently used image not being read is b.
     for i in [1, 2] {
-        f.boot(i)?;
-        f.verb(i, json!({"target": "active"}))?;
+        f.deploy(i, "active")?;
         f.state(i, "active", 120)?;
     }
     let cache = f.cache()?;
@@ -663,19 +666,13 @@ fn an_origin_that_cuts_the_download_fails_every_waiting_node_and_caches_nothing(
     f.origin.set_pace(8 * MIB);
     f.origin.cut_next(3, IMAGE_MIB * MIB / 2);
     for i in 0..3 {
-        f.boot(i)?;
-        f.verb(i, json!({"target": "active"}))?;
+        f.deploy(i, "active")?;
     }
-    for i in 0..3 {
-        let failed = f.state(i, "deploy failed", 120)?;
-        let err = failed["last_error"].as_str().unwrap_or_default();
-        assert!(
-            err.contains("cut.raw")
-                && (err.contains("download cut after")
-                    || err.contains(&format!("of {} bytes", IMAGE_MIB * MIB))),
-            "n{i}: {err}"
-        );
-    }
+    f.all_failed(&[0, 1, 2], |err| {
+        err.contains("cut.raw")
+            && (err.contains("download cut after")
+                || err.contains(&format!("of {} bytes", IMAGE_MIB * MIB)))
+    })?;
     assert_eq!(f.origin.full_gets(), 1, "one download for the three");
     assert_eq!(f.cache()?["images"], json!([]), "nothing cached");
     let partial = f.dir.path().join("image-cache/partial");
@@ -688,8 +685,7 @@ fn an_origin_that_cuts_the_download_fails_every_waiting_node_and_caches_nothing(
     // The origin whole again: the next deploy fetches it and succeeds.
     f.origin.cut_next(0, 0);
     f.origin.set_pace(0);
-    f.boot(0)?;
-    f.verb(0, json!({"target": "rebuild"}))?;
+    f.deploy(0, "rebuild")?;
     let active = f.state(0, "active", 120)?;
     assert_eq!(
         active["driver_internal_info"]["deployed_image"]["hash_value"],
@@ -717,8 +713,7 @@ fn a_node_s_instance_info_http_reads_the_origin_while_the_config_says_local() ->
         ),
     )?;
     ensure!(s == 200, "{v}");
-    f.boot(0)?;
-    f.verb(0, json!({"target": "active"}))?;
+    f.deploy(0, "active")?;
     let active = f.state(0, "active", 120)?;
     assert_eq!(
         active["driver_internal_info"]["deployed_image"]["hash_value"],

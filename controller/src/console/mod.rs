@@ -317,8 +317,8 @@ impl ConsoleHub {
         // consoles than that the later ones' writers never started (their capture stayed
         // empty) and every other `spawn_blocking` in rivetd queued behind them
         // (docs/numbers.md, "Serial consoles"). The task ends when the session drops its
-        // sender.
-        tokio::spawn(async move {
+        // sender; the conductor tracks it, so shutdown lets the last batch reach the disk.
+        self.conductor.tasks.spawn(async move {
             let mut warned = false;
             let mut writer = Some(writer);
             while let Some(first) = rx.recv().await {
