@@ -39,7 +39,7 @@ pub fn valid(key: &[u8], node: &str, command: &str, name: &str, presented: &str)
 }
 
 fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
