@@ -1215,10 +1215,13 @@ async fn survives_lost_connections(db: TestDb) {
     s.update_node(&n).await.expect("update");
 }
 
-/// Run the rivetd binary; (success, stdout, stderr).
-fn rivetd(args: &[&str]) -> (bool, String, String) {
+/// Run the rivetd binary with `state` as its state directory (as systemd's
+/// `StateDirectory=` gives it: on PostgreSQL the image cache goes there, not into the
+/// crate's directory); (success, stdout, stderr).
+fn rivetd(state: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rivetd"))
         .args(args)
+        .env("STATE_DIRECTORY", state)
         .env_remove("RIVETD_DB")
         .env("RUST_BACKTRACE", "0")
         .env("RIVET_SECRETS_KEY", "5e".repeat(32))
@@ -1235,10 +1238,10 @@ fn rivetd(args: &[&str]) -> (bool, String, String) {
 /// from a newer rivetd is refused by both, saying so.
 async fn rivetd_db_upgrade_serve_and_refuse(db: TestDb) {
     let url = db.url();
-    let (ok, out, err) = rivetd(&["db", "upgrade", "--db", &url]);
+    let (ok, out, err) = rivetd(db.dir(), &["db", "upgrade", "--db", &url]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("upgraded from schema version 0 to"), "{out}");
-    let (ok, out, err) = rivetd(&["--db", &url, "db", "upgrade"]);
+    let (ok, out, err) = rivetd(db.dir(), &["--db", &url, "db", "upgrade"]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("nothing to do"), "{out}");
     if db.is_postgres() {
@@ -1299,10 +1302,10 @@ async fn rivetd_db_upgrade_serve_and_refuse(db: TestDb) {
         "database schema version {} is newer than this rivetd knows",
         after + 1
     );
-    let (ok, out, err) = rivetd(&["db", "upgrade", "--db", &url]);
+    let (ok, out, err) = rivetd(db.dir(), &["db", "upgrade", "--db", &url]);
     assert!(!ok, "{out}");
     assert!(err.contains(&want), "{err}");
-    let (ok, out, err) = rivetd(&["--db", &url, "--listen", &listen, "--no-auth"]);
+    let (ok, out, err) = rivetd(db.dir(), &["--db", &url, "--listen", &listen, "--no-auth"]);
     assert!(!ok, "{out}");
     assert!(err.contains(&want), "{err}");
 }

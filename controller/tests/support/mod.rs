@@ -94,11 +94,14 @@ impl TestDb {
 
     /// rivetd's default config on this database.
     pub fn config(&self) -> Config {
-        Config {
+        let mut config = Config {
             db: self.url(),
             secrets: self.secrets_config(),
             ..Config::default()
-        }
+        };
+        // On PostgreSQL the default is the working directory (the crate's, under cargo).
+        config.image_cache.dir = Some(self.dir().join("image-cache"));
+        config
     }
 
     /// The configured key (as rivetd would load it).
