@@ -234,6 +234,16 @@ pub fn run(o: UiOpts) -> Result<Vec<String>> {
         json!([o.scroll_px, o.scroll_frames]),
     )?;
     b.wait_until("the scroll", "return window.__scrolled", json!([]), T)?;
+    // Fast frames count only if the rows in view were drawn.
+    b.wait_until(
+        "rows in view after the scroll",
+        "const vp = document.getElementById('rows');
+         const rows = [...vp.querySelectorAll('[data-node]')];
+         return vp.scrollTop > 0 && rows.some((r) => r.offsetTop >= vp.scrollTop && r.offsetTop < vp.scrollTop + vp.clientHeight)
+           && rows.some((r) => r.offsetTop <= vp.scrollTop + vp.clientHeight - 32 && r.offsetTop + 32 > vp.scrollTop + vp.clientHeight - 32);",
+        json!([]),
+        T,
+    )?;
     let frames: Vec<f64> = b
         .script("return window.__frames", json!([]))?
         .as_array()

@@ -52,7 +52,12 @@ export async function fleetPage(root, me, fsm) {
   faultSel.addEventListener('change', onFilter);
   ownerIn.addEventListener('input', onFilter);
   qIn.addEventListener('input', onFilter);
-  viewport.addEventListener('scroll', () => drawRows());
+  // Scroll events come many times a frame: the rows are drawn once per frame.
+  let scrollFrame = 0;
+  viewport.addEventListener('scroll', () => {
+    if (scrollFrame) return;
+    scrollFrame = requestAnimationFrame(() => { scrollFrame = 0; drawRows(); });
+  });
 
   function matches(n) {
     if (filters.state && n.provision_state !== filters.state) return false;
@@ -93,6 +98,8 @@ export async function fleetPage(root, me, fsm) {
       .sort((a, b) => (a.name || a.uuid).localeCompare(b.name || b.uuid));
     summary.textContent = loading ? `loading… ${nodes.size}` : `${shown.length} of ${nodes.size} shown`;
     spacer.style.height = `${shown.length * ROW_H}px`;
+    drawn = new Map();
+    viewport.replaceChildren(spacer);
     drawRows();
   }
 
@@ -117,12 +124,30 @@ export async function fleetPage(root, me, fsm) {
     return a;
   }
 
+  // The rows in the DOM, by their index in `shown` (a new `shown` starts it afresh). A scroll
+  // builds only the rows coming into view and removes those leaving it, rather than every
+  // row in view each time: rebuilding ~30 rows a frame dropped frames (rivet-bench ui).
+  let drawn = new Map();
   function drawRows() {
     const first = Math.max(0, Math.floor(viewport.scrollTop / ROW_H) - OVERSCAN);
     const last = Math.min(shown.length, Math.ceil((viewport.scrollTop + viewport.clientHeight) / ROW_H) + OVERSCAN);
-    const rows = [];
-    for (let i = first; i < last; i++) rows.push(row(shown[i], i));
-    viewport.replaceChildren(spacer, ...rows);
+    for (const [i, r] of drawn) {
+      if (i < first || i >= last) { r.remove(); drawn.delete(i); }
+    }
+    // What stays is one run of indices; new rows go before or after it, so the DOM keeps
+    // the rows in list order.
+    let kept = Infinity;
+    for (const i of drawn.keys()) kept = Math.min(kept, i);
+    const above = [];
+    const below = [];
+    for (let i = first; i < last; i++) {
+      if (drawn.has(i)) continue;
+      const r = row(shown[i], i);
+      drawn.set(i, r);
+      (i < kept ? above : below).push(r);
+    }
+    spacer.after(...above);
+    viewport.append(...below);
   }
 
   function apply(change) {
