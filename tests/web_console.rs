@@ -91,11 +91,7 @@ fn wait_buffer(b: &Browser, needle: &str, t: Duration) -> Result<()> {
 
 #[test]
 fn web_console_panel_in_a_real_browser() -> Result<()> {
-    let Some((chromium, chromedriver)) = webdriver::installed() else {
-        rivet_tests::prerequisite(
-            false,
-            "chromium and chromedriver (scripts/setup-browser.sh)",
-        );
+    let Some((chromium, chromedriver)) = webdriver::required() else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;

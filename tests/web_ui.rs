@@ -35,6 +35,16 @@ fn client() -> Result<reqwest::blocking::Client> {
 }
 
 /// An admin API call with basic credentials.
+/// The numbers a page script returns as an array.
+fn numbers(b: &Browser, script: &str) -> Result<Vec<f64>> {
+    let v = b.script(script, json!([]))?;
+    Ok(v.as_array()
+        .with_context(|| format!("not an array: {v}"))?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect())
+}
+
 fn admin(r: &Rivetd, method: &str, path: &str, body: Option<Value>) -> Result<(u16, Value)> {
     let mut req = client()?
         .request(method.parse()?, format!("{}{path}", r.url))
@@ -296,11 +306,7 @@ const STATE_OF: &str = "(() => { const r = document.querySelector(`[data-node=\"
 
 #[test]
 fn web_ui_in_a_real_browser() -> Result<()> {
-    let Some((chromium, chromedriver)) = webdriver::installed() else {
-        rivet_tests::prerequisite(
-            false,
-            "chromium and chromedriver (scripts/setup-browser.sh)",
-        );
+    let Some((chromium, chromedriver)) = webdriver::required() else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;
@@ -483,11 +489,7 @@ fn web_ui_in_a_real_browser() -> Result<()> {
 /// With `RIVET_SCREENSHOTS=DIR` it also saves the README's pictures (fleet, node, charts).
 #[test]
 fn web_ui_charts_after_a_deploy() -> Result<()> {
-    let Some((chromium, chromedriver)) = webdriver::installed() else {
-        rivet_tests::prerequisite(
-            false,
-            "chromium and chromedriver (scripts/setup-browser.sh)",
-        );
+    let Some((chromium, chromedriver)) = webdriver::required() else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;
@@ -563,16 +565,10 @@ fn web_ui_charts_after_a_deploy() -> Result<()> {
     )?;
     // Rows are placed one under the other (their `top` is set through the CSSOM, which the
     // CSP allows, not a style attribute, which it refuses).
-    let tops = b.script(
+    let tops = numbers(
+        &b,
         "return [...document.querySelectorAll('[data-node]')].map(r => r.getBoundingClientRect().top)",
-        json!([]),
     )?;
-    let tops: Vec<f64> = tops
-        .as_array()
-        .context("tops")?
-        .iter()
-        .filter_map(Value::as_f64)
-        .collect();
     ensure!(
         tops.windows(2).all(|w| w[1] > w[0]),
         "rows overlap: {tops:?}"
@@ -598,16 +594,10 @@ fn web_ui_charts_after_a_deploy() -> Result<()> {
         t,
     )?;
     // Exactly one bar of the distribution holds the sample (a fake deploy: ≤ 1 s or ≤ 10 s).
-    let bars = b.script(
+    let bars = numbers(
+        &b,
         "return [...document.querySelectorAll('[data-chart=deploys] rect')].map(r => Number(r.dataset.value))",
-        json!([]),
     )?;
-    let bars: Vec<f64> = bars
-        .as_array()
-        .context("bars")?
-        .iter()
-        .filter_map(Value::as_f64)
-        .collect();
     ensure!(
         bars.len() == 11 && bars.iter().sum::<f64>() == 1.0,
         "deploy buckets: {bars:?}"
@@ -676,11 +666,7 @@ esac
 /// progress, and the fleet row and the node page show it move without a reload.
 #[test]
 fn web_ui_shows_step_progress_live() -> Result<()> {
-    let Some((chromium, chromedriver)) = webdriver::installed() else {
-        rivet_tests::prerequisite(
-            false,
-            "chromium and chromedriver (scripts/setup-browser.sh)",
-        );
+    let Some((chromium, chromedriver)) = webdriver::required() else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;

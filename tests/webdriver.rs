@@ -21,6 +21,17 @@ pub fn installed() -> Option<(PathBuf, PathBuf)> {
     driver.exists().then_some((browser, driver))
 }
 
+/// [`installed`] for a test: when missing, says why the test skips (a failure under
+/// `RIVET_REQUIRE_PEERS=1`, see [`crate::prerequisite`]).
+pub fn required() -> Option<(PathBuf, PathBuf)> {
+    let found = installed();
+    crate::prerequisite(
+        found.is_some(),
+        "chromium and chromedriver (scripts/setup-browser.sh)",
+    );
+    found
+}
+
 /// A headless chromium session, ended (and chromedriver stopped) on drop.
 pub struct Browser {
     http: reqwest::blocking::Client,

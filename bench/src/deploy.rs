@@ -42,12 +42,7 @@ fn make_image(path: &Path, gib: u64) -> Result<()> {
     let mut x = 0x2545_f491_4f6c_dd1du64;
     for i in 0..gib * 1024 {
         if i % 2 == 1 {
-            for c in block.chunks_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                c.copy_from_slice(&x.to_le_bytes());
-            }
+            fill_incompressible(&mut block, &mut x);
             f.write_all(&block)?;
         } else {
             f.write_all(&zero)?;
@@ -200,4 +195,15 @@ fn which(tool: &str) -> Option<PathBuf> {
             .map(|d| d.join(tool))
             .find(|p| p.is_file())
     })
+}
+
+/// Fills `block` (a multiple of 8 bytes) from a xorshift64 generator whose state is `x`:
+/// bytes no compressor shrinks, made at memory speed.
+pub(crate) fn fill_incompressible(block: &mut [u8], x: &mut u64) {
+    for c in block.chunks_mut(8) {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
 }

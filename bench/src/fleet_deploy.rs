@@ -70,12 +70,7 @@ fn make_image(path: &Path, mib: u64) -> Result<()> {
     let mut block = vec![0u8; MIB as usize];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..mib {
-        for c in block.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.copy_from_slice(&x.to_le_bytes());
-        }
+        crate::deploy::fill_incompressible(&mut block, &mut x);
         f.write_all(&block)?;
     }
     f.flush()?;
