@@ -185,8 +185,23 @@ kernel_package() {
         deb="$(bash "$ROOT/scripts/setup-qemu.sh" | tail -n 1)"
     fi
     [ -f "$deb" ] || die "no linux-image-*.deb in target/kernel-cache (scripts/setup-qemu.sh)"
-    # The QEMU tests extract it once next to the .deb; reuse that tree (saves the xz time).
-    if [ -d "$deb.d/boot" ]; then echo "$deb.d"; else echo "$deb"; fi
+    # Extracted once next to the .deb, as the QEMU tests do (tests/qemu.rs, the same lock):
+    # dpkg-deb's xz decompression of the whole package is ~85 s of CPU, and image-build given
+    # the .deb itself would pay it again for the ramdisk and for each of the three test images.
+    if [ ! -d "$deb.d/boot" ]; then
+        (
+            flock 9
+            if [ ! -d "$deb.d/boot" ]; then
+                log "extracting $(basename "$deb") once into $deb.d"
+                local tmp="$deb.$$.tmp"
+                rm -rf "$tmp" && mkdir -p "$tmp"
+                dpkg-deb -x "$deb" "$tmp" || { rm -rf "$tmp"; die "dpkg-deb -x $deb failed"; }
+                mv -T "$tmp" "$deb.d"
+            fi
+        ) 9>"$deb.lock"
+        [ -d "$deb.d/boot" ] || die "extracting $deb into $deb.d failed"
+    fi
+    echo "$deb.d"
 }
 
 # stale OUTPUT... -- INPUT...: true when an output is missing or older than an input file

@@ -12,8 +12,8 @@
 //!   clears it once the BMC answers again.
 //!
 //! rivetd runs with short driver timeouts ([drivers] in its config), so the whole file takes
-//! well under 60 s (its tests run in parallel; the emulator applies power changes 1–11 s
-//! late, which dominates). Needs `.venv-sushy` (scripts/setup-peers.sh); skipped without it
+//! well under 60 s (its tests run in parallel; the emulator applies power changes 1–2 s
+//! late, see `Sushy::start`). Needs `.venv-sushy` (scripts/setup-peers.sh); skipped without it
 //! unless RIVET_REQUIRE_PEERS=1.
 
 use rivet_tests::faultproxy::{Fault, FaultProxy, Seen};

@@ -8,11 +8,13 @@
 //!
 //! Plain std threads (one per connection); each answer closes its connection, so every
 //! request the client makes is one connection here and a drop is always seen by the client.
+//! It also stands between agents and rivetd's image cache (tests/image_cache.rs), where
+//! [`Fault::Cut`] ends a download part-way.
 
 use anyhow::{Context, Result};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +27,9 @@ pub enum Fault {
     Drop,
     /// Answer this HTTP status with a Redfish error body, without forwarding.
     Status(u16),
+    /// Forward, pass on only this many bytes of the answer (head included), then close: a
+    /// download cut part-way.
+    Cut(usize),
 }
 
 /// One request the proxy saw.
@@ -36,6 +41,8 @@ pub struct Seen {
     pub method: String,
     /// Request target (path and query).
     pub path: String,
+    /// Its `Range` header, if any.
+    pub range: Option<String>,
     /// The fault applied; `None`: forwarded untouched.
     pub fault: Option<Fault>,
 }
@@ -52,6 +59,7 @@ enum Until {
 
 #[derive(Default)]
 struct Shared {
+    upstream: AtomicU16,
     armed: Mutex<Option<(Fault, Until)>>,
     log: Mutex<Vec<Seen>>,
     stop: AtomicBool,
@@ -90,7 +98,6 @@ pub struct FaultProxy {
     pub url: String,
     /// Its port.
     pub port: u16,
-    upstream: u16,
     shared: Arc<Shared>,
 }
 
@@ -100,6 +107,7 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared::default());
+        shared.upstream.store(upstream, Ordering::SeqCst);
         let s = shared.clone();
         std::thread::Builder::new()
             .name(format!("faultproxy-{port}"))
@@ -113,7 +121,7 @@ impl FaultProxy {
                     let _ = std::thread::Builder::new()
                         .name("faultproxy-conn".into())
                         .spawn(move || {
-                            let _ = serve(conn, upstream, &s);
+                            let _ = serve(conn, &s);
                         });
                 }
             })
@@ -121,7 +129,6 @@ impl FaultProxy {
         Ok(FaultProxy {
             url: format!("http://127.0.0.1:{port}"),
             port,
-            upstream,
             shared,
         })
     }
@@ -169,7 +176,13 @@ impl FaultProxy {
 
     /// The upstream port (the emulator's).
     pub fn upstream(&self) -> u16 {
-        self.upstream
+        self.shared.upstream.load(Ordering::SeqCst)
+    }
+
+    /// Forward to `127.0.0.1:port` from now on (for an upstream that needs the proxy's URL
+    /// in its configuration before it starts).
+    pub fn forward_to(&self, port: u16) {
+        self.shared.upstream.store(port, Ordering::SeqCst);
     }
 }
 
@@ -226,18 +239,24 @@ fn closing(head: &str) -> String {
     out
 }
 
-fn serve(mut conn: TcpStream, upstream: u16, shared: &Shared) -> Result<()> {
+fn serve(mut conn: TcpStream, shared: &Shared) -> Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
     let (head, body) = read_request(&mut conn)?;
     let mut words = head.split_whitespace();
     let method = words.next().unwrap_or("").to_string();
     let path = words.next().unwrap_or("").to_string();
+    let range = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("range"))
+        .map(|(_, v)| v.trim().to_string());
     let fault = shared.take_fault();
     if let Ok(mut log) = shared.log.lock() {
         log.push(Seen {
             at: Instant::now(),
             method,
             path,
+            range,
             fault,
         });
     }
@@ -262,8 +281,9 @@ fn serve(mut conn: TcpStream, upstream: u16, shared: &Shared) -> Result<()> {
             return Ok(());
         }
         Some(Fault::Delay(d)) => std::thread::sleep(d),
-        None => {}
+        Some(Fault::Cut(_)) | None => {}
     }
+    let upstream = shared.upstream.load(Ordering::SeqCst);
     let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
     up.set_read_timeout(Some(Duration::from_secs(30)))?;
     up.write_all(closing(&head).as_bytes())?;
@@ -279,8 +299,12 @@ fn serve(mut conn: TcpStream, upstream: u16, shared: &Shared) -> Result<()> {
         }
         None => answer,
     };
+    let out = match fault {
+        Some(Fault::Cut(n)) => &out[..n.min(out.len())],
+        _ => &out[..],
+    };
     // The client may have given up (timeout) meanwhile: a failed write is fine.
-    let _ = conn.write_all(&out);
+    let _ = conn.write_all(out);
     let _ = conn.shutdown(Shutdown::Both);
     Ok(())
 }

@@ -19,7 +19,12 @@
 //! - an origin that drops the connection half-way fails every node waiting on the one
 //!   download with that in its last_error, and leaves nothing cached;
 //! - `instance_info.image_download_source = "http"` on a node sends its agent to the origin
-//!   though the config says `local`.
+//!   though the config says `local`;
+//! - a configdrive longer than `configdrive_inline_max_bytes` is served from the cache with
+//!   the node's token (its user_data lands on the disk; the URL refused without the token),
+//!   a short one stays inline;
+//! - an agent whose download from the cache is cut part-way (a proxy in front of rivetd's
+//!   `public_url`) resumes it with `Range` from where it stopped and the disk holds the image.
 //!
 //! Needs root (loop devices) and sgdisk; skips without them unless `RIVET_REQUIRE_PEERS=1`.
 
@@ -28,6 +33,7 @@ use rivet_protocol::agent::{Command as AgentCommand, CommandKind};
 use rivet_protocol::deploy::{WRITE_IMAGE, WRITE_IMAGE_PRIORITY};
 use rivet_protocol::steps::StepDescriptor;
 use rivet_tests::agentproc::{have, is_root, read_at, AgentProcess, LoopDevice};
+use rivet_tests::faultproxy::{Fault, FaultProxy};
 use rivet_tests::fileserver::FileServer;
 use rivet_tests::simagent::{SimAgent, Steps};
 use rivet_tests::{prerequisite, run_tool, sha256_file, Rivetd};
@@ -732,6 +738,172 @@ fn a_node_s_instance_info_http_reads_the_origin_while_the_config_says_local() ->
     assert!(
         log.contains(&url) && !log.contains("/image-cache/"),
         "{log}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_long_configdrive_is_served_from_the_cache_and_a_short_one_stays_inline() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    let mut f = Fleet::new(2, "")?;
+    let image = f.path("cd.raw");
+    make_image(&image, 23)?;
+    let digest = sha256_file(&image)?;
+    f.set_image(&[0, 1], &image, &digest)?;
+    // ~200 KiB of hex user_data: ~140 KiB once gzipped and base64'd, past the default 64 KiB.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let user_data: String = (0..200 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b"0123456789abcdef"[(x % 16) as usize])
+        })
+        .collect();
+    f.boot(0)?;
+    f.verb(
+        0,
+        json!({"target": "active",
+               "configdrive": {"meta_data": {"hostname": "n0"}, "user_data": user_data}}),
+    )?;
+    f.boot(1)?;
+    f.verb(
+        1,
+        json!({"target": "active", "configdrive": {"meta_data": {"hostname": "n1"}}}),
+    )?;
+    for i in [0, 1] {
+        f.state(i, "active", 120)?;
+    }
+    // The long one is an entry of its own (the image is the other); the short one is not.
+    let cache = f.cache()?;
+    let entries = cache["images"].as_array().context("images")?;
+    let drives: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["url"] == "configdrive (from a deploy request)")
+        .collect();
+    ensure!(drives.len() == 1, "one configdrive entry: {cache}");
+    ensure!(entries.len() == 2, "the image and one configdrive: {cache}");
+    let bytes = drives[0]["bytes"].as_u64().unwrap_or(0);
+    ensure!(bytes > 64 * 1024, "{cache}");
+    // rivetd served both images and that configdrive, each once and whole: n0's agent read
+    // the configdrive from the cache, not from its arguments.
+    let text = reqwest::blocking::get(format!("{}/metrics", f.rivetd.url))?.text()?;
+    let served = format!(
+        "rivet_image_cache_served_bytes_total {}",
+        2 * IMAGE_MIB * MIB + bytes
+    );
+    ensure!(text.contains(&served), "want {served}:\n{text}");
+    // Its user_data is on n0's disk (an ISO 9660 file is one extent): the agent downloaded it.
+    let disk = std::fs::read(f.path("disk0.img"))?;
+    ensure!(
+        find(&disk, user_data.as_bytes()),
+        "n0's configdrive partition does not hold its user_data"
+    );
+    // The URL without credentials: 401; with a made-up token after the deploy: 403.
+    let uuid = f.rivetd.node("n0")?["uuid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let url = format!(
+        "{}/image-cache/{}",
+        f.rivetd.url,
+        drives[0]["name"].as_str().unwrap_or("")
+    );
+    assert_eq!(get_status(&url, None, None)?.0, 401);
+    assert_eq!(get_status(&url, Some((&uuid, "0123abcd")), None)?.0, 403);
+    // Neither log shows the token: every "UUID:" in a URL is followed by the mask.
+    let log = format!(
+        "{}{}",
+        f.rivetd.log_text(),
+        f.agents[0]
+            .as_ref()
+            .map(|a| a.log_text())
+            .unwrap_or_default()
+    );
+    let at = format!("{uuid}:");
+    for (i, _) in log.match_indices(&at) {
+        let rest = &log[i + at.len()..];
+        ensure!(
+            !rest.starts_with(|c: char| c.is_ascii_hexdigit()) || rest.starts_with("***"),
+            "a token in a log: {}",
+            &log[i..(i + 120).min(log.len())]
+        );
+    }
+    Ok(())
+}
+
+/// `needle` occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn an_agent_cut_off_mid_download_resumes_from_the_cache_with_range() -> Result<()> {
+    if !ready() {
+        return Ok(());
+    }
+    // Agents reach the cache through the proxy (rivetd's public_url); heartbeats go direct.
+    let proxy = FaultProxy::start(0)?;
+    let mut f = Fleet::new(1, &format!("[boot]\npublic_url = \"{}\"", proxy.url))?;
+    let port = f
+        .rivetd
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("rivetd's port")?;
+    proxy.forward_to(port);
+    let image = f.path("resume.raw");
+    make_image(&image, 29)?;
+    let digest = sha256_file(&image)?;
+    f.set_image(&[0], &image, &digest)?;
+    let cut = 6 * MIB as usize;
+    proxy.fail_next(Fault::Cut(cut), 1);
+    f.deploy(0, "active")?;
+    f.state(0, "active", 120)?;
+    let want = read_at(&image, 0, (IMAGE_MIB - 1) as usize * MIB as usize)?;
+    let got = read_at(&f.disks[0].path, 0, want.len())?;
+    // The primary GPT is rewritten by the backup move: compare from the data on.
+    let m = MIB as usize;
+    let first_difference = got[m..].iter().zip(&want[m..]).position(|(a, b)| a != b);
+    ensure!(
+        first_difference.is_none(),
+        "n0's disk differs from the image {first_difference:?} bytes past its first MiB\n{}",
+        f.logs()
+    );
+    // Two requests for the image: the first cut, the second a Range from where it stopped
+    // (at most the cut: the head and what the agent had not yet written are read again).
+    let gets: Vec<_> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.starts_with(&format!("/image-cache/sha256-{digest}")))
+        .collect();
+    ensure!(gets.len() == 2, "{gets:?}\n{}", f.logs());
+    ensure!(
+        gets[0].range.is_none() && gets[0].fault == Some(Fault::Cut(cut)),
+        "{gets:?}"
+    );
+    let from: u64 = gets[1]
+        .range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.strip_suffix('-'))
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("the second request is not an open Range: {gets:?}"))?;
+    ensure!(from > 0 && from < cut as u64, "resumed at {from}: {gets:?}");
+    // rivetd sent the whole image for the first request (the proxy reads an answer whole
+    // before passing on its start) and the rest from the resume point for the second.
+    let text = reqwest::blocking::get(format!("{}/metrics", f.rivetd.url))?.text()?;
+    let served: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("rivet_image_cache_served_bytes_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("served bytes in /metrics")?;
+    ensure!(
+        served == 2 * IMAGE_MIB * MIB - from,
+        "served {served} bytes for a {IMAGE_MIB} MiB image resumed at {from}"
     );
     Ok(())
 }

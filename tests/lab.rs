@@ -20,9 +20,7 @@
 //!   image: Rivet turns Secure Boot on through Redfish, the instance reports
 //!   `secure_boot=1`, undeploy turns it off; and with `boot_mode:bios`: Rivet switches the
 //!   BMC to Legacy, the instance reports `firmware=bios`. Then a deploy aborted while the
-//!   ramdisk boots ends in `deploy failed` with the guest off. Before that, fast track
-//!   (`driver_info.fast_track`): cleaning leaves the ramdisk up, and a deploy right after
-//!   starts `write_image` within a second of the request without a reboot (console checked).
+//!   ramdisk boots ends in `deploy failed` with the guest off.
 //! - `rivet-lab-1`, ipmi + `ipxe`: the same from manage to active and back, at the same time,
 //!   with its serial console (`ipmitool-socat`) enabled before the ramdisk first boots: rivetd
 //!   holds a real SOL session with the guest's BMC (ipmi_sim, whose SOL device is the guest's
@@ -35,7 +33,10 @@
 //!   instance boots again. Then the node is deleted (maintenance) and a redfish node for the
 //!   same instance is adopted (power, disk and console untouched) and serviced with
 //!   `bios.apply_configuration` (ProcTurboMode flipped, read back from sushy-tools' Bios
-//!   resource) before the undeploy.
+//!   resource). Then fast track (`driver_info.fast_track`), while the other guest goes
+//!   through its firmwares: the undeploy's cleaning leaves the ramdisk up, and a deploy right
+//!   after starts `write_image` within a second of the request without a reboot (console
+//!   checked); with fast track off again, the undeploy powers it off.
 //! - Discovery: both nodes deleted, both guests PXE-boot as unknown machines; with
 //!   `[discovery] enabled` rivetd serves them the ramdisk, which enrols one node per guest with
 //!   the domain's MAC and powers it off.
@@ -369,6 +370,15 @@ enum Start {
     WithPort,
 }
 
+/// Where a [`lifecycle`] leaves its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Undeployed (cleaning) → available, powered off.
+    Available,
+    /// Still active, for what comes next to undeploy.
+    Active,
+}
+
 /// enroll → manage → (inspect) → provide → deploy → the instance boots → power sync →
 /// undeploy.
 /// With `more` (the ipmi node), the node's serial console is enabled before its ramdisk first
@@ -383,6 +393,7 @@ fn lifecycle(
     image: &Image,
     start: Start,
     more: bool,
+    end: End,
 ) -> Result<String> {
     let name = g.name.as_str();
     let inspect = start == Start::Inspect;
@@ -540,6 +551,9 @@ fn lifecycle(
         Some(c) => rescue_adopt_service(d, clock, g, image, &uuid, c)?,
         None => uuid,
     };
+    if end == End::Active {
+        return Ok(uuid);
+    }
 
     clock.phase(name, "undeploy → cleaning → available", || {
         let since = g.serial_len();
@@ -578,7 +592,8 @@ fn instance_firmware(g: &Guest, since: u64, want: &str) -> Result<()> {
 /// The virtual-media node, once more through a firmware other than its default, set the way
 /// an operator sets it on Ironic: `instance_info.capabilities` `secure_boot:true` (with the
 /// signed image) and then `properties.capabilities` `boot_mode:bios`. Each: deploy → the
-/// instance reports the firmware it booted → the BMC says so → undeploy puts it back.
+/// instance reports the firmware it booted → the BMC says so; Secure Boot's undeploy turns it
+/// off, and so does each undeploy.
 fn firmware_variants(
     d: &Rivetd,
     clock: &Clock,
@@ -666,8 +681,10 @@ fn firmware_variants(
 /// Fast track (`driver_info.fast_track`), Ironic's: cleaning leaves the ramdisk running
 /// on the powered-on, available node; a deploy right after starts `write_image` on it within
 /// a second of the request, with no reboot (the serial console shows neither firmware nor
-/// kernel start between the end of cleaning and the image written). Fast track is then
-/// turned off again, and the undeploy takes the usual path.
+/// kernel start between the end of cleaning and the image written). The node starts active
+/// (the end of its [`lifecycle`]): its undeploy's cleaning is the one that keeps the ramdisk
+/// (one ramdisk boot less than a separate manage → provide). Fast track is then turned off
+/// again, and the undeploy takes the usual path, ending powered off.
 fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -> Result<()> {
     let name = g.name.as_str();
     let set_fast_track = |on: bool| -> Result<()> {
@@ -682,17 +699,16 @@ fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -
     set_fast_track(true)?;
     let cleaned = clock.phase(
         name,
-        "fast track: manage → provide (ramdisk kept)",
+        "fast track: undeploy → cleaning (ramdisk kept)",
         || {
             let since = g.serial_len();
-            verb(d, uuid, json!({"target": "manage"}))?;
-            wait_state(d, g, uuid, "manageable", 60, since)?;
-            verb(d, uuid, json!({"target": "provide"}))?;
-            let n = wait_state(d, g, uuid, "available", 600, since)?;
+            verb(d, uuid, json!({"target": "deleted"}))?;
+            let n = wait_state(d, g, uuid, "available", 900, since)?;
             ensure!(
                 n["power_state"] == "power on",
                 "{name}: with fast track the node stays on after cleaning: {n}"
             );
+            ensure!(n["instance_info"] == json!({}), "{n}");
             Ok(g.serial_len())
         },
     )?;
@@ -731,7 +747,8 @@ fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -
         })?;
         ensure!(n["provision_state"] != "deploy failed", "{n}");
         let between = g.serial_since(cleaned);
-        for boot in ["BdsDxe", "Linux version"] {
+        // Firmware banners (OVMF's, SeaBIOS's) and the kernel's.
+        for boot in ["BdsDxe", "SeaBIOS", "Linux version"] {
             ensure!(
                 !between.contains(boot),
                 "{name}: the guest booted ({boot:?}) between cleaning and write_image:\n{}",
@@ -744,10 +761,14 @@ fn fast_track(d: &Rivetd, clock: &Clock, g: &Guest, image: &Image, uuid: &str) -
         Ok(())
     })?;
     set_fast_track(false)?;
-    clock.phase(name, "undeploy → available", || {
+    clock.phase(name, "undeploy → cleaning → available", || {
         let since = g.serial_len();
         verb(d, uuid, json!({"target": "deleted"}))?;
-        wait_state(d, g, uuid, "available", 900, since)?;
+        let n = wait_state(d, g, uuid, "available", 900, since)?;
+        ensure!(
+            n["power_state"] == "power off",
+            "{name} is not off after undeploy: {n}"
+        );
         Ok(())
     })
 }
@@ -1088,7 +1109,13 @@ impl NodeConsole {
 /// Log in on the rescue ramdisk's serial console, typing through rivetd's console WebSocket
 /// (rivetd → ipmitool → the BMC's SOL → the serial port): a wrong password is refused, the
 /// right one gives a shell that runs as `rescue`, whose answer comes back to the viewers.
-fn rescue_login(g: &Guest, console: &NodeConsole, password: &str, since: u64) -> Result<()> {
+fn rescue_login(
+    d: &Rivetd,
+    g: &Guest,
+    console: &NodeConsole,
+    password: &str,
+    since: u64,
+) -> Result<()> {
     wait_console(g, "login:", since, 120)?;
     let c = &console.ws;
     let from = console.marks();
@@ -1125,8 +1152,73 @@ fn rescue_login(g: &Guest, console: &NodeConsole, password: &str, since: u64) ->
     // What was typed through the WebSocket came back to both viewers.
     console.tcp.wait_for("rivet-42-rescue-0", from.0, 30)?;
     console.ws.wait_for("rivet-42-rescue-0", from.1, 30)?;
-    c.line("exit")?;
+    if !browser_console(d, g, &console.uuid, mark)? {
+        c.line("exit")?;
+    }
     Ok(())
+}
+
+/// The node page's console in headless chromium against the guest's real SOL session, at
+/// the rescue shell: the page shows what the guest printed before it opened (from the
+/// captured log), takes the pen from the test's WebSocket viewer, and a command typed in the
+/// page runs in the guest, whose echo and output show in the page and on the serial port.
+/// It logs out of the shell itself. `false` when chromium is missing (outside CI).
+fn browser_console(d: &Rivetd, g: &Guest, uuid: &str, mark: u64) -> Result<bool> {
+    use rivet_tests::webdriver::{self, Browser};
+    let Some((chromium, chromedriver)) = webdriver::required() else {
+        return Ok(false);
+    };
+    let t = Duration::from_secs(60);
+    let b = Browser::start(&chromium, &chromedriver)?;
+    // rivetd runs with --no-auth: the page's viewer is an anonymous admin, as for the API.
+    b.goto(&format!("{}/ui/nodes/{uuid}", d.url))?;
+    b.wait_until(
+        "the console panel ready",
+        "const c = document.getElementById('console'); return !!c && c.dataset.ready === '1'",
+        json!([]),
+        t,
+    )?;
+    let buffer = || -> Result<String> {
+        let v = b.script(
+            "const c = window.rivetConsole; if (!c) return ''; \
+             const b = c.term.buffer.active; let s = ''; \
+             for (let i = 0; i < b.length; i++) { const l = b.getLine(i); \
+             if (l) s += l.translateToString(true) + '\\n'; } return s;",
+            json!([]),
+        )?;
+        Ok(v.as_str().unwrap_or_default().to_string())
+    };
+    let wait_page = |needle: &str| -> Result<()> {
+        let deadline = Instant::now() + t;
+        loop {
+            let text = buffer()?;
+            if text.contains(needle) {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{}: {needle:?} never shown in the page's console; it shows {:?}",
+                g.name,
+                &text[text.len().saturating_sub(600)..]
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // Printed before the page opened: it comes from the log.
+    wait_page("rivet-42-rescue-0")?;
+    // The test's WebSocket viewer typed last and holds the pen: take it over (the same
+    // socket carries the takeover before the keys). Refused keys would never run below.
+    b.click_css("[data-action=console-takeover]", t)?;
+    let keys = b.wait_for(".xterm-helper-textarea", t)?;
+    // U+E007 is WebDriver's Enter: xterm.js sends it as a carriage return.
+    b.type_into(&keys, "echo browser-$((6*7))-$LOGNAME\u{E007}")?;
+    // The typed line comes back as the shell's echo, then the command's output.
+    wait_page("echo browser-$((6*7))-$LOGNAME")?;
+    wait_page("browser-42-rescue")?;
+    wait_console(g, "browser-42-rescue", mark, 30)?;
+    b.screenshot_to_env("lab-console")?;
+    b.type_into(&keys, "exit\u{E007}")?;
+    Ok(true)
 }
 
 /// Delete a node in any state (maintenance first, as Ironic allows); the machine is left as
@@ -1176,9 +1268,11 @@ fn rescue_adopt_service(
         )?;
         wait_state(d, g, uuid, "rescue", 900, since)
     })?;
-    clock.phase(name, "rescue login through the console WebSocket", || {
-        rescue_login(g, &console, password, since)
-    })?;
+    clock.phase(
+        name,
+        "rescue login through the console WebSocket, then the page",
+        || rescue_login(d, g, &console, password, since),
+    )?;
     clock.phase(name, "console: disable closes viewers, frees SOL", || {
         console.disable(d)
     })?;
@@ -1473,19 +1567,6 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
                "automated_clean": true}),
     )?;
 
-    let (vmedia_uuid, ipxe_result) = std::thread::scope(|s| {
-        // Side by side: each guest keeps one of the two cores busy while it boots.
-        let other = s.spawn(|| lifecycle(&d, &clock, &ipxe, &removable, Start::WithPort, true));
-        let first = lifecycle(&d, &clock, &vmedia, &image, Start::Inspect, false);
-        (first, other.join())
-    });
-    let ipxe_uuid = match ipxe_result {
-        Ok(r) => r?,
-        Err(_) => bail!("the ipxe node's thread panicked"),
-    };
-    let vmedia_uuid = vmedia_uuid?;
-
-    // The same machine through the other firmwares an operator asks for.
     let signed = Image {
         url: lab["signed_image"]["url"]
             .as_str()
@@ -1496,8 +1577,44 @@ fn server_lifecycle_on_lab_vms() -> Result<()> {
             .context("signed image sha256")?
             .to_string(),
     };
-    firmware_variants(&d, &clock, &vmedia, &image, &signed, &vmedia_uuid)?;
-    fast_track(&d, &clock, &vmedia, &image, &vmedia_uuid)?;
+    let (vmedia_uuid, ipxe_result) = std::thread::scope(|s| {
+        // Side by side: each guest keeps one of the two cores busy while it boots. The
+        // ipxe node ends its lifecycle active and goes on with fast track (its undeploy's
+        // cleaning keeps the ramdisk); the virtual-media node then goes through the other
+        // firmwares an operator asks for.
+        let other = s.spawn(|| {
+            let uuid = lifecycle(
+                &d,
+                &clock,
+                &ipxe,
+                &removable,
+                Start::WithPort,
+                true,
+                End::Active,
+            )?;
+            fast_track(&d, &clock, &ipxe, &removable, &uuid)?;
+            Ok::<_, anyhow::Error>(uuid)
+        });
+        let first = lifecycle(
+            &d,
+            &clock,
+            &vmedia,
+            &image,
+            Start::Inspect,
+            false,
+            End::Available,
+        )
+        .and_then(|uuid| {
+            firmware_variants(&d, &clock, &vmedia, &image, &signed, &uuid)?;
+            Ok(uuid)
+        });
+        (first, other.join())
+    });
+    let ipxe_uuid = match ipxe_result {
+        Ok(r) => r?,
+        Err(_) => bail!("the ipxe node's thread panicked"),
+    };
+    let vmedia_uuid = vmedia_uuid?;
 
     // Abort while the ramdisk boots: deploy failed, the guest off.
     clock.phase(

@@ -196,8 +196,16 @@ impl Sushy {
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state)?;
         let systems: Vec<Value> = opts.systems.iter().map(FakeSystem::to_json).collect();
+        // The config is Python that sushy-tools executes before its drivers start. Its fake
+        // driver applies each power change a random 1–11 s late (`random.randint(1, 11)`,
+        // hard-coded), so every power action of a test waited 6 s on average. Late it stays
+        // (1–2 s: rivetd's wait for the BMC to apply a change is still exercised); the other
+        // draws of `random` are untouched.
         let mut conf = format!(
             "import json\n\
+             import random as _random\n\
+             _randint = _random.randint\n\
+             _random.randint = lambda a, b: _randint(1, 2) if (a, b) == (1, 11) else _randint(a, b)\n\
              SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\n\
              SUSHY_EMULATOR_LISTEN_PORT = {port}\n\
              SUSHY_EMULATOR_FAKE_DRIVER = True\n\
@@ -307,7 +315,8 @@ impl Sushy {
             .to_string())
     }
 
-    /// Wait until the system reports `want` (the fake driver applies changes 1–11 s late).
+    /// Wait until the system reports `want` (the fake driver applies changes 1–2 s late here,
+    /// see [`Sushy::start`]).
     pub fn wait_power(&self, uuid: &str, want: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {

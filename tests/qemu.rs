@@ -116,8 +116,10 @@ pub fn require() -> bool {
     )
 }
 
-/// The kernel package extracted once into `target/kernel-cache/NAME.d` (xz decompression of
-/// the whole package takes seconds; every later build reuses the tree).
+/// The kernel package extracted once into `target/kernel-cache/NAME.d` (dpkg-deb's xz
+/// decompression of the whole package is ~85 s of CPU; every later build reuses the tree).
+/// `NAME.lock` is held while extracting, the lock scripts/lab.sh takes too: a second test or
+/// the lab waits for the first extraction instead of paying for its own.
 pub fn extracted_kernel(deb: &Path) -> Result<PathBuf> {
     if deb.is_dir() {
         return Ok(deb.to_path_buf());
@@ -128,6 +130,14 @@ pub fn extracted_kernel(deb: &Path) -> Result<PathBuf> {
         .to_string_lossy()
         .into_owned();
     let dir = deb.with_file_name(format!("{name}.d"));
+    if dir.join("boot").is_dir() {
+        return Ok(dir);
+    }
+    let lock_path = deb.with_file_name(format!("{name}.lock"));
+    let lock = std::fs::File::create(&lock_path)
+        .with_context(|| format!("creating {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("locking {}", lock_path.display()))?;
     if dir.join("boot").is_dir() {
         return Ok(dir);
     }

@@ -407,7 +407,10 @@ impl Conductor {
                 Err(e) => Err(e),
             };
             match localized {
-                Ok(Some(name)) => run.local_image = Some(name),
+                Ok(Some(l)) => {
+                    run.local_image = Some(l.image);
+                    run.local_configdrive = l.configdrive;
+                }
                 Ok(None) => {}
                 Err(e) => {
                     crate::metrics::step_failed("deploy", step, None);

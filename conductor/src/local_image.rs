@@ -17,6 +17,15 @@ use rivet_protocol::deploy::{configdrive_is_url, WriteImageArgs};
 use rivet_protocol::states::ProvisionState;
 use serde_json::Value;
 
+/// What a `local` deploy's `write_image` reads from rivetd's cache (entry names).
+#[derive(Debug)]
+pub(crate) struct Localized {
+    /// The image.
+    pub image: String,
+    /// The configdrive, when it was too long to send inline.
+    pub configdrive: Option<String>,
+}
+
 /// Why a download from the image cache is refused.
 #[derive(Debug)]
 pub enum ImageRefusal {
@@ -71,14 +80,16 @@ impl Conductor {
     /// Point `args` at rivetd's cached copy of the image, for `command` of `node`. With
     /// `cached` (the image resolved when the command was first built) only the URL is made
     /// again; without it the image is cached first — this waits for its one download — and
-    /// its name returned to be kept in the run. The agent still verifies the digest.
+    /// its name returned to be kept in the run. The agent still verifies the digest. A
+    /// configdrive longer than `[image_cache] configdrive_inline_max_bytes` is served from
+    /// the cache the same way.
     pub(crate) async fn localize_image(
         &self,
         node: &Node,
         args: &mut WriteImageArgs,
         command: &str,
         cached: Option<&str>,
-    ) -> Result<String, String> {
+    ) -> Result<Localized, String> {
         let digest = match cached.and_then(ImageDigest::from_name) {
             Some(d) => d,
             None => {
@@ -103,8 +114,44 @@ impl Conductor {
         args.os_hash_algo = Some(digest.algo.to_string());
         args.os_hash_value = Some(digest.hex.clone());
         args.checksum = None;
-        self.image_cache.pin(&node.uuid, &name);
-        Ok(name)
+        let configdrive = self.localize_configdrive(node, args, command).await?;
+        let pinned = std::iter::once(name.clone())
+            .chain(configdrive.clone())
+            .collect();
+        self.image_cache.pin(&node.uuid, pinned);
+        Ok(Localized {
+            image: name,
+            configdrive,
+        })
+    }
+
+    /// An inline configdrive longer than `[image_cache] configdrive_inline_max_bytes`
+    /// stored in the cache (once: it is content-addressed) and `args` pointed at it with
+    /// `node`'s token for `command`; its entry's name. Each send stores it again if it was
+    /// purged meanwhile, so a resent command never points at a missing file.
+    async fn localize_configdrive(
+        &self,
+        node: &Node,
+        args: &mut WriteImageArgs,
+        command: &str,
+    ) -> Result<Option<String>, String> {
+        let Some(text) = args.configdrive.as_deref().map(str::trim) else {
+            return Ok(None);
+        };
+        let max = self.config.image_cache.configdrive_inline_max_bytes;
+        if text.is_empty() || configdrive_is_url(text) || (text.len() as u64) <= max {
+            return Ok(None);
+        }
+        let entry = self.image_cache.store_configdrive(text).await?;
+        let key = self
+            .image_cache
+            .key()
+            .ok_or("the image cache is not loaded (its directory could not be read)")?;
+        let token = token::token(key, &node.uuid, command, &entry.name);
+        args.configdrive = Some(self.own_url(&node.uuid, &token, &entry.name)?);
+        tracing::info!(node = %node.uuid, entry = %entry.name, bytes = entry.bytes,
+            "configdrive served from the image cache (longer than configdrive_inline_max_bytes)");
+        Ok(Some(entry.name))
     }
 
     /// rivetd's own URL for a cached image: `[boot] public_url`, else the listen address.
@@ -169,8 +216,10 @@ impl Conductor {
             .image_cache
             .key()
             .ok_or_else(|| ImageRefusal::Unavailable("the image cache is not loaded".into()))?;
-        let good = run.and_then(|r| r.local_image.as_deref()) == Some(name)
-            && token::valid(key, &node.uuid, command, name, token);
+        let reads = run.is_some_and(|r| {
+            r.local_image.as_deref() == Some(name) || r.local_configdrive.as_deref() == Some(name)
+        });
+        let good = reads && token::valid(key, &node.uuid, command, name, token);
         if !good {
             return Err(ImageRefusal::Forbidden(format!(
                 "this token does not let node {} read image {name}",

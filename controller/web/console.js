@@ -95,10 +95,13 @@ export function liveConsole(uuid) {
         });
       } else if (ev.event === 'pen') {
         showPen(ev.holder);
+        // A refusal shown earlier is stale once the pen moved (a takeover, a release).
+        if (status.dataset.refused) { delete status.dataset.refused; say('connected'); }
       } else if (ev.event === 'session') {
         say(ev.state === 'lost' ? 'session lost: rivetd re-opens it' : 'session up');
       } else if (ev.event === 'refused') {
         say(`not sent: ${ev.reason}`);
+        status.dataset.refused = '1';
       } else if (ev.event === 'lagged') {
         say(`fell behind: ${ev.skipped} chunks skipped (the log has them)`);
       } else if (ev.event === 'error') {

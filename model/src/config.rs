@@ -444,6 +444,12 @@ pub struct ImageCacheConfig {
     /// A cached image validated with its origin (a conditional request) this recently is
     /// used without asking again, so a fleet arriving together costs the origin one request.
     pub revalidate_after_s: u64,
+    /// With `image_download_source = "local"`, a configdrive whose text (gzip + base64) is
+    /// longer than this is stored in the cache and the agent downloads it from rivetd with
+    /// the node's token, instead of carrying it inline in `write_image`'s arguments (which
+    /// are kept in the node's run and sent in every answer that carries the command). 0
+    /// serves every configdrive from the cache.
+    pub configdrive_inline_max_bytes: u64,
 }
 
 impl Default for ImageCacheConfig {
@@ -453,6 +459,7 @@ impl Default for ImageCacheConfig {
             max_bytes: 20480 << 20,
             ttl_s: 10080 * 60,
             revalidate_after_s: 10,
+            configdrive_inline_max_bytes: 64 << 10,
         }
     }
 }

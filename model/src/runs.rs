@@ -170,6 +170,10 @@ pub struct DeployRun {
     /// `write_image` reads from rivetd, resolved once when the step was sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_image: Option<String>,
+    /// The configdrive that running `write_image` reads from rivetd's cache (`sha256-<hex>`),
+    /// when it was too long to send inline (`[image_cache] configdrive_inline_max_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_configdrive: Option<String>,
 }
 
 /// The bookkeeping of one servicing run: steps run on an `active` node in the order given.

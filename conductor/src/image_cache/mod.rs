@@ -33,6 +33,9 @@ use tokio::sync::watch;
 /// by hand in the database): an image is never held forever.
 const PIN_MAX_AGE_S: i64 = 24 * 3600;
 
+/// The `url` of a configdrive's entry: it came from a deploy request, not an origin.
+pub const CONFIGDRIVE_ORIGIN: &str = "configdrive (from a deploy request)";
+
 /// The result every waiter of one download receives.
 type FlightResult = Option<Result<EntryMeta, String>>;
 
@@ -41,8 +44,9 @@ struct State {
     loaded: bool,
     entries: BTreeMap<String, EntryMeta>,
     flights: HashMap<String, watch::Receiver<FlightResult>>,
-    /// Node → (image, since): the image its running deploy reads.
-    pins: HashMap<String, (String, DateTime<Utc>)>,
+    /// Node → (entries, since): the image its running deploy reads, and its configdrive
+    /// when that is served from the cache too.
+    pins: HashMap<String, (Vec<String>, DateTime<Utc>)>,
     /// Image → open downloads from the cache.
     readers: HashMap<String, usize>,
     stats: Stats,
@@ -396,11 +400,75 @@ impl ImageCache {
         Ok(e)
     }
 
-    /// Mark `image` as read by `node`'s running deploy (never evicted while pinned).
-    pub fn pin(&self, node: &str, image: &str) {
+    /// Keep a configdrive (the text the agent decodes) as an entry of its own, addressed by
+    /// its sha256, so agents download it as they download a cached image (with `Range`, the
+    /// node's token, never evicted while its deploy runs). Idempotent: the same text is
+    /// the same entry, its file written once.
+    pub async fn store_configdrive(self: &Arc<Self>, text: &str) -> Result<EntryMeta, String> {
+        self.load().await?;
+        let mut h = disk::Hasher::new("sha256");
+        h.update(text.as_bytes());
+        let name = ImageDigest::new("sha256", &h.hex())?.name();
+        let path = self.layout.image(&name);
+        {
+            let mut st = self.lock();
+            let kept = st
+                .entries
+                .get(&name)
+                .is_some_and(|e| e.verified.is_some() && FileStamp::of(&path).ok() == e.verified);
+            if kept {
+                return self
+                    .touch(&mut st, &name)
+                    .ok_or_else(|| "image cache: entry vanished".to_string());
+            }
+        }
+        self.sweep(text.len() as u64);
+        let partial = self
+            .layout
+            .partial_dir()
+            .join(format!("{name}.{}", uuid::Uuid::new_v4().simple()));
+        let data = text.as_bytes().to_vec();
+        let (p, dest) = (partial.clone(), path.clone());
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::write(&p, &data)?;
+            std::fs::rename(&p, &dest)
+        })
+        .await
+        .map_err(|e| format!("image cache: storing the configdrive: {e}"))?
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&partial);
+            format!(
+                "image cache: storing the configdrive as {}: {e}",
+                path.display()
+            )
+        })?;
+        let now = Utc::now();
+        let e = EntryMeta {
+            name: name.clone(),
+            url: CONFIGDRIVE_ORIGIN.to_string(),
+            bytes: text.len() as u64,
+            etag: None,
+            last_modified: None,
+            fetched_at: now,
+            last_used: now,
+            validated_at: None,
+            verified: FileStamp::of(&path).ok(),
+        };
+        self.layout
+            .write_meta(&e)
+            .map_err(|err| format!("image cache: writing the record of {name}: {err}"))?;
+        self.lock().entries.insert(name.clone(), e.clone());
+        tracing::info!(entry = %name, bytes = e.bytes, "image cache: configdrive stored");
+        self.publish();
+        Ok(e)
+    }
+
+    /// Mark `entries` (its image, and its configdrive when served from here) as read by
+    /// `node`'s running deploy: never evicted while pinned.
+    pub fn pin(&self, node: &str, entries: Vec<String>) {
         self.lock()
             .pins
-            .insert(node.to_string(), (image.to_string(), Utc::now()));
+            .insert(node.to_string(), (entries, Utc::now()));
         self.publish();
     }
 
@@ -415,7 +483,7 @@ impl ImageCache {
     fn in_use(st: &State) -> std::collections::HashSet<String> {
         st.pins
             .values()
-            .map(|(n, _)| n.clone())
+            .flat_map(|(names, _)| names.iter().cloned())
             .chain(st.readers.keys().cloned())
             .chain(st.flights.keys().cloned())
             .collect()
@@ -518,7 +586,7 @@ impl ImageCache {
                     let mut v: Vec<String> = st
                         .pins
                         .iter()
-                        .filter(|(_, (n, _))| *n == e.name)
+                        .filter(|(_, (names, _))| names.contains(&e.name))
                         .map(|(node, _)| node.clone())
                         .collect();
                     v.sort();

@@ -454,16 +454,18 @@ impl DeployManager {
     fn configdrive(&self, a: &WriteImageArgs, cd: &str) -> Result<Vec<u8>, StepError> {
         let iso = if configdrive_is_url(cd) {
             let url = cd.trim();
+            // A URL may carry credentials (rivetd's cache puts the node's token in it).
+            let shown = redact_url(url);
             let f = self
                 .fetcher
                 .open(url, a.ca_pem.as_deref(), a.retries())
-                .map_err(|e| failed(format!("fetching the configdrive {url}: {e}")))?;
+                .map_err(|e| failed(format!("fetching the configdrive {shown}: {e}")))?;
             let mut body = Vec::new();
             f.reader
                 .take(configdrive::MAX_ENCODED_BYTES + 1)
                 .read_to_end(&mut body)
-                .map_err(|e| failed(format!("reading the configdrive {url}: {e}")))?;
-            configdrive::decode(&body).map_err(|e| failed(format!("configdrive {url}: {e}")))?
+                .map_err(|e| failed(format!("reading the configdrive {shown}: {e}")))?;
+            configdrive::decode(&body).map_err(|e| failed(format!("configdrive {shown}: {e}")))?
         } else {
             configdrive::decode(cd.as_bytes()).map_err(failed)?
         };
