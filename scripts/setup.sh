@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 # Debian packages: musl for the static agent, block-device tools for erase tests, python venv
 # for the Ironic client compatibility test, file(1) to check static linking; the compressors
 # and cryptsetup make the images tests/deploy_integrity.rs must refuse or decode; dosfstools
-# and mtools build the EFI System Partitions of tests/uefi_boot.rs.
+# and mtools build the EFI System Partitions of tests/uefi_boot.rs; OpenSSH's client logs in
+# at the consoles' SSH front door in tests/console_ssh.rs.
 APT_PACKAGES=(musl-tools python3-venv gdisk parted e2fsprogs xfsprogs lvm2 util-linux file iproute2 socat sqlite3 xorriso curl
-  zstd lz4 xz-utils bzip2 cryptsetup-bin dosfstools mtools)
+  zstd lz4 xz-utils bzip2 cryptsetup-bin dosfstools mtools openssh-client)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

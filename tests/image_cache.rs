@@ -389,8 +389,13 @@ fn a_bad_checksum_or_an_origin_404_fails_every_waiting_node() -> Result<()> {
     let wrong = "1".repeat(64);
     f.set_image(&[0, 1, 2], &image, &wrong)?;
     f.origin.set_pace(16 * MIB);
+    // Every ramdisk up first, then the three deploys at once: all three join the one
+    // download (it lasts a second) however slowly a loaded machine starts the agents.
     for i in 0..3 {
-        f.deploy(i, "active")?;
+        f.boot(i)?;
+    }
+    for i in 0..3 {
+        f.verb(i, json!({"target": "active"}))?;
     }
     f.all_failed(&[0, 1, 2], |err| {
         err.contains("failed its checksum") && err.contains(&wrong) && err.contains(&real)
@@ -671,8 +676,12 @@ fn an_origin_that_cuts_the_download_fails_every_waiting_node_and_caches_nothing(
     // started a download of its own would fail alike.
     f.origin.set_pace(8 * MIB);
     f.origin.cut_next(3, IMAGE_MIB * MIB / 2);
+    // Every ramdisk up first, then the deploys at once (they all join the one download).
     for i in 0..3 {
-        f.deploy(i, "active")?;
+        f.boot(i)?;
+    }
+    for i in 0..3 {
+        f.verb(i, json!({"target": "active"}))?;
     }
     f.all_failed(&[0, 1, 2], |err| {
         err.contains("cut.raw")

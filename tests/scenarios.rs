@@ -17,6 +17,7 @@ mod cleaning;
 mod cleaning_merged;
 mod console;
 mod console_cli;
+mod console_ssh;
 mod demo_bare;
 mod deploy;
 mod deploy_integrity;

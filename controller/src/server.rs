@@ -57,6 +57,18 @@ pub fn check_listen(config: &Config) -> anyhow::Result<SocketAddr> {
 
 /// Build the conductor and the router for `config` (used by main and by tests).
 pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Router)> {
+    let (conductor, app, _consoles) = build_with_consoles(config).await?;
+    Ok((conductor, app))
+}
+
+/// [`build`], and the console hub (for the SSH front door).
+pub async fn build_with_consoles(
+    config: Config,
+) -> anyhow::Result<(
+    Arc<Conductor>,
+    axum::Router,
+    Arc<crate::console::ConsoleHub>,
+)> {
     let secrets = rivet_support::secrets::Secrets::from_config(
         &config.secrets,
         &config.db,
@@ -114,6 +126,7 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
         tracing::warn!(count = resumed, "resumed nodes left in transient states");
     }
     let state = AppState::new(conductor.clone());
+    let consoles = state.console.clone();
     // Consoles enabled before the restart are opened again (in the background).
     state.console.reopen_enabled().await;
     // The web UI beside the API, on the same listener: its routes are all under /ui/, which
@@ -121,7 +134,7 @@ pub async fn build(config: Config) -> anyhow::Result<(Arc<Conductor>, axum::Rout
     let app = crate::ui::routes(state.clone())
         .merge(api::router(state))
         .layer(axum::middleware::from_fn(crate::ui::compress::for_pages));
-    Ok((conductor, app))
+    Ok((conductor, app, consoles))
 }
 
 /// Serve until a shutdown signal arrives (then drain requests, let node tasks end and hand
@@ -138,7 +151,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let header_timeout = Duration::from_secs(config.api.header_read_timeout_s.max(1));
     let max_requests = config.api.max_requests_per_connection;
     let admission = rivet_support::http::lean::Admission::new(config.api.max_requests_in_progress);
-    let (conductor, app) = build(config).await?;
+    let (conductor, app, consoles) = build_with_consoles(config).await?;
     // rivetd's own controller-wide loop, supervised with the conductor's.
     let metrics_listener: rivet_conductor::supervisor::CriticalLoop = (
         "metrics listener",
@@ -148,11 +161,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "image cache sweep",
         Box::pin(conductor.image_cache.clone().sweep_loop()),
     );
-    let background = tokio::spawn(
-        conductor
-            .clone()
-            .run_background(vec![metrics_listener, cache_sweep]),
-    );
+    let mut loops = vec![metrics_listener, cache_sweep];
+    if let Some(listen) = conductor.config.console.ssh_listen.clone() {
+        loops.push((
+            "console SSH front door",
+            Box::pin(crate::console::ssh::serve(consoles, listen)),
+        ));
+    }
+    let background = tokio::spawn(conductor.clone().run_background(loops));
     tokio::pin!(background);
     let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, tls = tls.is_some(), conductor = conductor.id(), "rivetd listening");

@@ -304,6 +304,10 @@ pub struct UserEntry {
     /// What the user may do.
     #[serde(default)]
     pub role: Role,
+    /// OpenSSH public keys (`ssh-ed25519 AAAA… comment`) that log this user in at the
+    /// console's SSH front door (`[console] ssh_listen`).
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
 }
 
 /// Conductor timing.
@@ -644,6 +648,13 @@ pub struct ConsoleConfig {
     /// Where captured consoles are kept (unset: `console/` beside a SQLite database, else
     /// `/var/lib/rivet/console`).
     pub log_dir: Option<PathBuf>,
+    /// The SSH front door's address (`ADDR:PORT`; unset, the default: no SSH). `ssh -p PORT
+    /// NODE@HOST` attaches to NODE's console with an SSH key listed in `[auth] users`
+    /// (`ssh_keys`) or a Rivet user's name and password.
+    pub ssh_listen: Option<String>,
+    /// The SSH front door's Ed25519 host key (OpenSSH format), made on first start (unset:
+    /// `ssh_host_key` in the console log directory).
+    pub ssh_host_key: Option<PathBuf>,
 }
 
 impl Default for ConsoleConfig {
@@ -655,6 +666,8 @@ impl Default for ConsoleConfig {
             subprocess_timeout: 10,
             log_max_bytes: 4 << 20,
             log_dir: None,
+            ssh_listen: None,
+            ssh_host_key: None,
         }
     }
 }
@@ -728,6 +741,13 @@ impl ConsoleConfig {
             }
             _ => PathBuf::from("/var/lib/rivet/console"),
         }
+    }
+
+    /// The SSH host key's path in force for database `db`.
+    pub fn ssh_host_key_path(&self, db: &str) -> PathBuf {
+        self.ssh_host_key
+            .clone()
+            .unwrap_or_else(|| self.log_dir_for(db).join("ssh_host_key"))
     }
 }
 

@@ -18,6 +18,7 @@ pub mod pen;
 pub mod ports;
 pub mod record;
 pub mod session;
+pub mod ssh;
 pub mod tcp;
 pub mod tickets;
 
