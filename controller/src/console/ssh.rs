@@ -261,10 +261,11 @@ impl russh::server::Handler for Viewer {
             Some((hash, role)) => {
                 // argon2 on the blocking pool: a log-in must not stall other connections.
                 let pw = password.clone();
-                let good =
-                    tokio::task::spawn_blocking(move || crate::api::auth::verified(&pw, &hash))
-                        .await
-                        .unwrap_or(false);
+                let good = tokio::task::spawn_blocking(move || {
+                    rivet_support::credentials::verify_secret(&pw, &hash)
+                })
+                .await
+                .unwrap_or(false);
                 good.then_some(role)
             }
             None => None,
