@@ -207,22 +207,18 @@ async fn viewer(
     can_write: bool,
     source: Option<String>,
 ) {
-    let mut attached = session.attach();
-    let id = attached.id;
-    let uuid = session.node_uuid.clone();
-    session
-        .recorder
-        .viewer(
-            &uuid,
+    let mut attached = session
+        .attach_recorded(
             &name,
             source.clone(),
-            "attach",
             format!(
                 "WebSocket viewer{}",
                 if can_write { "" } else { ", read-only" }
             ),
         )
         .await;
+    let id = attached.id;
+    let uuid = session.node_uuid.clone();
     let hello = event(json!({
         "event": "hello", "node": uuid, "can_write": can_write, "holder": session.holder(),
     }));

@@ -102,6 +102,20 @@ impl Session {
         }
     }
 
+    /// A new viewer named `actor` (from `source`), its attach in the audit trail.
+    pub async fn attach_recorded(
+        &self,
+        actor: &str,
+        source: Option<String>,
+        detail: String,
+    ) -> Attached {
+        let attached = self.attach();
+        self.recorder
+            .viewer(&self.node_uuid, actor, source, "attach", detail)
+            .await;
+        attached
+    }
+
     fn pen_event(&self) {
         let holder = self.holder();
         let _ = self.events.send(

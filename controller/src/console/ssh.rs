@@ -384,18 +384,14 @@ async fn attach(
         return;
     };
     let can_write = matches!(who.role, Role::Admin | Role::Operator);
-    let mut attached = session.attach();
-    let id = attached.id;
-    session
-        .recorder
-        .viewer(
-            &session.node_uuid,
+    let mut attached = session
+        .attach_recorded(
             &who.name,
             source.clone(),
-            "attach",
             format!("SSH{}", if can_write { "" } else { ", read-only" }),
         )
         .await;
+    let id = attached.id;
     let banner = format!(
         "[rivet: console of node {node} as {}{}; the pen: {}; leave with ~. ]\r\n",
         who.name,

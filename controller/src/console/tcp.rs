@@ -39,18 +39,14 @@ const REFUSAL_EVERY: Duration = Duration::from_secs(10);
 async fn viewer(session: Arc<Session>, tcp: TcpStream, peer: String, idle: Option<Duration>) {
     let name = format!("tcp viewer {peer}");
     let actor = "tcp viewer (no credentials)";
-    let mut attached = session.attach();
-    let id = attached.id;
-    session
-        .recorder
-        .viewer(
-            &session.node_uuid,
+    let mut attached = session
+        .attach_recorded(
             actor,
             Some(peer.clone()),
-            "attach",
             format!("raw TCP console on port {}", session.port),
         )
         .await;
+    let id = attached.id;
     let (mut rd, mut wr) = tcp.into_split();
     let mut buf = vec![0u8; 4096];
     let mut last_refusal: Option<tokio::time::Instant> = None;
