@@ -109,7 +109,7 @@ pub async fn serve(hub: Arc<ConsoleHub>, listen: String) -> rivet_conductor::sup
         }
     };
     tracing::info!(listen = %listen, host_key = %key_path.display(), "console SSH front door listening");
-    let mut front = FrontDoor { hub, peer: None };
+    let mut front = FrontDoor { hub };
     let shutdown = conductor.shutdown.clone();
     tokio::select! {
         r = front.run_on_socket(config, &socket) => {
@@ -123,7 +123,6 @@ pub async fn serve(hub: Arc<ConsoleHub>, listen: String) -> rivet_conductor::sup
 /// One handler per connection.
 struct FrontDoor {
     hub: Arc<ConsoleHub>,
-    peer: Option<SocketAddr>,
 }
 
 impl russh::server::Server for FrontDoor {
@@ -131,7 +130,7 @@ impl russh::server::Server for FrontDoor {
     fn new_client(&mut self, peer: Option<SocketAddr>) -> Viewer {
         Viewer {
             hub: self.hub.clone(),
-            peer: peer.or(self.peer),
+            peer,
             who: None,
             node: String::new(),
             channel: None,
